@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine (Linux or macOS, Python 3.10+, no Docker, no root):
+#   make demo   - start Redis and two real Celery workers, fire duplicates, print who ran and who was skipped
+#   make test   - lint, type-check and run the test suite on throwaway redis-server processes
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/python -m celery_singleton_lock.demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_lock.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,32 @@
+"""celery_singleton_lock: stop Celery tasks from running twice, on a Redlock with fencing tokens."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .errors import (
+    ConfigurationError,
+    DuplicateTaskError,
+    LockError,
+    LockLostError,
+    LockNotAcquiredError,
+    LockUnavailableError,
+    UnserializableArgumentsError,
+)
+from .redlock import NodeSet, Redlock
+
+try:
+    __version__ = version("celery-singleton-lock")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+    __version__ = "0.0.0"
+
+__all__ = [
+    "ConfigurationError",
+    "DuplicateTaskError",
+    "LockError",
+    "LockLostError",
+    "LockNotAcquiredError",
+    "LockUnavailableError",
+    "NodeSet",
+    "Redlock",
+    "UnserializableArgumentsError",
+    "__version__",
+]

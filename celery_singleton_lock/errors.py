@@ -1,0 +1,77 @@
+"""One exception hierarchy for the package.
+
+Every exception derives from :class:`LockError`; subclasses carry the context a
+caller needs (the lock key, the holder, the nodes' errors) and have a useful
+``str()``. None of them ever contains a password: node addresses are redacted
+before they get here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ConfigurationError",
+    "DuplicateTaskError",
+    "LockError",
+    "LockLostError",
+    "LockNotAcquiredError",
+    "LockUnavailableError",
+    "UnserializableArgumentsError",
+]
+
+
+class LockError(Exception):
+    """Base class of every error raised by celery_singleton_lock."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ConfigurationError(LockError, ValueError):
+    """A setting or argument is invalid; the message says what to change."""
+
+
+class LockNotAcquiredError(LockError):
+    """The lock could not be acquired (held by someone else, or no quorum in time)."""
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        holder: str | None = None,
+        node_errors: Sequence[str] = (),
+    ) -> None:
+        parts = [f"could not acquire lock {key!r}"]
+        if holder is not None:
+            parts.append(f"held by {holder!r}")
+        if node_errors:
+            parts.append("node errors: " + "; ".join(node_errors))
+        super().__init__(", ".join(parts), key=key)
+        self.holder = holder
+        self.node_errors = tuple(node_errors)
+
+
+class LockUnavailableError(LockNotAcquiredError):
+    """Too few Redis nodes answered to decide: the lock state is unknown."""
+
+
+class LockLostError(LockError):
+    """A lock we held is no longer ours (expired, deleted, or quorum lost)."""
+
+
+class DuplicateTaskError(LockError):
+    """A task was skipped because a different job holds its lock."""
+
+    def __init__(self, key: str, *, task_name: str, holder_task_id: str | None) -> None:
+        super().__init__(
+            f"duplicate of {task_name} skipped: lock {key!r} is held by task {holder_task_id}",
+            key=key,
+        )
+        self.task_name = task_name
+        self.holder_task_id = holder_task_id
+
+
+class UnserializableArgumentsError(LockError, TypeError):
+    """A task's arguments cannot be encoded into a lock key."""

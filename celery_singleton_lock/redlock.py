@@ -1,0 +1,625 @@
+"""Redlock: a lease on one Redis node, or on N independent nodes with a majority quorum.
+
+One node is a plain ``SET NX PX`` lock. N nodes follow antirez's Redlock: the request goes to every node *at
+once* (all commands are written before any reply is read, no threads), the lock is ours when a majority
+``N // 2 + 1`` said yes, and its validity is ``ttl - elapsed - drift`` measured on a monotonic clock. A failed
+attempt is undone on every node that may have said yes.
+
+Only the owner releases or extends: each operation is one Lua script comparing the random owner token, never a
+plain ``DEL``. Scripts are sent by SHA (``EVALSHA``) and loaded on a node only when it says ``NOSCRIPT``.
+
+Fencing tokens. Each node keeps a counter per lock name, bumped by the acquire script in the same atomic step as
+the ``SET``. The max over the quorum is *not* enough on its own: a failed attempt raises the counters of the
+nodes it reached, so a later quorum that misses those nodes can come out with a smaller max. So before acquire
+returns, every node of the quorum is made to hold at least the returned token (a second, owner-checked script,
+sent only to the nodes that are behind; in the common case none is and it costs nothing). Any later quorum
+intersects ours in a node whose counter is already >= our token, and that node's ``INCR`` happens after our
+lease on it ended (its ``SET NX`` succeeded), so the later token is strictly greater. A node that loses its data
+(restart without persistence) forgets its counters: if it is the only node shared by two quorums, the later token
+can be smaller. Run the nodes with ``appendonly yes`` (or delay restarts by more than the ttl *and* keep the
+counters) where fencing tokens must never go back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import random
+import secrets
+import threading
+import time as mod_time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.connection import ConnectionPool
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
+
+__all__ = ["NodeSet", "Redlock", "fence_key_for", "redact_url"]
+
+ACQUIRE_SCRIPT = """
+-- KEYS[1] - lock key
+-- KEYS[2] - fencing counter key (never expires)
+-- ARGV[1] - owner token
+-- ARGV[2] - lease in milliseconds
+-- returns {1, counter} when the lease is ours (new, or already ours and reset to ARGV[2]);
+--         {0, holder token, holder's remaining ms} when someone else holds it
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local holder = redis.call('GET', KEYS[1])
+  if holder ~= ARGV[1] then
+    return {0, holder, redis.call('PTTL', KEYS[1])}
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return {1, redis.call('INCR', KEYS[2])}
+"""
+
+FENCE_SCRIPT = """
+-- KEYS[1] - lock key
+-- KEYS[2] - fencing counter key
+-- ARGV[1] - owner token
+-- ARGV[2] - fencing token chosen by the quorum
+-- returns 1 when the lease is still ours and the counter is now >= ARGV[2], 0 when the lease is not ours
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+"""
+
+RELEASE_SCRIPT = """
+-- KEYS[1] - lock key
+-- ARGV[1] - owner token
+-- returns 1 when the key was ours and is now deleted, 0 when it was not ours (left alone)
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+EXTEND_SCRIPT = """
+-- KEYS[2i-1] - lock key of lease i
+-- KEYS[2i]   - fencing counter key of lease i
+-- ARGV[3i-2] - owner token of lease i
+-- ARGV[3i-1] - lease in milliseconds
+-- ARGV[3i]   - fencing token of lease i
+-- returns an array, one code per lease: EXTENDED (1) when the key was ours and its expiry is reset;
+--   REPAIRED (2) when the key was missing (node restarted or never reached) and is now set to us, with the
+--   counter raised to our fencing token; LOST (0) when someone else holds it
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key, fence = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, ms, fencing = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local holder = redis.call('GET', key)
+  if holder == token then
+    redis.call('PEXPIRE', key, ms)
+    out[i] = 1
+  elseif not holder then
+    redis.call('SET', key, token, 'PX', ms)
+    if tonumber(redis.call('GET', fence) or '0') < tonumber(fencing) then
+      redis.call('SET', fence, fencing)
+    end
+    out[i] = 2
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+STATUS_SCRIPT = """
+-- KEYS[1] - lock key
+-- KEYS[2] - fencing counter key
+-- returns {holder token or false, remaining ms, counter}
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+"""
+
+EXTENDED, REPAIRED, LOST = 1, 2, 0
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def fence_key_for(key: str) -> str:
+    """The fencing counter's key: in the same Redis Cluster slot as ``key``.
+
+    A key carrying a hash tag (``{...}`` with a non-empty body) keeps it; a key without one becomes the tag, so
+    both keys hash to the same slot either way.
+    """
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return f"{key}:fence"
+    return f"{{{key}}}:fence"
+
+
+class _Script:
+    """A Lua script sent by SHA; its body is sent only to a node that answers NOSCRIPT."""
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+        self.sha = hashlib.sha1(body.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
+
+
+_ACQUIRE = _Script(ACQUIRE_SCRIPT)
+_FENCE = _Script(FENCE_SCRIPT)
+_RELEASE = _Script(RELEASE_SCRIPT)
+_EXTEND = _Script(EXTEND_SCRIPT)
+_STATUS = _Script(STATUS_SCRIPT)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# redis-py >= 7 takes driver_info (None disables CLIENT SETINFO); older ones take lib_name/lib_version.
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.Redis.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+_clients: dict[tuple[str, float, float], redis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redis.Redis:
+    """One client (and so one connection pool) per URL and timeouts, shared by every lock in the process.
+
+    redis-py's pool notices a fork (it compares the pid) and starts afresh in the child, so sharing is safe across
+    ``fork()``, and the pool itself is thread-safe.
+    """
+    cache_key = (url, socket_timeout, connect_timeout)
+    with _clients_lock:
+        client = _clients.get(cache_key)
+        if client is None:
+            # RESP2 and no CLIENT SETINFO: a new connection then writes nothing before our command (no HELLO), so
+            # connecting to a paused node does not block on a handshake reply before the fan-out is sent.
+            client = redis.Redis.from_url(
+                url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                protocol=2,
+                **_NO_SETINFO,
+            )
+            _clients[cache_key] = client
+        return client
+
+
+def _validate_url(url: object) -> str:
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a Redis node must be a URL string or a redis.Redis client, got {type(url).__name__}")
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
+    if scheme not in _SCHEMES:
+        raise ConfigurationError(
+            f"invalid Redis URL {redact_url(url)!r}: the scheme must be one of "
+            f"redis://, rediss:// or unix://, e.g. 'redis://127.0.0.1:6379/0'"
+        )
+    return url
+
+
+def _describe(client: redis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    scheme = "rediss" if client.connection_pool.connection_class.__name__ == "SSLConnection" else "redis"
+    return f"{scheme}://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """A node that did not answer: its redacted address and what went wrong."""
+
+    node: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.error}"
+
+
+class NodeSet:
+    """The Redis masters of a lock, and the one fan-out helper every operation goes through.
+
+    ``urls`` is a URL, a sequence of URLs, or a sequence of ``redis.Redis`` clients (they must be independent
+    masters, not replicas of each other). Clients built from URLs are shared per process.
+    """
+
+    def __init__(
+        self,
+        urls: str | redis.Redis | Sequence[str | redis.Redis],
+        *,
+        socket_timeout: float = 0.5,
+        connect_timeout: float | None = None,
+    ) -> None:
+        if socket_timeout <= 0:
+            raise ConfigurationError(f"socket_timeout must be > 0 seconds, got {socket_timeout!r}")
+        items: list[str | redis.Redis]
+        items = [urls] if isinstance(urls, str | redis.Redis) else list(urls)
+        if not items:
+            raise ConfigurationError("at least one Redis node is needed, e.g. 'redis://127.0.0.1:6379/0'")
+        clients: list[redis.Redis] = []
+        seen: set[str] = set()
+        for item in items:
+            if isinstance(item, redis.Redis):
+                client = item
+            else:
+                client = _client_for(_validate_url(item), socket_timeout, connect_timeout or socket_timeout)
+            name = _describe(client)
+            if name in seen:
+                raise ConfigurationError(f"Redis node {name} is listed twice: Redlock needs independent nodes")
+            seen.add(name)
+            clients.append(client)
+        self.clients: tuple[redis.Redis, ...] = tuple(clients)
+        self.names: tuple[str, ...] = tuple(_describe(c) for c in clients)
+        self.quorum = len(clients) // 2 + 1
+        self.socket_timeout = socket_timeout
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def __repr__(self) -> str:
+        return f"NodeSet({list(self.names)!r}, quorum={self.quorum})"
+
+    def run(
+        self,
+        script: _Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        nodes: Iterable[int] | None = None,
+        *,
+        undo_on_timeout: tuple[_Script, Sequence[str], Sequence[str | int]] | None = None,
+    ) -> list[Any]:
+        """Run ``script`` on the given nodes (default: all) at once; one answer or exception per node.
+
+        Every command is written before any reply is read, so the cost is the slowest node's round trip, not the
+        sum. A node that is down fails at connect; one that is paused or slow costs at most ``socket_timeout``
+        in total, however many such nodes there are (a shared deadline bounds the reads).
+
+        A node that timed out may still run the command later (a paused server reads its socket when it resumes).
+        ``undo_on_timeout`` is then written on the *same* connection before it is closed, so the node runs it
+        right after the command, in order, whenever it wakes up; nobody waits for it.
+        """
+        indices = range(len(self.clients)) if nodes is None else list(nodes)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        results: list[Any] = [None] * len(self.clients)
+        pending: list[tuple[int, ConnectionPool, Any]] = []
+        for i in indices:
+            pool = self.clients[i].connection_pool
+            conn: Any = None
+            try:
+                conn = pool.get_connection()
+                conn.send_command(*command)
+            except (RedisError, OSError) as exc:
+                results[i] = self._failed(pool, conn, exc)
+                continue
+            pending.append((i, pool, conn))
+        deadline = mod_time.monotonic() + self.socket_timeout
+        for i, pool, conn in pending:
+            try:
+                try:
+                    results[i] = self._read(conn, deadline)
+                except NoScriptError:
+                    conn.send_command("EVAL", script.body, *command[2:])
+                    results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout)
+            except RedisTimeoutError as exc:
+                if undo_on_timeout is not None:
+                    undo, undo_keys, undo_args = undo_on_timeout
+                    with contextlib.suppress(RedisError, OSError):
+                        conn.send_command("EVAL", undo.body, len(undo_keys), *undo_keys, *undo_args)
+                results[i] = self._failed(pool, conn, exc)
+                continue
+            except (RedisError, OSError) as exc:
+                results[i] = self._failed(pool, conn, exc)
+                continue
+            pool.release(conn)
+        return results
+
+    def _read(self, conn: Any, deadline: float) -> Any:
+        remaining = deadline - mod_time.monotonic()
+        if remaining >= 0.9 * self.socket_timeout:  # the common case: keep the socket's own timeout
+            return conn.read_response(disconnect_on_error=False)
+        return conn.read_response(timeout=max(remaining, 0.001), disconnect_on_error=False)
+
+    @staticmethod
+    def _failed(pool: ConnectionPool, conn: Any, exc: BaseException) -> BaseException:
+        if conn is not None:
+            conn.disconnect()
+            pool.release(conn)
+        return exc
+
+    def error(self, index: int, exc: BaseException) -> NodeError:
+        """A redacted description of node ``index``'s failure (redis-py's messages carry no password)."""
+        return NodeError(self.names[index], f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class _Lease:
+    token: str
+    ttl_ms: int
+    fence: int
+    deadline: float  # monotonic; the lock is ours until then under Redlock's assumptions
+
+
+class Redlock:
+    """A distributed lock on one or N independent Redis masters.
+
+    >>> lock = Redlock(redis_url, "doctest:invoice:42", ttl=10.0)
+    >>> lock.acquire(blocking=False)
+    True
+    >>> lock.owned(), lock.fencing_token > 0
+    (True, True)
+    >>> Redlock(redis_url, "doctest:invoice:42").acquire(blocking=False)
+    False
+    >>> lock.release()
+    True
+
+    ``ttl`` is the lease in seconds: a holder that stops extending loses the lock after it. ``timeout`` is how long
+    ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired. ``token`` is the
+    owner value stored in Redis (default: 128 random bits); one you supply must be unique per acquisition.
+    """
+
+    DRIFT_FACTOR: ClassVar[float] = 0.01
+    DRIFT_FLOOR: ClassVar[float] = 0.002
+    RETRY_BASE: ClassVar[float] = 0.005
+    RETRY_CAP: ClassVar[float] = 0.2
+
+    def __init__(
+        self,
+        urls: str | redis.Redis | Sequence[str | redis.Redis] | NodeSet,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        token: str | None = None,
+        socket_timeout: float = 0.5,
+        clock: Callable[[], float] = mod_time.monotonic,
+        sleep: Callable[[float], None] = mod_time.sleep,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
+        if not ttl > 0.01:
+            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
+        if timeout is not None and timeout < 0:
+            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
+        self.name = name
+        self.fence_key = fence_key_for(name)
+        self.ttl = float(ttl)
+        self.timeout = timeout
+        self._token = token
+        self._clock = clock
+        self._sleep = sleep
+        self._lease: _Lease | None = None
+        self._fence: int | None = None
+        #: After a failed attempt: the token of the holder most nodes reported, and its remaining lease (s).
+        self.held_by: str | None = None
+        self.held_for: float | None = None
+        #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
+        self.node_errors: tuple[NodeError, ...] = ()
+        #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock),
+        #: False when unanswered nodes could have made the difference (the lock state is unknown).
+        self.contended = False
+
+    def __repr__(self) -> str:
+        return f"Redlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
+
+    @property
+    def token(self) -> str | None:
+        """The owner token of the current (or last) lease, None before the first acquire."""
+        return self._lease.token if self._lease else self._token
+
+    @property
+    def fencing_token(self) -> int:
+        """Greater than every fencing token returned earlier for this name; raises before an acquire."""
+        if self._fence is None:
+            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
+        return self._fence
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still ours by the local clock (0 when not held)."""
+        if self._lease is None:
+            return 0.0
+        return max(0.0, self._lease.deadline - self._clock())
+
+    def _drift(self) -> float:
+        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
+        """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s."""
+        if timeout is None:
+            timeout = self.timeout
+        deadline = None if timeout is None else self._clock() + timeout
+        attempt = 0
+        while True:
+            if self._attempt():
+                return True
+            if not blocking:
+                return False
+            delay = random.uniform(self.RETRY_BASE, min(self.RETRY_CAP, self.RETRY_BASE * 2**attempt))  # noqa: S311
+            if deadline is not None:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return False
+                delay = min(delay, remaining)
+            self._sleep(delay)
+            attempt += 1
+
+    def _attempt(self) -> bool:
+        token = self._token or secrets.token_hex(16)
+        ttl_ms = int(self.ttl * 1000)
+        nodes = self.nodes
+        start = self._clock()
+        answers = nodes.run(
+            _ACQUIRE,
+            (self.name, self.fence_key),
+            (token, ttl_ms),
+            undo_on_timeout=(_RELEASE, (self.name,), (token,)),
+        )
+        fences: dict[int, int] = {}
+        holders: list[tuple[str, int]] = []
+        errors: list[NodeError] = []
+        for i, answer in enumerate(answers):
+            if isinstance(answer, BaseException):
+                errors.append(nodes.error(i, answer))
+            elif answer[0] == 1:
+                fences[i] = int(answer[1])
+            else:
+                holders.append((_text(answer[1]), int(answer[2])))
+        if len(fences) >= nodes.quorum:
+            fence = max(fences.values())
+            behind = [i for i, f in fences.items() if f < fence]
+            confirmed = len(fences) - len(behind)
+            if behind and confirmed < nodes.quorum:
+                for i, answer in zip(
+                    behind, nodes.run(_FENCE, (self.name, self.fence_key), (token, fence), behind), strict=False
+                ):
+                    if answer == 1:
+                        confirmed += 1
+                    elif isinstance(answer, BaseException):
+                        errors.append(nodes.error(i, answer))
+            # Under Redlock's assumptions the lease is ours until start + ttl - drift on our clock.
+            deadline = start + self.ttl - self._drift()
+            if confirmed >= nodes.quorum and deadline > self._clock():
+                self._lease = _Lease(token, ttl_ms, fence, deadline)
+                self._fence = fence
+                self.held_by = self.held_for = None
+                self.node_errors = ()
+                self.contended = False
+                return True
+        # Failed: undo where we set the key. A node that timed out got the undo already, on the same connection
+        # (see NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
+        said_yes = [i for i, a in enumerate(answers) if not isinstance(a, BaseException) and a[0] == 1]
+        if said_yes:
+            nodes.run(_RELEASE, (self.name,), (token,), said_yes)
+        self.node_errors = tuple(errors)
+        self.contended = len(holders) > len(nodes) - nodes.quorum
+        if holders:
+            holder, _ = Counter(h for h, _ in holders).most_common(1)[0]
+            self.held_by = holder
+            self.held_for = max(ms for h, ms in holders if h == holder) / 1000.0
+        else:
+            self.held_by = self.held_for = None
+        return False
+
+    def extend(self) -> bool:
+        """Reset the lease to ``ttl`` if we still hold it; False (and the lock is no longer ours) otherwise."""
+        return self.nodes_extend([self])[0]
+
+    @staticmethod
+    def nodes_extend(locks: Sequence[Redlock]) -> list[bool]:
+        """Extend many locks sharing one NodeSet in one round trip per node (the renewal watchdog's path).
+
+        A node where a key is missing (restarted, or unreachable at acquire) gets it back, with its fencing
+        counter raised to our token, but only a node that still held our token counts towards the quorum: a
+        single node that lost the key means someone else may have held the lock in between.
+        """
+        if not locks:
+            return []
+        nodes = locks[0].nodes
+        out = [False] * len(locks)
+        live: list[int] = []
+        for i, lock in enumerate(locks):
+            if lock.nodes is not nodes:
+                raise LockError("nodes_extend: every lock must share one NodeSet", key=lock.name)
+            lease = lock._lease
+            if lease is not None and lease.deadline > lock._clock():
+                live.append(i)
+            else:
+                lock._lease = None
+        if not live:
+            return out
+        keys: list[str] = []
+        args: list[str | int] = []
+        for i in live:
+            lock = locks[i]
+            lease = lock._lease
+            assert lease is not None
+            keys += (lock.name, lock.fence_key)
+            args += (lease.token, lease.ttl_ms, lease.fence)
+        clock = locks[0]._clock
+        start = clock()
+        answers = nodes.run(_EXTEND, keys, args)
+        now = clock()
+        for n, i in enumerate(live):
+            lock = locks[i]
+            lease = lock._lease
+            assert lease is not None
+            votes = sum(1 for a in answers if not isinstance(a, BaseException) and a[n] == EXTENDED)
+            deadline = start + lock.ttl - lock._drift()
+            if votes >= nodes.quorum and deadline > now and lease.deadline > now:
+                lease.deadline = deadline
+                out[i] = True
+            else:
+                lock._lease = None
+        return out
+
+    def release(self) -> bool:
+        """Give the lock up on every node; True if we still held it (on a quorum). Idempotent."""
+        lease = self._lease
+        if lease is None:
+            return False
+        self._lease = None
+        answers = self.nodes.run(_RELEASE, (self.name,), (lease.token,))
+        freed = sum(1 for a in answers if a == 1)
+        return freed >= self.nodes.quorum and lease.deadline > self._clock()
+
+    def owned(self) -> bool:
+        """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
+        lease = self._lease
+        if lease is None or lease.deadline <= self._clock():
+            return False
+        answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
+        mine = sum(1 for a in answers if not isinstance(a, BaseException) and a[0] and _text(a[0]) == lease.token)
+        return mine >= self.nodes.quorum
+
+    def locked(self) -> bool:
+        """True when a quorum of nodes holds the key (by anyone)."""
+        answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
+        held = sum(1 for a in answers if not isinstance(a, BaseException) and a[0])
+        return held >= self.nodes.quorum
+
+    def __enter__(self) -> Redlock:
+        if self.acquire(blocking=True, timeout=self.timeout):
+            return self
+        errors = [str(e) for e in self.node_errors]
+        if self.contended or not errors:
+            raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
+        raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self.release()
+        return False
