@@ -50,6 +50,7 @@ ACQUIRE_SCRIPT = """
 -- KEYS[2] - fencing counter key (never expires)
 -- ARGV[1] - owner token
 -- ARGV[2] - lease in milliseconds
+-- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
 -- returns {1, counter} when the lease is ours (new, or already ours and reset to ARGV[2]);
 --         {0, holder token, holder's remaining ms} when someone else holds it
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -59,7 +60,10 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return {1, redis.call('INCR', KEYS[2])}
+if ARGV[3] == '1' then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {1, 0}
 """
 
 FENCE_SCRIPT = """
@@ -384,6 +388,8 @@ class Redlock:
     ``ttl`` is the lease in seconds: a holder that stops extending loses the lock after it. ``timeout`` is how long
     ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired. ``token`` is the
     owner value stored in Redis (default: 128 random bits); one you supply must be unique per acquisition.
+    ``fencing=False`` skips the fencing counter (no extra key that outlives the lock; ``fencing_token`` is 0):
+    right for many short-lived one-off names, such as one key per scheduled run.
     """
 
     DRIFT_FACTOR: ClassVar[float] = 0.01
@@ -399,6 +405,7 @@ class Redlock:
         ttl: float = 10.0,
         timeout: float | None = None,
         token: str | None = None,
+        fencing: bool = True,
         socket_timeout: float = 0.5,
         clock: Callable[[], float] = mod_time.monotonic,
         sleep: Callable[[float], None] = mod_time.sleep,
@@ -415,6 +422,7 @@ class Redlock:
         self.ttl = float(ttl)
         self.timeout = timeout
         self._token = token
+        self._fencing = "1" if fencing else "0"
         self._clock = clock
         self._sleep = sleep
         self._lease: _Lease | None = None
@@ -481,7 +489,7 @@ class Redlock:
         answers = nodes.run(
             _ACQUIRE,
             (self.name, self.fence_key),
-            (token, ttl_ms),
+            (token, ttl_ms, self._fencing),
             undo_on_timeout=(_RELEASE, (self.name,), (token,)),
         )
         fences: dict[int, int] = {}

@@ -1,0 +1,175 @@
+"""Read and validate ``app.conf.singleton_lock_*`` once per app into a frozen settings object.
+
+Every setting is namespaced ``singleton_lock_*``. An unknown one (a typo) is an error, not silently ignored: a
+lock that quietly used a default TTL because ``singleton_lock_tll`` was misspelt is the kind of bug this library
+exists to prevent. The settings are cached on the app; :func:`settings_for` is cheap after the first call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, cast, get_args
+
+from .errors import ConfigurationError
+from .redlock import NodeSet, redact_url
+
+__all__ = [
+    "DEFAULT_TTL",
+    "DuplicatePolicy",
+    "LockSettings",
+    "UnavailablePolicy",
+    "settings_for",
+]
+
+logger = logging.getLogger("celery_singleton_lock.config")
+
+DuplicatePolicy = Literal["skip", "fail", "reschedule"]
+UnavailablePolicy = Literal["retry", "fail", "run"]
+
+DEFAULT_TTL: Final = 60.0
+_PREFIX: Final = "singleton_lock_"
+_CACHE_ATTR: Final = "_singleton_lock_settings"
+_cache_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class LockSettings:
+    """The validated ``singleton_lock_*`` settings of one Celery app.
+
+    ===================================== ============================ ==============================================
+    setting                               default                      meaning
+    ===================================== ============================ ==============================================
+    ``singleton_lock_urls``               the broker URL (if Redis)    one URL or a list: N independent masters
+    ``singleton_lock_ttl``                60.0                         lease in seconds (renewed while running)
+    ``singleton_lock_prefix``             ``"singleton_lock:"``        key prefix (may carry a ``{hash tag}``)
+    ``singleton_lock_socket_timeout``     0.5                          per-node socket timeout in seconds
+    ``singleton_lock_on_duplicate``       ``"skip"``                   skip / fail / reschedule
+    ``singleton_lock_on_unavailable``     ``"retry"``                  retry / fail / run (fail open)
+    ``singleton_lock_retry_delay``        1.0                          first back-off when Redis is unavailable
+    ``singleton_lock_retry_max_delay``    60.0                         cap of that back-off
+    ``singleton_lock_max_retries``        None (forever)               retries before giving up when unavailable
+    ``singleton_lock_renew_fraction``     1/3                          renew every ``ttl * fraction`` seconds
+    ===================================== ============================ ==============================================
+    """
+
+    urls: tuple[str, ...]
+    ttl: float = DEFAULT_TTL
+    prefix: str = "singleton_lock:"
+    socket_timeout: float = 0.5
+    on_duplicate: DuplicatePolicy = "skip"
+    on_unavailable: UnavailablePolicy = "retry"
+    retry_delay: float = 1.0
+    retry_max_delay: float = 60.0
+    max_retries: int | None = None
+    renew_fraction: float = 1 / 3
+    nodes: NodeSet = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_ttl(self.ttl, "singleton_lock_ttl")
+        if not isinstance(self.prefix, str):
+            raise ConfigurationError(f"singleton_lock_prefix must be a string, got {self.prefix!r}")
+        _positive(self.socket_timeout, "singleton_lock_socket_timeout")
+        check_policy(self.on_duplicate, DuplicatePolicy, "singleton_lock_on_duplicate")
+        check_policy(self.on_unavailable, UnavailablePolicy, "singleton_lock_on_unavailable")
+        _positive(self.retry_delay, "singleton_lock_retry_delay")
+        _positive(self.retry_max_delay, "singleton_lock_retry_max_delay")
+        if self.max_retries is not None and (not isinstance(self.max_retries, int) or self.max_retries < 0):
+            raise ConfigurationError(
+                f"singleton_lock_max_retries must be None or an int >= 0, got {self.max_retries!r}"
+            )
+        if not (isinstance(self.renew_fraction, int | float) and 0 < self.renew_fraction < 1):
+            raise ConfigurationError(
+                f"singleton_lock_renew_fraction must be between 0 and 1 (e.g. 0.33), got {self.renew_fraction!r}"
+            )
+        object.__setattr__(self, "nodes", NodeSet(list(self.urls), socket_timeout=self.socket_timeout))
+
+    def describe(self) -> str:
+        """A one-line summary for logs, passwords redacted."""
+        nodes = ", ".join(redact_url(u) for u in self.urls)
+        return f"{len(self.urls)} node(s) [{nodes}], quorum {self.nodes.quorum}, ttl {self.ttl}s"
+
+
+_FIELDS: Final = {
+    "urls",
+    "ttl",
+    "prefix",
+    "socket_timeout",
+    "on_duplicate",
+    "on_unavailable",
+    "retry_delay",
+    "retry_max_delay",
+    "max_retries",
+    "renew_fraction",
+}
+
+
+def _positive(value: object, setting: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigurationError(f"{setting} must be a number of seconds > 0, got {value!r}")
+
+
+def check_ttl(value: object, setting: str) -> float:
+    """Validate a lock TTL (seconds, > 0.1); returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0.1:
+        raise ConfigurationError(f"{setting} must be a number of seconds > 0.1, e.g. 60, got {value!r}")
+    return float(value)
+
+
+def check_policy(value: object, policy: Any, setting: str) -> None:
+    """Validate that ``value`` is one of the ``Literal`` type ``policy``'s options."""
+    options = get_args(policy)
+    if value not in options:
+        raise ConfigurationError(f"{setting} must be one of {', '.join(map(repr, options))}, got {value!r}")
+
+
+def _urls(conf: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = conf.get("singleton_lock_urls")
+    if raw is None:
+        broker = conf.get("broker_url")
+        if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
+            logger.info("singleton_lock_urls is not set: locking on the broker, %s", redact_url(broker))
+            return (broker,)
+        shown = redact_url(broker) if isinstance(broker, str) else repr(broker)
+        raise ConfigurationError(
+            f"set app.conf.singleton_lock_urls to one Redis URL or a list of independent Redis masters "
+            f"(e.g. ['redis://127.0.0.1:6379/0']): the broker {shown} is not Redis, so it cannot hold the locks"
+        )
+    if isinstance(raw, str):
+        raw = [u.strip() for u in raw.split(",")] if "," in raw else [raw]
+    if not isinstance(raw, Sequence) or not raw or not all(isinstance(u, str) for u in raw):
+        raise ConfigurationError(
+            f"singleton_lock_urls must be a Redis URL or a non-empty list of them, got {type(raw).__name__}"
+        )
+    return tuple(raw)
+
+
+def settings_from(conf: Mapping[str, Any]) -> LockSettings:
+    """Build settings from a mapping of ``singleton_lock_*`` keys (e.g. ``app.conf``); raises on bad values."""
+    keys = [k for k in conf if isinstance(k, str) and k.lower().startswith(_PREFIX)]
+    unknown = sorted(k for k in keys if k.lower()[len(_PREFIX) :] not in _FIELDS)
+    if unknown:
+        known = ", ".join(_PREFIX + f for f in sorted(_FIELDS))
+        raise ConfigurationError(f"unknown setting(s) {', '.join(unknown)}; known settings: {known}")
+    values: dict[str, Any] = {"urls": _urls(conf)}
+    for key in keys:
+        name = key.lower()[len(_PREFIX) :]
+        if name != "urls":
+            values[name] = conf[key]
+    return LockSettings(**values)
+
+
+def settings_for(app: Any) -> LockSettings:
+    """The app's settings, validated on first use and cached on the app."""
+    cached = app.__dict__.get(_CACHE_ATTR)
+    if cached is not None:
+        return cast(LockSettings, cached)
+    with _cache_lock:
+        cached = app.__dict__.get(_CACHE_ATTR)
+        if cached is None:
+            cached = settings_from(app.conf)
+            app.__dict__[_CACHE_ATTR] = cached
+            logger.debug("celery_singleton_lock settings: %s", cached.describe())
+        return cast(LockSettings, cached)

@@ -1,0 +1,133 @@
+"""A task call -> a lock key, and the holder token stored under it.
+
+The key binds the call's arguments to the function's signature with defaults applied, so ``f(1)``,
+``f(1, "current")`` and ``f(account_id=1)`` are one job; a bound task's ``self`` is left out. The bound
+arguments are encoded canonically (sorted keys, no whitespace; UUID, datetime, Decimal, set, bytes, Enum and
+dataclasses have one fixed form each) and hashed, so a key has a bounded length whatever the arguments:
+
+>>> def rebuild(account_id, month="current"): ...
+>>> sig = inspect.signature(rebuild)
+>>> a = lock_key("p:", "reports.rebuild", sig, (1,), {})
+>>> a == lock_key("p:", "reports.rebuild", sig, (), {"account_id": 1, "month": "current"})
+True
+>>> a
+'p:reports.rebuild:...'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import inspect
+import json
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from .errors import ConfigurationError, UnserializableArgumentsError
+
+__all__ = ["Holder", "canonical", "holder_token", "lock_key", "parse_holder"]
+
+_HOST = socket.gethostname()
+
+
+def _encode(value: Any) -> Any:
+    """JSON's ``default=``: one fixed, documented form per non-JSON type; anything else is an error."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=canonical)
+    if isinstance(value, bytes | bytearray):
+        return value.hex()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(type(value).__name__)
+
+
+def canonical(value: Any) -> str:
+    """The canonical JSON text of ``value``: equal for equal arguments, whatever the dict order."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_encode, ensure_ascii=False)
+
+
+def lock_key(
+    prefix: str,
+    task_name: str,
+    signature: inspect.Signature | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    unique_on: Sequence[str] | None = None,
+) -> str:
+    """``prefix + task_name + ':' + hash`` of the call's bound arguments (only ``unique_on`` ones, if given)."""
+    if signature is not None:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise UnserializableArgumentsError(
+                f"cannot build the lock key of {task_name}: arguments do not match its signature ({exc})"
+            ) from None
+        bound.apply_defaults()
+        arguments: Any = dict(bound.arguments)
+        if unique_on is not None:
+            missing = [n for n in unique_on if n not in arguments]
+            if missing:
+                raise ConfigurationError(f"lock_unique_on of {task_name} names unknown argument(s): {missing}")
+            arguments = {n: arguments[n] for n in unique_on}
+    else:  # no usable signature (e.g. a C function): positional and keyword arguments as given
+        arguments = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        text = canonical(arguments)
+    except (TypeError, ValueError) as exc:
+        raise UnserializableArgumentsError(
+            f"cannot build the lock key of {task_name}: an argument of type {exc} has no canonical form; "
+            f"pass JSON-like values, or set lock_key= (a function returning a string) on the task"
+        ) from None
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return f"{prefix}{task_name}:{digest}"
+
+
+def custom_key(prefix: str, task_name: str, fun: Callable[..., Any], args: Sequence[Any], kw: Mapping[str, Any]) -> str:
+    """The key from a user's ``lock_key`` function, which receives the task's own arguments."""
+    value = fun(*args, **kw)
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"lock_key of {task_name} must return a non-empty string, got {value!r}")
+    return f"{prefix}{task_name}:{value}"
+
+
+class Holder(NamedTuple):
+    """What a LockedTask's owner token tells about the run that holds a lock."""
+
+    task_id: str
+    worker: str  # "pid@host"
+    acquired_at: float  # wall clock, seconds since the epoch
+    task_name: str
+
+
+def holder_token(task_id: str, task_name: str) -> str:
+    """A unique owner token that also names the holder: ``nonce|task_id|pid@host|acquired_ms|task_name``."""
+    return f"{secrets.token_hex(8)}|{task_id}|{os.getpid()}@{_HOST}|{int(time.time() * 1000)}|{task_name}"
+
+
+def parse_holder(token: str | None) -> Holder | None:
+    """The holder named by a LockedTask token; None for a token of another shape (e.g. a plain Redlock)."""
+    if not token:
+        return None
+    parts = token.split("|", 4)
+    if len(parts) != 5 or not parts[3].isdigit():
+        return None
+    return Holder(parts[1], parts[2], int(parts[3]) / 1000.0, parts[4])

@@ -1,0 +1,44 @@
+"""Celery-style signals sent by LockedTask and the renewal watchdog.
+
+Connect as with Celery's own signals; every signal is sent with the task (or None) as ``sender``::
+
+    from celery_singleton_lock import signals
+
+    @signals.duplicate_skipped.connect
+    def count_skip(sender, key, task_id, holder_task_id, policy, **kwargs):
+        SKIPPED.labels(sender.name).inc()
+
+Handlers run in the worker's pool process, in the task's thread (``lock_lost``: in the watchdog thread). A handler
+that raises is logged by Celery and does not affect the lock.
+
+================== ==================================================================================
+signal             arguments (besides ``sender``)
+================== ==================================================================================
+lock_acquired      key, task_id, fencing_token
+duplicate_skipped  key, task_id, holder_task_id, policy ("skip", "fail" or "reschedule")
+lock_waiting       key, task_id, countdown, reason ("redelivered" / "unavailable")
+lock_unavailable   key, task_id, policy ("retry", "fail" or "run"), errors (redacted node errors)
+lock_lost          key, task_id, reason
+lock_released      key, task_id, held (True if the lock was still ours when released)
+================== ==================================================================================
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "duplicate_skipped",
+    "lock_acquired",
+    "lock_lost",
+    "lock_released",
+    "lock_unavailable",
+    "lock_waiting",
+]
+
+lock_acquired = Signal(name="lock_acquired", providing_args={"key", "task_id", "fencing_token"})
+duplicate_skipped = Signal(name="duplicate_skipped", providing_args={"key", "task_id", "holder_task_id", "policy"})
+lock_waiting = Signal(name="lock_waiting", providing_args={"key", "task_id", "countdown", "reason"})
+lock_unavailable = Signal(name="lock_unavailable", providing_args={"key", "task_id", "policy", "errors"})
+lock_lost = Signal(name="lock_lost", providing_args={"key", "task_id", "reason"})
+lock_released = Signal(name="lock_released", providing_args={"key", "task_id", "held"})
