@@ -12,6 +12,7 @@ from .errors import (
     UnserializableArgumentsError,
 )
 from .redlock import NodeSet, Redlock
+from .task import LockedTask, Skipped
 
 try:
     __version__ = version("celery-singleton-lock")
@@ -25,8 +26,10 @@ __all__ = [
     "LockLostError",
     "LockNotAcquiredError",
     "LockUnavailableError",
+    "LockedTask",
     "NodeSet",
     "Redlock",
+    "Skipped",
     "UnserializableArgumentsError",
     "__version__",
 ]

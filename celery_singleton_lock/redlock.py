@@ -51,14 +51,15 @@ ACQUIRE_SCRIPT = """
 -- ARGV[1] - owner token
 -- ARGV[2] - lease in milliseconds
 -- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
--- returns {1, counter} when the lease is ours (new, or already ours and reset to ARGV[2]);
+-- ARGV[4] - a token we may take the lock over from (handed over to us, see TRANSFER_SCRIPT), or ''
+-- returns {1, counter} when the lease is ours (new, taken over, or already ours: reset to ARGV[2]);
 --         {0, holder token, holder's remaining ms} when someone else holds it
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local holder = redis.call('GET', KEYS[1])
-  if holder ~= ARGV[1] then
+  if holder ~= ARGV[1] and (ARGV[4] == '' or holder ~= ARGV[4]) then
     return {0, holder, redis.call('PTTL', KEYS[1])}
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 if ARGV[3] == '1' then
   return {1, redis.call('INCR', KEYS[2])}
@@ -79,6 +80,34 @@ if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 return 1
+"""
+
+TRANSFER_SCRIPT = """
+-- KEYS[1] - lock key
+-- ARGV[1] - our owner token
+-- ARGV[2] - the token to hand the lock over to
+-- ARGV[3] - lease of the handed-over lock in milliseconds
+-- returns 1 when the key was ours and now holds ARGV[2], 0 when it was not ours
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+SHORTEN_SCRIPT = """
+-- KEYS[1] - lock key
+-- ARGV[1] - a substring the holder's token must contain (e.g. '|<task id>|')
+-- ARGV[2] - the lease's new upper bound in milliseconds
+-- returns 1 when the holder matched and its lease is now at most ARGV[2], 0 otherwise
+local holder = redis.call('GET', KEYS[1])
+if holder and string.find(holder, ARGV[1], 1, true) then
+  if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
+end
+return 0
 """
 
 RELEASE_SCRIPT = """
@@ -173,6 +202,8 @@ class _Script:
 _ACQUIRE = _Script(ACQUIRE_SCRIPT)
 _FENCE = _Script(FENCE_SCRIPT)
 _RELEASE = _Script(RELEASE_SCRIPT)
+_TRANSFER = _Script(TRANSFER_SCRIPT)
+_SHORTEN = _Script(SHORTEN_SCRIPT)
 _EXTEND = _Script(EXTEND_SCRIPT)
 _STATUS = _Script(STATUS_SCRIPT)
 
@@ -426,6 +457,9 @@ class Redlock:
         self._clock = clock
         self._sleep = sleep
         self._lease: _Lease | None = None
+        self._mutex = threading.Lock()  # orders release/transfer against the watchdog's extend
+        #: A token this lock may take over when it finds it holding the key (see ``transfer``).
+        self.replaces: str | None = None
         self._fence: int | None = None
         #: After a failed attempt: the token of the holder most nodes reported, and its remaining lease (s).
         self.held_by: str | None = None
@@ -489,7 +523,7 @@ class Redlock:
         answers = nodes.run(
             _ACQUIRE,
             (self.name, self.fence_key),
-            (token, ttl_ms, self._fencing),
+            (token, ttl_ms, self._fencing, self.replaces or ""),
             undo_on_timeout=(_RELEASE, (self.name,), (token,)),
         )
         fences: dict[int, int] = {}
@@ -553,11 +587,20 @@ class Redlock:
         if not locks:
             return []
         nodes = locks[0].nodes
+        if any(lock.nodes is not nodes for lock in locks):
+            raise LockError("nodes_extend: every lock must share one NodeSet")
+        # Hold each lock's mutex across the round trip: a release() racing with this extend could otherwise reach
+        # a node first, and the extend would then find the key missing and "repair" a lock just given up.
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock._mutex)
+            return Redlock._extend_locked(nodes, locks)
+
+    @staticmethod
+    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock]) -> list[bool]:
         out = [False] * len(locks)
         live: list[int] = []
         for i, lock in enumerate(locks):
-            if lock.nodes is not nodes:
-                raise LockError("nodes_extend: every lock must share one NodeSet", key=lock.name)
             lease = lock._lease
             if lease is not None and lease.deadline > lock._clock():
                 live.append(i)
@@ -592,13 +635,42 @@ class Redlock:
 
     def release(self) -> bool:
         """Give the lock up on every node; True if we still held it (on a quorum). Idempotent."""
-        lease = self._lease
-        if lease is None:
-            return False
-        self._lease = None
-        answers = self.nodes.run(_RELEASE, (self.name,), (lease.token,))
+        with self._mutex:
+            lease = self._lease
+            if lease is None:
+                return False
+            self._lease = None
+            answers = self.nodes.run(_RELEASE, (self.name,), (lease.token,))
         freed = sum(1 for a in answers if a == 1)
         return freed >= self.nodes.quorum and lease.deadline > self._clock()
+
+    def transfer(self, token: str, ttl: float) -> bool:
+        """Hand the lock over: replace our token with ``token`` and set the lease to ``ttl`` s, on a quorum.
+
+        Whoever acquires with ``replaces=token`` takes the lock over atomically; otherwise it expires after
+        ``ttl``, or this instance's ``release()`` cancels the hand-over. Do not extend a handed-over lock.
+        LockedTask uses this to keep a job
+        protected across ``self.retry()``: the next delivery of the same task id takes the lock over.
+        """
+        with self._mutex:
+            lease = self._lease
+            if lease is None:
+                return False
+            start = self._clock()
+            answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000)))
+            # The instance keeps the handed-over token, so release() can still cancel the hand-over.
+            self._lease = _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift())
+        moved = sum(1 for a in answers if a == 1)
+        return moved >= self.nodes.quorum and lease.deadline > self._clock()
+
+    def shorten(self, holder_contains: str, ttl: float) -> bool:
+        """Cap the lease of whoever holds this name, if their token contains ``holder_contains``, to ``ttl`` s.
+
+        For a supervisor that knows a holder is being killed (a hard time limit) but not its token: the lease
+        then ends soon instead of after a full ttl, and a holder that is not the one meant is left alone.
+        """
+        answers = self.nodes.run(_SHORTEN, (self.name,), (holder_contains, max(1, int(ttl * 1000))))
+        return sum(1 for a in answers if a == 1) >= self.nodes.quorum
 
     def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""

@@ -1,0 +1,189 @@
+"""One watchdog per process: renews every held lock in batches and notices loss.
+
+A prefork child runs one task at a time, but a threads or gevent pool can hold hundreds of locks in one process.
+A thread per lock would cost a thread and a round trip per lock per interval; the watchdog instead renews every
+lock sharing a set of nodes with one script call per node (``Redlock.nodes_extend``), so the cost per interval is
+one round trip per node, however many locks the process holds.
+
+Timeline of a renewal, ``ttl = 30 s`` and the default fraction 1/3::
+
+    t=0    acquire            lease valid until ~29.7 s (ttl - drift)
+    t=10   watchdog renews    lease valid until ~39.7 s
+    t=20   renew fails        (quorum lost, key gone, or our token replaced)
+           -> the lock is marked lost at once: flag on the run, ``lock_lost`` signal, a WARNING log
+           -> the task finds out at its next ``self.lock_held()`` / ``self.check_lock()``
+    t=29.7 the lease ends by our clock; another worker may now hold the lock
+
+Loss is therefore noticed within one renewal interval, and always before the lease's own end.
+
+The thread starts lazily, on the first lock registered in a process (never in the prefork parent before it forks)
+and a process that forks gets a fresh watchdog in the child: the parent's thread does not survive ``fork()``.
+It holds the locks it renews and is told about each run's end, so it never outlives what it renews.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time as mod_time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+
+from .redlock import NodeSet, Redlock
+
+__all__ = ["Lease", "Watchdog", "watchdog"]
+
+logger = logging.getLogger("celery_singleton_lock.renewal")
+
+BATCH = 200  # leases per script call: keeps one Lua call short on the server
+STATS_FLUSH_INTERVAL = 5.0
+
+
+@dataclass(eq=False)
+class Lease:
+    """A held lock under the watchdog's care; ``lost`` turns True (once) when renewal fails."""
+
+    lock: Redlock
+    interval: float
+    on_lost: Callable[[Lease, str], None] | None = None
+    lost: bool = False
+    reason: str = ""
+    next_renewal: float = field(default=0.0)
+
+    def held(self) -> bool:
+        """True while not lost and valid by our clock; no I/O."""
+        return not self.lost and self.lock.validity > 0
+
+
+class Watchdog:
+    """Renews registered leases every ``interval`` and flushes per-process counters to Redis."""
+
+    def __init__(self, clock: Callable[[], float] = mod_time.monotonic) -> None:
+        self._clock = clock
+        self._leases: set[Lease] = set()
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._stats: dict[tuple[NodeSet, str], Counter[str]] = {}
+        self._next_flush = 0.0
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def register(self, lock: Redlock, interval: float, on_lost: Callable[[Lease, str], None] | None = None) -> Lease:
+        """Renew ``lock`` every ``interval`` seconds until :meth:`unregister` (or until it is lost)."""
+        lease = Lease(lock, interval, on_lost, next_renewal=self._clock() + interval)
+        with self._mutex:
+            self._leases.add(lease)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="singleton-lock-watchdog", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return lease
+
+    def unregister(self, lease: Lease) -> None:
+        with self._mutex:
+            self._leases.discard(lease)
+
+    def count(self, nodes: NodeSet, prefix: str, event: str) -> None:
+        """Add one to a per-process counter; the watchdog adds them up in Redis (``{prefix}stats``) every 5 s."""
+        with self._mutex:
+            counter = self._stats.get((nodes, prefix))
+            if counter is None:
+                counter = self._stats[(nodes, prefix)] = Counter()
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name="singleton-lock-watchdog", daemon=True)
+                    self._thread.start()
+            counter[event] += 1
+
+    def _loop(self) -> None:
+        while True:
+            now = self._clock()
+            with self._mutex:
+                leases = list(self._leases)
+            due = [lease for lease in leases if lease.next_renewal <= now]
+            if due:
+                self.renew(due)
+            if now >= self._next_flush:
+                self.flush_stats()
+                self._next_flush = now + STATS_FLUSH_INTERVAL
+            with self._mutex:
+                upcoming = [lease.next_renewal for lease in self._leases]
+            wait = min([*upcoming, self._next_flush]) - self._clock()
+            self._wake.wait(max(wait, 0.01))
+            self._wake.clear()
+
+    def renew(self, leases: list[Lease]) -> None:
+        """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
+        groups: dict[NodeSet, list[Lease]] = {}
+        for lease in leases:
+            groups.setdefault(lease.lock.nodes, []).append(lease)
+        for group in groups.values():
+            for start in range(0, len(group), BATCH):
+                batch = group[start : start + BATCH]
+                started = self._clock()
+                try:
+                    results = Redlock.nodes_extend([lease.lock for lease in batch])
+                except Exception as exc:  # never let the watchdog die: treat as loss
+                    logger.exception("renewal of %d lock(s) failed", len(batch))
+                    results = [False] * len(batch)
+                    reason = f"renewal raised {type(exc).__name__}"
+                else:
+                    reason = "renewal refused: lease expired, key gone, or quorum lost"
+                for lease, ok in zip(batch, results, strict=True):
+                    if ok:
+                        lease.next_renewal = started + lease.interval
+                    else:
+                        self._lost(lease, reason)
+
+    def _lost(self, lease: Lease, reason: str) -> None:
+        self.unregister(lease)
+        if lease.lost:
+            return
+        lease.lost = True
+        lease.reason = reason
+        if lease.on_lost is not None:
+            try:
+                lease.on_lost(lease, reason)
+            except Exception:
+                logger.exception("lock-lost callback for %s raised", lease.lock.name)
+
+    def flush_stats(self) -> None:
+        """Add the counters to ``{prefix}stats`` on the first node that answers; keep them if none does."""
+        with self._mutex:
+            pending = {k: c for k, c in self._stats.items() if c}
+            self._stats = {k: Counter() for k in self._stats}
+        for (nodes, prefix), counter in pending.items():
+            for client in nodes.clients:
+                try:
+                    pipe = client.pipeline(transaction=False)
+                    for event, n in counter.items():
+                        pipe.hincrby(f"{prefix}stats", event, n)
+                    pipe.execute()
+                    break
+                except (RedisError, OSError):
+                    continue
+            else:
+                with self._mutex:
+                    self._stats[(nodes, prefix)].update(counter)
+
+
+_watchdog: Watchdog | None = None
+_watchdog_lock = threading.Lock()
+
+
+def watchdog() -> Watchdog:
+    """This process's watchdog (a new one after ``fork()``: threads do not survive it)."""
+    global _watchdog  # noqa: PLW0603 - one per process, by design
+    current = _watchdog
+    if current is not None and current._pid == os.getpid():  # noqa: SLF001
+        return current
+    with _watchdog_lock:
+        if _watchdog is None or _watchdog._pid != os.getpid():  # noqa: SLF001
+            _watchdog = Watchdog()
+        return _watchdog
