@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from types import TracebackType
 
 import redis
 
-__all__ = ["RedisServer", "find_redis_server", "free_port", "redis_servers"]
+__all__ = ["CeleryWorker", "RedisServer", "find_redis_server", "free_port", "redis_servers"]
 
 
 def find_redis_server() -> str:
@@ -161,3 +162,76 @@ def redis_servers(count: int) -> Iterator[list[RedisServer]]:
     finally:
         for server in servers:
             server.close()
+
+
+class CeleryWorker:
+    """A real ``celery worker`` process (its own process group), started and stopped by tests and the demo.
+
+    ``app`` is the ``-A`` argument; ``cwd`` is put on PYTHONPATH so the app module imports. The worker's log goes
+    to ``log_path``; :meth:`start` waits for its "ready" line.
+    """
+
+    def __init__(
+        self,
+        app: str,
+        name: str,
+        *,
+        cwd: str,
+        log_path: str,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        env: dict[str, str] | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.app, self.name, self.cwd, self.log_path = app, name, cwd, log_path
+        self.pool, self.concurrency = pool, concurrency
+        self.env = {**os.environ, **(env or {})}
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [cwd, self.env.get("PYTHONPATH", "")]))
+        self.extra = extra or []
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> CeleryWorker:
+        args = [
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO", *self.extra,
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(  # noqa: S603 - our own argv
+                args, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            if " ready." in self.log():
+                return self
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"worker {self.name} not ready within {timeout} s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM: running tasks finish), then SIGKILL the group if it lingers."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the main process and its pool children)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)

@@ -1,0 +1,216 @@
+"""LockedTask across real workers: two ``celery worker`` processes, prefork pool, concurrency 2 each.
+
+A broker node and three lock nodes (a 3-node Redlock) are throwaway redis-servers shared by the module; each test
+uses its own keys. Runs are recorded by the tasks (start and end timestamps, in Redis) and checked afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+from celery.exceptions import TaskRevokedError
+
+from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
+
+APPS = Path(__file__).parent / "apps"
+
+
+class Cluster:
+    """The module's servers, workers and the client-side app."""
+
+    def __init__(self, broker: RedisServer, locks: list[RedisServer], tmp: Path) -> None:
+        self.broker, self.locks, self.tmp = broker, locks, tmp
+        self.env = {
+            "CSL_BROKER": broker.url,
+            "CSL_LOCK_URLS": ",".join(s.url for s in locks),
+            "CSL_RECORD": broker.url.rsplit("/", 1)[0] + "/2",
+            "CSL_TTL": "3",
+        }
+        self.record = redis.Redis.from_url(self.env["CSL_RECORD"])
+        self.workers: list[CeleryWorker] = []
+        self.mod: ModuleType | None = None
+
+    def start_worker(self, name: str, **kwargs: Any) -> CeleryWorker:
+        worker = CeleryWorker(
+            "locked_app", name, cwd=str(APPS), log_path=str(self.tmp / f"{name}.log"), env=self.env, **kwargs
+        )
+        self.workers.append(worker)
+        return worker.start()
+
+    def app_module(self) -> ModuleType:
+        if self.mod is None:
+            os.environ.update(self.env)
+            sys.path.insert(0, str(APPS))
+            sys.modules.pop("locked_app", None)
+            self.mod = importlib.import_module("locked_app")
+        return self.mod
+
+    def runs(self, key: str) -> list[list[Any]]:
+        return [r for r in (json.loads(x) for x in self.record.lrange("runs", 0, -1)) if r[0] == key]
+
+    def started(self, key: str) -> list[list[Any]]:
+        return [r for r in (json.loads(x) for x in self.record.lrange("started", 0, -1)) if r[0] == key]
+
+    def wait_runs(self, key: str, count: int, timeout: float) -> list[list[Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = self.runs(key)
+            if len(runs) >= count:
+                return runs
+            time.sleep(0.05)
+        return self.runs(key)
+
+
+def overlapping(runs: list[list[Any]]) -> list[tuple[Any, Any]]:
+    """Pairs of runs of one key whose [start, end] intervals intersect."""
+    spans = sorted((r[3], r[4], r[1]) for r in runs)
+    return [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("locked")
+    with redis_servers(4) as servers:
+        c = Cluster(servers[0], servers[1:], tmp)
+        try:
+            c.start_worker("w1")
+            c.start_worker("w2")
+            c.app_module()
+            yield c
+        finally:
+            for w in c.workers:
+                w.kill()
+            sys.path.remove(str(APPS)) if str(APPS) in sys.path else None
+
+
+def key() -> str:
+    return f"k-{uuid.uuid4().hex[:12]}"
+
+
+def test_burst_of_duplicates_runs_exactly_once(cluster: Cluster) -> None:
+    """Twenty copies of one job sent at once run once; the others end REVOKED at once, naming the holder."""
+    mod = cluster.app_module()
+    k = key()
+    results = [mod.work.delay(k, 1.5) for _ in range(20)]
+    revoked, holder_ids = 0, set()
+    for r in results:
+        try:
+            r.get(timeout=30)
+        except TaskRevokedError as exc:
+            revoked += 1
+            assert mod.work.lock_key_for(k) in str(exc)
+            holder_ids.update(x.id for x in results if x.id in str(exc))
+    runs = cluster.wait_runs(k, 1, 10)
+    assert len(runs) == 1
+    assert revoked == 19
+    assert holder_ids == {runs[0][1]}
+
+
+def test_different_arguments_run_in_parallel(cluster: Cluster) -> None:
+    """Calls with different arguments are different jobs and run at the same time."""
+    mod = cluster.app_module()
+    a, b = key(), key()
+    results = [mod.work.delay(a, 1.5), mod.work.delay(b, 1.5)]
+    assert [r.get(timeout=30) for r in results] == [a, b]
+    ra, rb = cluster.runs(a)[0], cluster.runs(b)[0]
+    assert ra[3] < rb[4] and rb[3] < ra[4], "the two runs should overlap in time"
+
+
+def test_defaults_and_keywords_are_one_job(cluster: Cluster) -> None:
+    """echo(1), echo(1, 'current') and echo(account_id=1) are the same job: one runs, the others are skipped."""
+    mod = cluster.app_module()
+    account = int(uuid.uuid4().int % 10**9)
+    results = [mod.echo.delay(account), mod.echo.delay(account, "current"), mod.echo.delay(account_id=account)]
+    outcomes = []
+    for r in results:
+        try:
+            outcomes.append(r.get(timeout=30))
+        except TaskRevokedError:
+            outcomes.append("revoked")
+    assert sorted(map(str, outcomes)) == sorted([str(account), "revoked", "revoked"])
+
+
+def test_failure_releases_the_lock(cluster: Cluster) -> None:
+    """A run that raises releases its lock: the same job sent right after its failure runs."""
+    mod = cluster.app_module()
+    k = key()
+    with pytest.raises(RuntimeError):
+        mod.work.delay(k, 0.0, True).get(timeout=30, propagate=True)
+    assert mod.work.delay(k, 0.0).get(timeout=30) == k
+    assert len(cluster.runs(k)) == 2
+
+
+def test_release_happens_before_the_result_is_stored(cluster: Cluster) -> None:
+    """A caller that waits for the result and re-sends the same job at once is never skipped (20 rounds)."""
+    mod = cluster.app_module()
+    k = key()
+    for _ in range(20):
+        assert mod.work.delay(k, 0.0).get(timeout=30) == k
+    assert len(cluster.runs(k)) == 20
+
+
+def test_long_task_keeps_its_lock_past_ten_ttls(cluster: Cluster) -> None:
+    """A task running 10x its 0.6 s ttl keeps the lock (renewed), and duplicates sent meanwhile are skipped."""
+    mod = cluster.app_module()
+    k = key()
+    first = mod.long_work.delay(k, 6.0)
+    deadline = time.monotonic() + 20
+    while not cluster.started(k) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dups = []
+    for _ in range(5):
+        time.sleep(0.9)
+        dups.append(mod.long_work.delay(k, 0.1))
+    assert first.get(timeout=30) == [True, True]
+    for d in dups:
+        with pytest.raises(TaskRevokedError):
+            d.get(timeout=30)
+    assert len(cluster.runs(k)) == 1
+
+
+def test_retry_keeps_the_job_protected(cluster: Cluster) -> None:
+    """During a retry's countdown a different duplicate is skipped, and the retry itself runs (and succeeds)."""
+    mod = cluster.app_module()
+    k = key()
+    first = mod.flaky.delay(k, 2, 1.5)
+    deadline = time.monotonic() + 20
+    while not cluster.runs(k) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # now in the first retry's countdown
+    dup = mod.flaky.delay(k, 0, 0.0)
+    with pytest.raises(TaskRevokedError):
+        dup.get(timeout=30)
+    assert first.get(timeout=30) == 2
+    runs = cluster.runs(k)
+    assert [r[1] for r in runs] == [first.id] * 3
+    assert not overlapping(runs)
+
+
+def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -> None:
+    """SIGKILL of the pool process mid-task (acks_late, reject_on_worker_lost): the redelivery waits out the
+    dead run's lease and then runs to completion exactly once."""
+    mod = cluster.app_module()
+    k = key()
+    result = mod.work.delay(k, 2.0)
+    deadline = time.monotonic() + 20
+    while not cluster.started(k) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = cluster.started(k)[0][2]
+    os.kill(pid, signal.SIGKILL)
+    assert result.get(timeout=60) == k
+    runs = cluster.runs(k)
+    assert len(runs) == 1
+    assert len(cluster.started(k)) == 2
+    assert runs[0][1] == result.id
