@@ -7,6 +7,7 @@ uses its own keys. Runs are recorded by the tasks (start and end timestamps, in 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import signal
@@ -76,7 +77,7 @@ class Cluster:
 def overlapping(runs: list[list[Any]]) -> list[tuple[Any, Any]]:
     """Pairs of runs of one key whose [start, end] intervals intersect."""
     spans = sorted((r[3], r[4], r[1]) for r in runs)
-    return [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+    return [(a[2], b[2]) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
 
 
 @pytest.fixture(scope="module")
