@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/python -m celery_singleton_lock.demo
+	$(BIN)/python examples/demo.py
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
