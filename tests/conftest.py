@@ -13,6 +13,9 @@ import pytest
 
 from celery_singleton_lock.testing import RedisServer, redis_servers
 
+# Worker app modules are configured from the environment by their tests; never import them at collection.
+collect_ignore = ["apps"]
+
 
 @pytest.fixture(scope="session")
 def redis_node() -> Iterator[RedisServer]:
