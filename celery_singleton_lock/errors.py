@@ -26,6 +26,7 @@ class LockError(Exception):
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
+        self.message = message
         self.key = key
 
 
@@ -36,13 +37,7 @@ class ConfigurationError(LockError, ValueError):
 class LockNotAcquiredError(LockError):
     """The lock could not be acquired (held by someone else, or no quorum in time)."""
 
-    def __init__(
-        self,
-        key: str,
-        *,
-        holder: str | None = None,
-        node_errors: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, key: str, holder: str | None = None, node_errors: Sequence[str] = ()) -> None:
         parts = [f"could not acquire lock {key!r}"]
         if holder is not None:
             parts.append(f"held by {holder!r}")
@@ -51,6 +46,11 @@ class LockNotAcquiredError(LockError):
         super().__init__(", ".join(parts), key=key)
         self.holder = holder
         self.node_errors = tuple(node_errors)
+        # args are the constructor's, so the error survives pickling and Celery's result backends.
+        self.args = (key, holder, list(node_errors))
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class LockUnavailableError(LockNotAcquiredError):
@@ -64,13 +64,17 @@ class LockLostError(LockError):
 class DuplicateTaskError(LockError):
     """A task was skipped because a different job holds its lock."""
 
-    def __init__(self, key: str, *, task_name: str, holder_task_id: str | None) -> None:
+    def __init__(self, key: str, task_name: str = "", holder_task_id: str | None = None) -> None:
         super().__init__(
             f"duplicate of {task_name} skipped: lock {key!r} is held by task {holder_task_id}",
             key=key,
         )
         self.task_name = task_name
         self.holder_task_id = holder_task_id
+        self.args = (key, task_name, holder_task_id)  # rebuilt as cls(*args) by pickle and Celery
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class UnserializableArgumentsError(LockError, TypeError):
