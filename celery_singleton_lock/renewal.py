@@ -71,6 +71,7 @@ class Watchdog:
         self._pid = os.getpid()
         self._stats: dict[tuple[NodeSet, str], Counter[str]] = {}
         self._next_flush = 0.0
+        self._sleeping_until = 0.0  # when the thread next wakes up by itself
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -80,11 +81,18 @@ class Watchdog:
         lease = Lease(lock, interval, on_lost, next_renewal=self._clock() + interval)
         with self._mutex:
             self._leases.add(lease)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="singleton-lock-watchdog", daemon=True)
-                self._thread.start()
-        self._wake.set()
+            self._ensure_thread()
+            # Wake the thread only if it would sleep past this lease's first renewal: waking it for every task
+            # would cost a thread switch per task on the hot path.
+            wake = lease.next_renewal < self._sleeping_until
+        if wake:
+            self._wake.set()
         return lease
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="singleton-lock-watchdog", daemon=True)
+            self._thread.start()
 
     def unregister(self, lease: Lease) -> None:
         with self._mutex:
@@ -96,9 +104,7 @@ class Watchdog:
             counter = self._stats.get((nodes, prefix))
             if counter is None:
                 counter = self._stats[(nodes, prefix)] = Counter()
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name="singleton-lock-watchdog", daemon=True)
-                    self._thread.start()
+                self._ensure_thread()
             counter[event] += 1
 
     def _loop(self) -> None:
@@ -113,10 +119,9 @@ class Watchdog:
                 self.flush_stats()
                 self._next_flush = now + STATS_FLUSH_INTERVAL
             with self._mutex:
-                upcoming = [lease.next_renewal for lease in self._leases]
-            wait = min([*upcoming, self._next_flush]) - self._clock()
-            self._wake.wait(max(wait, 0.01))
-            self._wake.clear()
+                self._sleeping_until = min([lease.next_renewal for lease in self._leases] + [self._next_flush])
+                self._wake.clear()
+            self._wake.wait(max(self._sleeping_until - self._clock(), 0.01))
 
     def renew(self, leases: list[Lease]) -> None:
         """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
