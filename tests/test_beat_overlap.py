@@ -1,0 +1,54 @@
+"""A periodic LockedTask longer than its interval never overlaps itself, and beat keeps sending."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+from celery_singleton_lock.testing import CeleryWorker, redis_servers
+
+APPS = Path(__file__).parent / "apps"
+
+
+def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path) -> None:
+    """Ticks every 1 s of a 2.5 s LockedTask: runs never overlap, the ticks in between are skipped with a log
+    line, and beat goes on sending for the whole window."""
+    with redis_servers(2) as (broker, lock):
+        env = {
+            "CSL_BROKER": broker.url,
+            "CSL_LOCK_URLS": lock.url,
+            "CSL_RECORD": broker.url.rsplit("/", 1)[0] + "/2",
+            "PYTHONPATH": str(APPS),
+        }
+        worker = CeleryWorker("beat_overlap_app", "w1", cwd=str(APPS), log_path=str(tmp_path / "w.log"), env=env)
+        beat_log = tmp_path / "beat.log"
+        beat = None
+        try:
+            worker.start()
+            with beat_log.open("wb") as out:
+                beat = subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "beat_overlap_app", "beat", "-l", "INFO",
+                     "--schedule", str(tmp_path / "schedule")],
+                    cwd=APPS, env={**worker.env, **env}, stdout=out, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+                time.sleep(8.0)
+                assert beat.poll() is None, "beat must keep running"
+        finally:
+            if beat is not None:
+                beat.kill()
+                beat.wait(10)
+            worker.stop()
+            worker.kill()
+        runs = sorted(json.loads(r)[1:] for r in redis.Redis.from_url(env["CSL_RECORD"]).lrange("runs", 0, -1))
+        log = worker.log()
+        sent = beat_log.read_text().count("Sending due task slow-tick")
+    assert sent >= 6
+    assert len(runs) >= 2
+    assert all(b[0] >= a[1] for a, b in itertools.pairwise(runs)), f"overlapping runs: {runs}"
+    assert log.count("is a duplicate: lock") >= 3
