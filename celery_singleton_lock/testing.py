@@ -50,18 +50,29 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One redis-server process on 127.0.0.1, no persistence; a context manager that always cleans up."""
+    """One redis-server process on 127.0.0.1, no persistence; a context manager that always cleans up.
 
-    def __init__(self, port: int | None = None, *, binary: str | None = None) -> None:
+    With ``unixsocket=True`` it also listens on a unix socket in its own temporary directory (see ``unix_url``).
+    """
+
+    def __init__(self, port: int | None = None, *, binary: str | None = None, unixsocket: bool = False) -> None:
         self.port = port or free_port()
         self.binary = binary or find_redis_server()
         self.process: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix=f"csl-redis-{self.port}-")
+        self.unixsocket = os.path.join(self._dir, "redis.sock") if unixsocket else None
         self.paused = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def unix_url(self) -> str:
+        """``unix://<socket path>?db=0``; only for a server made with ``unixsocket=True``."""
+        if self.unixsocket is None:
+            raise RuntimeError("this RedisServer was made without unixsocket=True")
+        return f"unix://{self.unixsocket}?db=0"
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
@@ -80,6 +91,8 @@ class RedisServer:
             "--protected-mode", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
+        if self.unixsocket is not None:
+            args += ["--unixsocket", self.unixsocket, "--unixsocketperm", "700"]
         self.process = subprocess.Popen(  # noqa: S603 - fixed argv, our own binary
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -27,7 +28,12 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
-    broker_transport_options={"visibility_timeout": float(os.environ.get("CSL_VISIBILITY", "3600"))},
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("CSL_VISIBILITY", "3600")),
+        # With a short visibility timeout, sweep for unacked messages every second (kombu's default sweep is every
+        # unacked_restore_interval * unacked_restore_throttle = 100 s), so a redelivery happens in bounded time.
+        **({"unacked_restore_interval": 1, "unacked_restore_throttle": 1} if "CSL_VISIBILITY" in os.environ else {}),
+    },
     result_expires=600,
     worker_max_tasks_per_child=int(os.environ.get("CSL_MAX_TASKS_PER_CHILD", "0")) or None,
 )
@@ -93,3 +99,63 @@ def echo(self: Any, account_id: int, month: str = "current") -> int:
     """Defaults and keyword calls map to one key."""
     _run(self, f"echo:{account_id}:{month}", 0.5)
     return account_id
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_unavailable="fail")
+def work_or_fail(self: Any, key: str, duration: float = 0.0) -> str:
+    """Like ``work``, but FAILURE (LockUnavailableError) when no quorum of lock nodes answers."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_unavailable="run")
+def work_unguarded(self: Any, key: str, duration: float = 0.0) -> str:
+    """Like ``work``, but runs unguarded (with a warning) when no quorum of lock nodes answers."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
+def work_later(self: Any, key: str, duration: float = 0.0) -> str:
+    """Like ``work``, but a duplicate is rescheduled to run after the holder instead of skipped."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"])
+def watch_lock(self: Any, key: str, duration: float) -> dict[str, Any]:
+    """Poll ``self.lock_held()`` for up to ``duration`` s; report when it turned False and what check_lock said."""
+    record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
+    lost_at, error = None, None
+    end_by = time.monotonic() + duration
+    while time.monotonic() < end_by:  # bounded by duration
+        if not self.lock_held():
+            lost_at = time.time()
+            try:
+                self.check_lock()
+            except Exception as exc:  # report whatever it raised
+                error = f"{type(exc).__name__}: {exc}"
+            break
+        time.sleep(0.02)
+    return {"lost_at": lost_at, "error": error}
+
+
+@app.task(base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_unique_on=["key"])
+def stubborn(self: Any, key: str, duration: float) -> None:
+    """Ignore SIGTERM and the soft time limit: only the hard time limit's SIGKILL ends this run."""
+    from celery.exceptions import SoftTimeLimitExceeded  # noqa: PLC0415
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the pool child is killed after this task anyway
+    record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
+    end_by = time.monotonic() + duration
+    while time.monotonic() < end_by:  # bounded by duration
+        try:
+            time.sleep(0.05)
+        except SoftTimeLimitExceeded:
+            continue
+
+
+@app.task
+def collect(results: list[Any]) -> list[Any]:
+    """A chord callback: return the header's results."""
+    return results
