@@ -1,0 +1,123 @@
+"""The distribution builds, passes ``twine check``, and works installed from the wheel.
+
+The build runs on a copy of the source tree (nothing is written into the repository) with build isolation, so the
+declared build requirements are what gets tested. The wheel goes into a fresh venv without its dependencies; the
+dependencies are borrowed from the running environment through a ``.pth`` line, which keeps the test fast and
+offline while the package itself can only come from the wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "celery_singleton_lock"
+_SKIP = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "celerybeat-schedule*"
+)
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("packaging")
+    src, out = tmp / "src", tmp / "dist"
+    shutil.copytree(ROOT, src, ignore=_SKIP)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def project() -> dict[str, str]:
+    return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"])
+
+
+def only(directory: Path, pattern: str) -> Path:
+    (found,) = directory.glob(pattern)
+    return found
+
+
+def test_twine_check_passes(dist: Path) -> None:
+    """The wheel and the sdist have valid metadata and a README that renders on PyPI."""
+    files = sorted(str(p) for p in dist.iterdir())
+    assert len(files) == 2
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *files],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_wheel_and_sdist_contents(dist: Path) -> None:
+    """The wheel ships the package with py.typed and no tests; the sdist carries the sources and the README."""
+    names = zipfile.ZipFile(only(dist, "*.whl")).namelist()
+    assert f"{PACKAGE}/py.typed" in names
+    assert f"{PACKAGE}/__init__.py" in names
+    assert all(n.startswith((f"{PACKAGE}/", f"{PACKAGE}-")) for n in names), names
+    with tarfile.open(only(dist, "*.tar.gz")) as sdist:
+        members = {m.split("/", 1)[1] for m in sdist.getnames() if "/" in m}
+    assert {"pyproject.toml", "README.md", f"{PACKAGE}/py.typed", f"{PACKAGE}/task.py"} <= members
+
+
+def test_installed_wheel_imports_with_the_project_version(dist: Path, tmp_path: Path) -> None:
+    """Installed from the wheel into a fresh venv, the package imports from there, reports pyproject's version,
+    and its Celery entry points resolve."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    wheel = str(only(dist, "*.whl"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", wheel],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    site = Path(
+        subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .decode()
+        .strip()
+    )
+    # The dependencies (celery, redis) from this environment; a .pth line does not run this environment's own
+    # .pth files, so its editable install of the package stays out of the way.
+    (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = f"""
+import json, importlib.metadata as md, celery_singleton_lock as p
+eps = [ep for ep in md.distribution("{project()["name"]}").entry_points]
+print(json.dumps({{"file": p.__file__, "version": p.__version__, "eps": {{ep.name: str(ep.load()) for ep in eps}}}}))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run(
+        [str(python), "-I", "-c", probe],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert Path(seen["file"]).is_relative_to(venv)
+    assert seen["version"] == project()["version"]
+    assert set(seen["eps"]) == {"locks", "singleton"}
