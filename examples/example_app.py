@@ -29,6 +29,7 @@ EXAMPLES = [
     "examples.stock_decrement",
     "examples.cache_rebuild_storm",
     "examples.long_report",
+    "examples.beat_app",
 ]
 if importlib.util.find_spec("prometheus_client"):  # the one example with a dependency of its own
     EXAMPLES.append("examples.prometheus_metrics")

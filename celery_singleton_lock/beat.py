@@ -1,0 +1,346 @@
+"""Several ``celery beat`` instances side by side: each due run of each entry is sent exactly once across them.
+
+Every instance keeps ticking on its own (its own schedule file, its own clock). When an entry is due, the instance
+first *claims the run* with ``SET NX`` (a Redlock over ``singleton_lock_urls``) on a key naming the entry and the
+run's slot, and sends only if the claim is its own::
+
+    celery -A app beat -S celery_singleton_lock.beat.SingletonScheduler --schedule /var/run/beat-a
+    celery -A app beat -S singleton --schedule /var/run/beat-b   # same class, by its entry-point name
+
+The slot is derived from the *schedule*, never from an instance's own ``last_run_at`` or raw clock reading, so all
+instances name the same run alike (see :func:`slot_for`):
+
+* an interval (``schedule``, a number of seconds): ``floor(now / run_every)``, slots aligned to the Unix epoch;
+* a crontab, solar or any other schedule with ``remaining_estimate``: the latest scheduled time ``<= now``.
+
+A claim is never released: it expires after :func:`claim_ttl` seconds, once no instance can be due for that slot
+any more. See ``docs/beat.md`` for the reasoning, django-celery-beat and RedBeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, cast
+
+from celery.beat import PersistentScheduler
+from celery.schedules import schedule as interval_schedule
+from celery.utils.time import maybe_make_aware
+
+from .config import LockSettings, settings_for
+from .redlock import Redlock, redact_url
+
+__all__ = [
+    "MIN_CLAIM_TTL",
+    "SLOT_HEADER",
+    "SingletonScheduler",
+    "SingletonSchedulerMixin",
+    "Slot",
+    "claim_ttl",
+    "slot_for",
+]
+
+logger = logging.getLogger("celery_singleton_lock.beat")
+
+#: Message header carrying the run's slot label (``self.request.get(SLOT_HEADER)`` in the task).
+SLOT_HEADER: Final = "singleton_lock_beat_slot"
+#: A claim lives at least this long (s): clock skew and a late tick must not outlast a one-second slot.
+MIN_CLAIM_TTL: Final = 60.0
+#: ... at most one more period past its slot, and that margin at most a day ...
+MAX_CLAIM_MARGIN: Final = 86_400.0
+#: ... and never more than this (s), whatever a broken schedule says its period is.
+MAX_CLAIM_TTL: Final = 400 * 86_400.0
+
+_UTC: Final = dt.timezone.utc
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=_UTC)
+_MS: Final = dt.timedelta(milliseconds=1)
+# How far back a schedule's latest due time is searched (a Feb 29 crontab fires every 4 years).
+_LOOKBACK: Final = dt.timedelta(days=1830)
+# The period assumed when a schedule has no next run after this one (a one-off, e.g. django-celery-beat's clocked).
+_ONE_OFF_PERIOD: Final = 86_400.0
+_HOST: Final = socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One scheduled run of an entry, named alike on every beat instance.
+
+    >>> slot = Slot(dt.datetime(2026, 11, 22, 12, 5, tzinfo=dt.timezone.utc), 60.0)
+    >>> slot.label, slot.iso
+    ('1795349100', '2026-11-22T12:05:00Z')
+    """
+
+    due: dt.datetime  #: the run's scheduled time (crontab) or its interval slot's start, in UTC
+    period: float  #: seconds to the entry's next slot (sizes the claim's ttl)
+
+    @property
+    def label(self) -> str:
+        """The slot in the claim key and the message header: Unix seconds, with milliseconds only when not zero."""
+        ms = (self.due - _EPOCH) // _MS
+        return str(ms // 1000) if ms % 1000 == 0 else f"{ms // 1000}.{ms % 1000:03d}"
+
+    @property
+    def iso(self) -> str:
+        """The slot for people (logs): ISO 8601 UTC."""
+        text = self.due.astimezone(_UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        ms = self.due.microsecond // 1000
+        return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
+
+
+def _utc(schedule: Any, when: dt.datetime) -> dt.datetime:
+    aware = schedule.maybe_make_aware(when) if hasattr(schedule, "maybe_make_aware") else maybe_make_aware(when)
+    return cast(dt.datetime, aware.astimezone(_UTC))
+
+
+@contextlib.contextmanager
+def _frozen_clock(schedule: Any, now: dt.datetime) -> Iterator[None]:
+    """Make ``schedule.now()`` return ``now`` for a while, so ``now + remaining_estimate(t)`` is exact.
+
+    Celery's schedules read their clock through ``nowfun`` (django-celery-beat's TzAwareCrontab too). Swapping the
+    attribute, not copying the schedule, keeps its app and so its timezone. Beat ticks on one thread.
+    """
+    if not hasattr(schedule, "nowfun"):
+        yield
+        return
+    saved = schedule.nowfun
+    schedule.nowfun = lambda: now
+    try:
+        yield
+    finally:
+        schedule.nowfun = saved
+
+
+def slot_for(schedule: Any, last_run_at: dt.datetime | None, now: dt.datetime | None = None) -> Slot:
+    """The slot of the run of ``schedule`` that is due at ``now`` (default: the schedule's own clock).
+
+    Instances whose clocks differ by less than the gap between two runs, and whose ``last_run_at`` differ (each
+    advances its own, one may have been down for hours), compute the same slot:
+
+    >>> from celery import Celery
+    >>> from celery.schedules import crontab
+    >>> every_5_min = crontab(minute="*/5", app=Celery(set_as_current=False))
+    >>> utc = dt.timezone.utc
+    >>> slot_for(every_5_min, dt.datetime(2026, 11, 22, 12, 0, 0, 400_000, tzinfo=utc),
+    ...          now=dt.datetime(2026, 11, 22, 12, 5, 0, 300_000, tzinfo=utc)).iso
+    '2026-11-22T12:05:00Z'
+    >>> slot_for(every_5_min, dt.datetime(2026, 11, 20, 7, 0, tzinfo=utc),  # a stale schedule file
+    ...          now=dt.datetime(2026, 11, 22, 12, 7, 12, tzinfo=utc)).iso
+    '2026-11-22T12:05:00Z'
+    """
+    now_utc = _utc(schedule, schedule.now() if now is None else now)
+    if isinstance(schedule, interval_schedule):
+        return _interval_slot(schedule, now_utc)
+    return _calendar_slot(schedule, last_run_at, now_utc)
+
+
+def _interval_slot(schedule: Any, now: dt.datetime) -> Slot:
+    # Each instance's interval runs drift with its own start time and tick latency, so "last_run_at + run_every"
+    # differs between instances: the run is named by the epoch-aligned slot it falls in instead. Integer
+    # milliseconds, so every instance computes the very same number.
+    period_ms = max(1, round(schedule.run_every.total_seconds() * 1000))
+    now_ms = (now - _EPOCH) // _MS
+    return Slot(_EPOCH + (now_ms // period_ms * period_ms) * _MS, period_ms / 1000)
+
+
+def _calendar_slot(schedule: Any, last_run_at: dt.datetime | None, now: dt.datetime) -> Slot:
+    with _frozen_clock(schedule, now):
+
+        def next_after(t: dt.datetime) -> dt.datetime:
+            """The schedule's first run after ``t`` (crontab: strictly after ``t``'s minute)."""
+            return now + cast(dt.timedelta, schedule.remaining_estimate(t))
+
+        floor = now - _LOOKBACK
+        start = floor if last_run_at is None else max(_utc(schedule, last_run_at), floor)
+        due = next_after(start)
+        if due <= now:
+            later = next_after(due)
+            # Usually ``due`` is the run after this instance's previous one, and the latest one. An instance whose
+            # schedule file is stale (it was down) has missed runs: the run it sends now is the latest one, which
+            # is what the up-to-date instances claim. Bisect on t for the last t with next_after(t) <= now.
+            if due < later <= now and next_after(now) > now:
+                lo, hi = due, now  # invariant: next_after(lo) <= now < next_after(hi)
+                for _ in range(64):  # 1 ms resolution over _LOOKBACK takes ~37 halvings
+                    if hi - lo <= _MS:
+                        break
+                    mid = lo + (hi - lo) / 2
+                    if next_after(mid) <= now:
+                        lo = mid
+                    else:
+                        hi = mid
+                due = next_after(lo)  # the only run in (lo, hi]: runs are more than 1 ms apart
+        after = next_after(due)
+    period = (after - due).total_seconds()
+    if not period > 0:  # a one-off (clocked) schedule has no next run
+        period = _ONE_OFF_PERIOD
+    # Whole seconds: crontab times are whole minutes anyway; solar times are computed numerically from each
+    # instance's own start point and may differ in the last microseconds.
+    due = (due + dt.timedelta(microseconds=500_000)).replace(microsecond=0)
+    return Slot(due, period)
+
+
+def claim_ttl(period: float) -> float:
+    """Seconds a claim on a slot of an entry with this ``period`` lives.
+
+    An instance is due for slot S only while its clock is in [S, next slot), give or take clock skew and a late
+    tick: an instance restarted from a stale schedule file computes the *current* slot, not S. So the claim must
+    outlive one period plus that slack; one more period (at most a day more) is ample, and at least 60 s covers
+    skew and a slow tick for one-second slots. A longer claim costs nothing but one small key per entry per period
+    (claims never renew); a shorter one would let a late instance send S a second time.
+
+    >>> claim_ttl(1.0), claim_ttl(3600.0), claim_ttl(30 * 86400.0) / 86400
+    (60.0, 7200.0, 31.0)
+    """
+    return min(max(MIN_CLAIM_TTL, period + min(period, MAX_CLAIM_MARGIN)), MAX_CLAIM_TTL)
+
+
+def _nodes(settings: LockSettings) -> str:
+    urls = ", ".join(redact_url(u) for u in settings.urls)
+    return f"{len(settings.urls)} node(s) [{urls}], quorum {settings.nodes.quorum}"
+
+
+@contextlib.contextmanager
+def _slot_header(entry: Any, slot: Slot) -> Iterator[None]:
+    """Send the entry's run with the slot in its headers, without touching the options the entry shares.
+
+    ``next(entry)`` copies ``options`` by reference into the next entry, and celery's ``apply_async`` adds its
+    ``celery_beat_task`` header into the headers dict in place: so rebind a fresh copy, then put the original back.
+    """
+    options = entry.options
+    headers = dict(options.get("headers") or {})
+    headers[SLOT_HEADER] = slot.label
+    entry.options = {**options, "headers": headers}
+    try:
+        yield
+    finally:
+        entry.options = options
+
+
+class SingletonSchedulerMixin:
+    """Put before any celery beat scheduler class: a due run is sent only by the instance that claims its slot.
+
+    ``class MyScheduler(SingletonSchedulerMixin, DatabaseScheduler): ...``. Both of celery's dispatch paths are
+    guarded: ``Scheduler.tick`` reserves the next entry, then calls ``apply_entry`` (which logs "Sending due task"
+    and calls ``apply_async(advance=False)``); RedBeat's ``maybe_due`` calls ``apply_async`` directly. A run that is
+    not ours is not sent, but the entry still advances, exactly as if it had been sent.
+    """
+
+    #: When too few lock nodes answer to know whether another instance claimed the run: False (the default) does
+    #: not send it (a run may be missed, never doubled); True sends it unguarded (never missed, maybe doubled).
+    send_when_unavailable: ClassVar[bool] = False
+
+    app: Any
+    #: The entry ``apply_entry`` claimed, so its own call to ``apply_async`` does not claim it a second time.
+    _claimed: tuple[Any, Slot] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cast(Any, super()).__init__(*args, **kwargs)
+        if not kwargs.get("lazy", False):
+            # Validate the settings when beat starts, not at the first due run.
+            logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(settings_for(self.app)))
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        """Claim the due run of ``entry``, then send it as celery does; log and skip when it is not ours."""
+        slot = self._claim(entry)
+        if slot is None:
+            return
+        self._claimed = (entry, slot)
+        try:
+            cast(Any, super()).apply_entry(entry, producer=producer)
+        finally:
+            self._claimed = None
+
+    def apply_async(
+        self,
+        entry: Any,
+        producer: Any = None,
+        advance: bool = True,  # noqa: FBT001, FBT002 - celery's signature
+        **kwargs: Any,
+    ) -> Any:
+        """Send the run of ``entry`` if it is ours (claimed here, or already by ``apply_entry``); None if not."""
+        claimed = self._claimed
+        if claimed is not None and claimed[0] is entry:
+            slot = claimed[1]
+        else:
+            found = self._claim(entry)
+            if found is None:
+                if advance:
+                    self.reserve(entry)  # type: ignore[attr-defined]
+                return None
+            slot = found
+        with _slot_header(entry, slot):
+            return cast(Any, super()).apply_async(entry, producer, advance, **kwargs)
+
+    def _claim(self, entry: Any) -> Slot | None:
+        """The slot of the run of ``entry`` due now if this instance claimed it (or must send anyway), else None."""
+        name = entry.name
+        try:
+            slot = slot_for(entry.schedule, entry.last_run_at)
+        except Exception:
+            logger.exception("beat: cannot tell which run of %s is due, so it is not sent", name)
+            return None
+        settings = settings_for(self.app)
+        key = f"{settings.prefix}beat:{name}:{slot.label}"
+        # Never released, and no fencing counter (one key per run, nothing that outlives it): the claim expires
+        # after claim_ttl(), once no instance can be due for this slot any more. Releasing it after sending would
+        # let an instance that ticks a moment later send the same run again.
+        token = f"beat@{_HOST}:{os.getpid()}:{secrets.token_hex(6)}"
+        lock = Redlock(settings.nodes, key, ttl=claim_ttl(slot.period), fencing=False, token=token)
+        try:
+            if lock.acquire(blocking=False):
+                logger.debug("beat: claimed %s run %s (%s)", name, slot.iso, key)
+                return slot
+        except Exception:
+            logger.exception("beat: claiming %s run %s failed", name, slot.iso)
+        else:
+            if lock.contended:
+                logger.info(
+                    "beat: %s run %s was claimed by another beat instance (%s); not sending it",
+                    name,
+                    slot.iso,
+                    lock.held_by or "unknown",
+                )
+                return None
+        errors = "; ".join(str(e) for e in lock.node_errors) or "no quorum"
+        nodes = settings.nodes
+        if self.send_when_unavailable:
+            logger.warning(
+                "beat: sending %s run %s UNGUARDED: fewer than %d of %d lock nodes answered, another beat instance "
+                "may send it too (%s)",
+                name,
+                slot.iso,
+                nodes.quorum,
+                len(nodes),
+                errors,
+            )
+            return slot
+        logger.warning(
+            "beat: NOT sending %s run %s: fewer than %d of %d lock nodes answered, so it is unknown whether another "
+            "beat instance sent it (%s)",
+            name,
+            slot.iso,
+            nodes.quorum,
+            len(nodes),
+            errors,
+        )
+        return None
+
+    @property
+    def info(self) -> str:
+        """Beat's banner lines: the underlying scheduler's, then where runs are claimed."""
+        base = cast(str, cast(Any, super()).info)
+        line = f"    . singleton -> runs claimed on {_nodes(settings_for(self.app))}"
+        return f"{base}\n{line}" if base else line
+
+
+class SingletonScheduler(SingletonSchedulerMixin, PersistentScheduler):  # type: ignore[misc]
+    """Celery's default scheduler (a shelve file per instance) whose due runs are sent once across instances.
+
+    ``celery -A app beat -S celery_singleton_lock.beat.SingletonScheduler`` (or ``-S singleton``, the entry point
+    this package registers in ``celery.beat_schedulers``). Give every instance its own ``--schedule`` file.
+    """
