@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal, cast, get_args
 
 from .errors import ConfigurationError
@@ -35,7 +35,7 @@ _CACHE_ATTR: Final = "_singleton_lock_settings"
 _cache_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LockSettings:
     """The validated ``singleton_lock_*`` settings of one Celery app.
 
@@ -85,6 +85,12 @@ class LockSettings:
                 f"singleton_lock_renew_fraction must be between 0 and 1 (e.g. 0.33), got {self.renew_fraction!r}"
             )
         object.__setattr__(self, "nodes", NodeSet(list(self.urls), socket_timeout=self.socket_timeout))
+
+    def __repr__(self) -> str:
+        # Not the generated repr: it would print the URLs' passwords, and settings end up in logs and tracebacks.
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr and f.name != "urls"]
+        urls = tuple(redact_url(u) for u in self.urls)
+        return f"LockSettings(urls={urls!r}, {', '.join(shown)})"
 
     def describe(self) -> str:
         """A one-line summary for logs, passwords redacted."""

@@ -38,6 +38,10 @@ __all__ = ["Holder", "canonical", "holder_token", "lock_key", "parse_holder"]
 _HOST = socket.gethostname()
 
 
+class _NoCanonicalForm(TypeError):
+    """A value of a type with no canonical form (its type name is the message)."""
+
+
 def _encode(value: Any) -> Any:
     """JSON's ``default=``: one fixed, documented form per non-JSON type; anything else is an error."""
     if isinstance(value, uuid.UUID):
@@ -56,7 +60,7 @@ def _encode(value: Any) -> Any:
         return value.hex()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
-    raise TypeError(type(value).__name__)
+    raise _NoCanonicalForm(type(value).__name__)
 
 
 def canonical(value: Any) -> str:
@@ -93,11 +97,17 @@ def lock_key(
     try:
         text = canonical(arguments)
     except (TypeError, ValueError) as exc:
+        # json's own errors (dict keys of mixed or non-JSON types, a circular reference) are sentences, not types.
+        if isinstance(exc, _NoCanonicalForm):
+            what = f"an argument of type {exc} has no canonical form"
+        else:
+            what = f"the arguments have no canonical form ({exc})"
         raise UnserializableArgumentsError(
-            f"cannot build the lock key of {task_name}: an argument of type {exc} has no canonical form; "
-            f"pass JSON-like values, or set lock_key= (a function returning a string) on the task"
+            f"cannot build the lock key of {task_name}: {what}; pass JSON-like values "
+            f"(dicts with string keys), or set lock_key= (a function returning a string) on the task"
         ) from None
-    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    # surrogatepass: a JSON message may carry a lone surrogate ("\ud800"), a str that strict UTF-8 cannot encode.
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return f"{prefix}{task_name}:{digest}"
 
 

@@ -23,13 +23,16 @@ counters) where fencing tokens must never go back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import os
 import random
+import re
 import secrets
 import threading
 import time as mod_time
+from binascii import crc_hqx
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import ConnectionPool
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -162,35 +166,52 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.
 EXTENDED, REPAIRED, LOST = 1, 2, 0
 
 _SCHEMES = ("redis", "rediss", "unix")
+_QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors)."""
+    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors); never raises.
+
+    Both places redis-py reads a password from are masked: the userinfo and a ``password=`` query argument. The
+    host and port are kept as written (not parsed: a bad port must not turn an error message into a crash).
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    if "password=" in parts.query.lower():
+        parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query))
+    return urlunsplit(parts)
 
 
 def fence_key_for(key: str) -> str:
     """The fencing counter's key: in the same Redis Cluster slot as ``key``.
 
     A key carrying a hash tag (``{...}`` with a non-empty body) keeps it; a key without one becomes the tag, so
-    both keys hash to the same slot either way.
+    both keys hash to the same slot either way. Cluster reads only the *first* ``{`` and the first ``}`` after it
+    (an empty ``{}`` there means no tag at all), so a tagless key that contains ``}`` cannot be a tag: its fence
+    key is tagged with a short string of the same slot instead.
     """
     start = key.find("{")
-    if start != -1:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return f"{key}:fence"
-    return f"{{{key}}}:fence"
+    end = key.find("}", start + 1) if start != -1 else -1
+    if end > start + 1:
+        return f"{key}:fence"
+    # No tag (an empty "{}" first counts as none: Cluster then hashes the whole key, it looks for no later tag).
+    if "}" not in key:
+        return f"{{{key}}}:fence"
+    return f"{{{_slot_twin(key_slot(key.encode()))}}}{key}:fence"
+
+
+@functools.lru_cache(maxsize=1024)
+def _slot_twin(slot: int) -> str:
+    """The smallest decimal number whose text hashes to ``slot`` (every slot has one below 110,000)."""
+    for n in range(1 << 17):
+        if crc_hqx(str(n).encode(), 0) % 16384 == slot:  # Cluster's slot of a key without braces
+            return str(n)
+    raise AssertionError(f"no decimal hash tag for Cluster slot {slot}")  # pragma: no cover - checked exhaustively
 
 
 class _Script:
@@ -344,7 +365,11 @@ class NodeSet:
             if isinstance(item, redis.Redis):
                 client = item
             else:
-                client = _client_for(_validate_url(item), socket_timeout, connect_timeout or socket_timeout)
+                url = _validate_url(item)
+                try:
+                    client = _client_for(url, socket_timeout, connect_timeout or socket_timeout)
+                except ValueError as exc:  # redis-py's URL parser: a bad port, db or query option
+                    raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
             name = _describe(client)
             if name in seen:
                 raise ConfigurationError(f"Redis node {name} is listed twice: Redlock needs independent nodes")
@@ -454,7 +479,10 @@ class NodeSet:
 
     def _read(self, conn: Any, deadline: float) -> Any:
         remaining = deadline - mod_time.monotonic()
-        if remaining >= 0.9 * self.socket_timeout:  # the common case: keep the socket's own timeout
+        # The common case: keep the socket's own timeout. Only when it is no longer than ours: a redis.Redis client
+        # passed in may have none (or redis-py's 5 s default), and a frozen node would then hold the fan-out.
+        own = conn.socket_timeout
+        if own is not None and own <= self.socket_timeout and remaining >= 0.9 * self.socket_timeout:
             return conn.read_response(disconnect_on_error=False)
         return conn.read_response(timeout=max(remaining, 0.001), disconnect_on_error=False)
 
@@ -618,9 +646,10 @@ class Redlock:
             behind = [i for i, f in fences.items() if f < fence]
             confirmed = len(fences) - len(behind)
             if behind and confirmed < nodes.quorum:
-                for i, answer in zip(
-                    behind, nodes.run(_FENCE, (self.name, self.fence_key), (token, fence), behind), strict=False
-                ):
+                # run() answers by node index (None for nodes not asked), not by position in ``behind``.
+                fenced = nodes.run(_FENCE, (self.name, self.fence_key), (token, fence), behind)
+                for i in behind:
+                    answer = fenced[i]
                     if answer == 1:
                         confirmed += 1
                     elif isinstance(answer, BaseException):
