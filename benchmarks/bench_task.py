@@ -1,0 +1,646 @@
+"""End-to-end task benchmark: LockedTask against a plain Task, celery-once and celery-singleton, in real workers.
+
+Throughput. One broker (a throwaway redis-server), one result backend (db 1 of it), lock nodes on three more
+throwaway redis-servers, one app module (``benchmarks/bench_apps.py``) and one worker command line for everyone::
+
+    celery -A bench_apps worker -P solo -Q <queue> -l WARNING --without-gossip --without-mingle --without-heartbeat
+
+Contenders: a no-op task with one int argument, unique per call (no duplicates: this is the cost of the guard),
+
+* ``plain Task``                 no lock
+* ``LockedTask 1 node``          acquire in before_start + release in __call__: 2 round trips, in the worker
+* ``LockedTask 3 nodes``         the same fanned out to 3 nodes at once (quorum 2)
+* ``celery-once QueueOnce``      lock at apply_async (client), DEL in after_return (worker)
+* ``celery-singleton Singleton`` lock at apply_async (client), DEL in on_success (worker)
+
+For each (round, contender): N tasks are enqueued first, on a queue of their own, *then* a fresh worker process is
+started on it, so the worker always has a backlog and never waits on the client. The worker measures itself (see
+``bench_apps``): from the end of its 1st task to the end of its N-th, i.e. N-1 tasks, wall clock and CPU time
+(utime+stime of the worker's processes from /proc), with no I/O per task; start-up and shutdown are outside the
+window, and so is the client. Contenders are interleaved, the order rotating each round; the table shows medians
+over rounds, and ratios are medians of per-round *paired* ratios (vs plain Task in the same round). CPU per task is
+the steadiest figure on a shared machine: it does not count the time the worker waits for a CPU.
+
+The client's CPU per ``apply_async`` is shown apart (celery-once and celery-singleton take their lock there), and
+worker + client CPU together, as a ratio to plain Task's.
+
+Duplicate storm. Two workers ``-P prefork -c 2`` on one lock node; once both are ready they are SIGSTOPped, 2000
+copies of ONE job (same arguments; its body sleeps 0.2 s and records its run) are enqueued, and the workers are
+SIGCONTinued: drain time runs from SIGCONT to the last stored outcome (``date_done`` of the last result), runs are
+checked never to overlap, and the workers' total CPU (both process groups) is divided by the messages.
+
+    python benchmarks/bench_task.py                                   # ~4 min: 5 rounds x 5 contenders + storm
+    python benchmarks/bench_task.py --pools solo,prefork --rounds 3   # also prefork -c 1 (the pool's IPC counted)
+    python benchmarks/bench_task.py --tasks 500 --rounds 1 --json /tmp/bench_task.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import itertools
+import json
+import os
+import platform
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+
+from celery_singleton_lock.testing import find_redis_server, redis_servers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+POLL = 0.05
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    task: str  # the task's attribute in bench_apps
+    nodes: int  # lock nodes the worker is configured with
+    pool: str
+
+    @property
+    def label(self) -> str:
+        return self.name if self.pool == "solo" else f"{self.name} (prefork -c 1)"
+
+    @property
+    def slug(self) -> str:
+        return f"{self.task}{self.nodes}-{self.pool}"
+
+
+BASE = [
+    ("plain Task", "plain", 1),
+    ("LockedTask 1 node", "locked", 1),
+    ("LockedTask 3 nodes", "locked", 3),
+    ("celery-once QueueOnce", "once", 1),
+    ("celery-singleton Singleton", "singleton", 1),
+]
+
+
+@dataclass
+class Sample:
+    round: int
+    tasks: int
+    seconds: float
+    tasks_per_s: float
+    cpu_us_per_task: float
+    enqueue_us_per_task: float
+    client_cpu_us_per_task: float
+
+
+@dataclass
+class Result:
+    contender: Contender
+    samples: list[Sample] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    tasks_per_s: float = 0.0
+    tasks_per_s_min: float = 0.0
+    tasks_per_s_max: float = 0.0
+    cpu_us_per_task: float = 0.0
+    enqueue_us_per_task: float = 0.0
+    client_cpu_us_per_task: float = 0.0
+    total_cpu_ratio: float = 0.0  # median of per-round ((worker + client CPU) / plain's, same pool)
+    throughput_ratio: float = 0.0  # median of per-round (tasks/s / plain's tasks/s, same pool)
+    cpu_ratio: float = 0.0  # median of per-round (CPU/task / plain's CPU/task, same pool)
+
+
+# --- processes ------------------------------------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Every live process of process group ``pgid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5 of proc(5): pgrp
+            pids.append(int(entry))
+    return pids
+
+
+def group_cpu(pgids: list[int]) -> float:
+    total = 0.0
+    for pgid in pgids:
+        for pid in _group_pids(pgid):
+            with contextlib.suppress(OSError):
+                total += _cpu_seconds(pid)
+    return total
+
+
+class Worker:
+    """``celery worker`` on bench_apps in a session of its own (its pid is the process group id)."""
+
+    def __init__(self, name: str, env: dict[str, str], queue: str, pool: str, concurrency: int, log: str) -> None:
+        self.env = {**os.environ, **env}
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, ROOT, self.env.get("PYTHONPATH", "")]))
+        self.argv = [
+            sys.executable, "-m", "celery", "-A", "bench_apps", "worker",
+            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", "WARNING",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        self.log_path = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, cwd=HERE, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is None:
+            return
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        self.signal(signal.SIGKILL)  # and any pool child left behind
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+
+
+def wait_for(check: Any, timeout: float, worker_list: list[Worker], what: str) -> Any:
+    """Poll ``check()`` until it returns something truthy; bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        for w in worker_list:
+            if not w.alive():
+                raise RuntimeError(f"worker exited while waiting for {what}:\n{w.log_tail()}")
+        time.sleep(POLL)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{worker_list[0].log_tail()}")
+
+
+# --- environment ----------------------------------------------------------------------------------------------------
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def code_identity() -> dict[str, str]:
+    """The commit, and a hash of the package's sources as they are on disk (they may differ from the commit)."""
+    package = os.path.join(ROOT, "celery_singleton_lock")
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(package)):
+        if name.endswith(".py"):
+            with open(os.path.join(package, name), "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+    try:
+        head = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--", "celery_singleton_lock"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        head, dirty = "unknown", ""
+    return {
+        "git_head": head or "unknown",
+        "package_modified": str(bool(dirty)),
+        "package_sha256": digest.hexdigest()[:12],
+    }
+
+
+def environment() -> dict[str, Any]:
+    binary = find_redis_server()
+    try:
+        server = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        server = f"unknown ({exc})"
+    return {
+        "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "nproc": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "python": sys.version.split()[0],
+        "celery": _version("celery"),
+        "kombu": _version("kombu"),
+        "redis_py": _version("redis"),
+        "hiredis": _version("hiredis"),
+        "celery_once": _version("celery_once"),
+        "celery_singleton": _version("celery-singleton"),
+        "redis_server": server,
+        **code_identity(),
+    }
+
+
+# --- throughput -----------------------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, broker: str, lock_urls: list[str], tmp: str) -> None:
+        self.args = args
+        self.broker = broker
+        self.backend = broker.rsplit("/", 1)[0] + "/1"
+        self.record_url = broker.rsplit("/", 1)[0] + "/2"
+        self.lock_urls = lock_urls
+        self.tmp = tmp
+        self.nonce = secrets.token_hex(4)
+        self.base_env = {
+            "BENCH_BROKER": broker,
+            "BENCH_BACKEND": self.backend,
+            "BENCH_RECORD": self.record_url,
+            "BENCH_STORE_RESULTS": "1" if args.store_results else "0",
+        }
+        # The client imports the same app module (celery-once and celery-singleton lock in apply_async).
+        os.environ.update({**self.base_env, "BENCH_LOCK_URLS": ",".join(lock_urls), "BENCH_N": "0"})
+        sys.path.insert(0, HERE)
+        self.apps = importlib.import_module("bench_apps")
+        self.record = redis.Redis.from_url(self.record_url)
+        self.broker_client = redis.Redis.from_url(broker)
+        self.lock_clients = [redis.Redis.from_url(u) for u in lock_urls]
+        self.serial = 0
+
+    def close(self) -> None:
+        for c in [self.record, self.broker_client, *self.lock_clients]:
+            c.close()
+
+    def reset(self) -> None:
+        """Every run starts from empty servers (LockedTask keeps a fencing counter per key; peers keep nothing)."""
+        for c in [self.broker_client, *self.lock_clients]:
+            c.flushall()
+
+    def warm_up_client(self) -> None:
+        """First calls build connections, producers and caches: keep them out of the measured enqueues."""
+        for name in ("plain", "locked", "once", "singleton"):
+            task = getattr(self.apps, name)
+            for i in range(200):
+                task.apply_async((-1 - i,), queue="bench.warmup")
+        self.reset()
+
+    def leftover_locks(self) -> list[bytes]:
+        keys = []
+        for c in self.lock_clients:
+            keys += [k for k in c.keys("*") if not k.endswith(b":fence") and not k.endswith(b"stats")]
+        return keys
+
+    def throughput_run(self, contender: Contender, rnd: int) -> Sample:
+        n = self.args.tasks
+        self.serial += 1
+        run = f"{self.nonce}-{contender.slug}-{rnd}-{self.serial}"
+        queue = f"bench.{run}"
+        self.reset()
+        task = getattr(self.apps, contender.task)
+        first = self.serial * 1_000_000
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(first, first + n):
+            task.apply_async((i,), queue=queue)
+        enqueue, client_cpu = time.perf_counter() - t0, time.process_time() - c0
+        queued = self.broker_client.llen(queue)
+        if queued != n:
+            raise RuntimeError(f"{contender.label}: {queued} messages queued, expected {n}")
+        env = {
+            **self.base_env,
+            "BENCH_LOCK_URLS": ",".join(self.lock_urls[: contender.nodes]),
+            "BENCH_N": str(n),
+            "BENCH_RUN": run,
+        }
+        if self.args.profile and contender.task == "locked" and contender.nodes == 1 and rnd == 0:
+            env["BENCH_PROFILE"] = os.path.join(self.tmp, f"profile-{contender.slug}.pstats")
+            print(f"# profiling this run to {env['BENCH_PROFILE']}", file=sys.stderr)
+        worker = Worker(f"bench-{run}", env, queue, contender.pool, 1, os.path.join(self.tmp, f"{run}.log"))
+        try:
+            worker.start()
+            raw = wait_for(
+                lambda: self.record.get(f"bench:done:{run}"), 30 + n * 0.01, [worker], f"{contender.label} to drain"
+            )
+        finally:
+            worker.stop()
+        report = json.loads(raw)
+        if report["not_none"]:
+            raise RuntimeError(f"{contender.label}: {report['not_none']} tasks returned something (skipped?)")
+        leftover = self.leftover_locks()
+        if leftover:
+            raise RuntimeError(f"{contender.label}: lock keys left behind: {leftover[:5]} ({len(leftover)})")
+        tasks = report["tasks"]
+        return Sample(
+            round=rnd,
+            tasks=tasks,
+            seconds=report["seconds"],
+            tasks_per_s=tasks / report["seconds"],
+            cpu_us_per_task=report["cpu_seconds"] / tasks * 1e6,
+            enqueue_us_per_task=enqueue / n * 1e6,
+            client_cpu_us_per_task=client_cpu / n * 1e6,
+        )
+
+    # --- duplicate storm --------------------------------------------------------------------------------------------
+
+    def swarm(self, kind: str, rnd: int) -> dict[str, Any]:
+        """``kind`` "storm": copies of ONE LockedTask job; "reference": as many distinct plain no-ops storing their
+        result, through the very same set-up (what a message costs these workers when nothing is locked)."""
+        copies, duration = self.args.storm_copies, self.args.storm_sleep
+        self.serial += 1
+        run = f"{self.nonce}-{kind}-{rnd}-{self.serial}"
+        queue = f"bench.{run}"
+        self.reset()
+        env = {**self.base_env, "BENCH_LOCK_URLS": self.lock_urls[0], "BENCH_N": "0", "BENCH_RUN": run}
+        workers = [
+            Worker(f"{kind}{i}-{run}", env, queue, "prefork", 2, os.path.join(self.tmp, f"{run}-{i}.log"))
+            for i in range(2)
+        ]
+        backend = redis.Redis.from_url(self.backend)
+        try:
+            for w in workers:
+                w.start()
+            for w in workers:
+                wait_for(lambda w=w: self.record.get(f"bench:ready:{run}:{w.pid}"), 60, workers, f"{kind} workers")
+            time.sleep(0.5)  # let the pools settle after "ready"
+            pgids = [w.pid for w in workers]
+            for w in workers:
+                w.signal(signal.SIGSTOP)
+            cpu_before = group_cpu(pgids)
+            t0 = time.perf_counter()
+            if kind == "storm":
+                for _ in range(copies):
+                    self.apps.storm.apply_async(("the-one-job", duration), queue=queue)
+            else:
+                for i in range(copies):
+                    self.apps.plain_stored.apply_async((i,), queue=queue)
+            enqueue = time.perf_counter() - t0
+            started = time.time()
+            for w in workers:
+                w.signal(signal.SIGCONT)
+            wait_for(lambda: backend.dbsize() >= copies, 60 + copies * 0.05, workers, f"the {kind} to drain")
+            cpu = group_cpu(pgids) - cpu_before
+            processes = sum(len(_group_pids(p)) for p in pgids)
+        finally:
+            for w in workers:
+                w.signal(signal.SIGCONT)
+                w.stop()
+        metas = [json.loads(m) for m in backend.mget(backend.keys("celery-task-meta-*"))]
+        backend.close()
+        states: dict[str, int] = {}
+        for m in metas:
+            states[m["status"]] = states.get(m["status"], 0) + 1
+        ends = [datetime.fromisoformat(m["date_done"]).timestamp() for m in metas]
+        runs = sorted(json.loads(r) for r in self.record.lrange(f"bench:storm:{run}", 0, -1))
+        overlaps = sum(1 for a, b in itertools.pairwise(runs) if b[0] < a[1])
+        drain = max(ends) - started
+        skipped = states.get("REVOKED", 0)
+        return {
+            "kind": kind,
+            "round": rnd,
+            "copies": copies,
+            "processes_measured": processes,
+            "enqueue_seconds": enqueue,
+            "drain_seconds": drain,
+            "messages_per_s": copies / drain,
+            "runs": len(runs),
+            "overlapping_runs": overlaps,
+            "states": states,
+            "skipped": skipped,
+            "lock_windows_fit": int(drain / duration) + 1,
+            "worker_cpu_seconds": cpu,
+            "cpu_us_per_message": cpu / copies * 1e6,
+            "run_pids": sorted({r[2] for r in runs}),
+        }
+
+    def storms(self) -> dict[str, Any]:
+        """The storm and its reference, interleaved over ``--storm-rounds``; medians."""
+        samples: dict[str, list[dict[str, Any]]] = {"storm": [], "reference": []}
+        for rnd in range(self.args.storm_rounds):
+            for kind in ("storm", "reference") if rnd % 2 == 0 else ("reference", "storm"):
+                sample = self.swarm(kind, rnd)
+                samples[kind].append(sample)
+                print(f"# {kind} round {rnd + 1}: {json.dumps(sample)}", file=sys.stderr)
+
+        def med(kind: str, field: str) -> float:
+            return statistics.median(float(s[field]) for s in samples[kind])
+
+        storm = samples["storm"]
+        return {
+            "copies": self.args.storm_copies,
+            "body_seconds": self.args.storm_sleep,
+            "workers": "2 x prefork -c 2",
+            "rounds": self.args.storm_rounds,
+            "drain_seconds": med("storm", "drain_seconds"),
+            "runs": [s["runs"] for s in storm],
+            "lock_windows_fit": [s["lock_windows_fit"] for s in storm],
+            "overlapping_runs": sum(s["overlapping_runs"] for s in storm),
+            "states": [s["states"] for s in storm],
+            "cpu_us_per_message": med("storm", "cpu_us_per_message"),
+            "skips_per_s": statistics.median(s["skipped"] / s["drain_seconds"] for s in storm),
+            "reference_cpu_us_per_message": med("reference", "cpu_us_per_message"),
+            "reference_messages_per_s": med("reference", "messages_per_s"),
+            "skip_cpu_ratio": statistics.median(
+                s["cpu_us_per_message"] / r["cpu_us_per_message"]
+                for s, r in zip(storm, samples["reference"], strict=True)
+            ),
+            "samples": samples,
+        }
+
+
+# --- report ---------------------------------------------------------------------------------------------------------
+
+
+def summarise(results: list[Result]) -> None:
+    plains = {r.contender.pool: r for r in results if r.contender.task == "plain"}
+    for r in results:
+        if not r.samples:
+            continue
+        rates = [s.tasks_per_s for s in r.samples]
+        r.tasks_per_s = statistics.median(rates)
+        r.tasks_per_s_min, r.tasks_per_s_max = min(rates), max(rates)
+        r.cpu_us_per_task = statistics.median(s.cpu_us_per_task for s in r.samples)
+        r.enqueue_us_per_task = statistics.median(s.enqueue_us_per_task for s in r.samples)
+        r.client_cpu_us_per_task = statistics.median(s.client_cpu_us_per_task for s in r.samples)
+        base = {s.round: s for s in plains[r.contender.pool].samples}
+        paired = [(s, base[s.round]) for s in r.samples if s.round in base]
+        if paired:
+            r.throughput_ratio = statistics.median(s.tasks_per_s / b.tasks_per_s for s, b in paired)
+            r.cpu_ratio = statistics.median(s.cpu_us_per_task / b.cpu_us_per_task for s, b in paired)
+            r.total_cpu_ratio = statistics.median(
+                (s.cpu_us_per_task + s.client_cpu_us_per_task) / (b.cpu_us_per_task + b.client_cpu_us_per_task)
+                for s, b in paired
+            )
+
+
+def table(results: list[Result]) -> str:
+    lines = [
+        "| contender | tasks/s | vs plain | min-max tasks/s | worker CPU µs/task | CPU vs plain "
+        "| client CPU µs/task (enqueue) | worker+client CPU vs plain |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if not r.samples:
+            lines.append(f"| {r.contender.label} | failed | | | | | | |")
+            continue
+        lines.append(
+            f"| {r.contender.label} | {r.tasks_per_s:,.0f} | {r.throughput_ratio:.2f}x "
+            f"| {r.tasks_per_s_min:,.0f}-{r.tasks_per_s_max:,.0f} | {r.cpu_us_per_task:,.0f} | {r.cpu_ratio:.2f}x "
+            f"| {r.client_cpu_us_per_task:,.0f} | {r.total_cpu_ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def storm_text(s: dict[str, Any]) -> str:
+    parts = [
+        f"Duplicate storm: {s['copies']} copies of ONE LockedTask job",
+        f"(1 lock node, body sleeps {s['body_seconds']} s),",
+        f"{s['workers']}, {s['rounds']} round(s).",
+        f"Drain (SIGCONT to last outcome stored): {s['drain_seconds']:.2f} s median;",
+        f"runs per round {s['runs']} (lock windows that fit in the drain: {s['lock_windows_fit']});",
+        f"overlapping runs: {s['overlapping_runs']}; outcomes {s['states']}.",
+        f"Worker CPU per message (all worker processes): {s['cpu_us_per_message']:,.0f} µs;",
+        f"{s['skips_per_s']:,.0f} skips/s.",
+        f"Reference, same set-up, {s['copies']} distinct plain no-op tasks storing their result:",
+        f"{s['reference_cpu_us_per_message']:,.0f} µs CPU per message, {s['reference_messages_per_s']:,.0f} msg/s;",
+        f"skip / plain CPU per message: {s['skip_cpu_ratio']:.2f}x (paired median).",
+    ]
+    return " ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks per run (default 2000)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--pools", default="solo", help="comma-separated: solo, prefork (-c 1); default solo")
+    parser.add_argument("--store-results", action="store_true", help="store results (default: task_ignore_result)")
+    parser.add_argument("--storm-copies", type=int, default=2000, help="duplicate storm messages (default 2000)")
+    parser.add_argument("--storm-sleep", type=float, default=0.2, help="the storm job's body, s (default 0.2)")
+    parser.add_argument("--storm-rounds", type=int, default=2, help="storm + reference rounds (default 2)")
+    parser.add_argument("--no-storm", action="store_true", help="skip the duplicate storm")
+    parser.add_argument("--profile", action="store_true", help="cProfile LockedTask 1 node's worker in round 1")
+    parser.add_argument("--json", metavar="PATH", help="also write the environment, samples and summary")
+    args = parser.parse_args(argv)
+    pools = [p.strip() for p in args.pools.split(",") if p.strip()]
+    if args.tasks < 10 or args.rounds < 1 or not set(pools) <= {"solo", "prefork"} or not pools:
+        parser.error("--tasks >= 10, --rounds >= 1, --pools from solo,prefork")
+
+    contenders = [Contender(name, task, nodes, pool) for pool in pools for name, task, nodes in BASE]
+    env = environment()
+    print(f"# task benchmark, {env['date_utc']}", file=sys.stderr)
+    print(f"# {json.dumps(env)}", file=sys.stderr)
+    print(f"# argv: {' '.join(sys.argv)}", file=sys.stderr)
+
+    results = {c: Result(c) for c in contenders}
+    storm: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="bench-task-") as tmp, redis_servers(4) as servers:
+        bench = Bench(args, servers[0].url, [s.url for s in servers[1:]], tmp)
+        try:
+            bench.warm_up_client()
+            for rnd in range(args.rounds):
+                shift = rnd % len(contenders)
+                for c in contenders[shift:] + contenders[:shift]:
+                    try:
+                        sample = bench.throughput_run(c, rnd)
+                    except RuntimeError as exc:
+                        results[c].failures.append(str(exc))
+                        print(f"# round {rnd + 1} {c.label}: FAILED {exc}", file=sys.stderr)
+                        continue
+                    results[c].samples.append(sample)
+                    print(
+                        f"# round {rnd + 1}/{args.rounds} {c.label}: {sample.tasks_per_s:,.0f} tasks/s, "
+                        f"{sample.cpu_us_per_task:,.0f} µs CPU/task, enqueue {sample.enqueue_us_per_task:,.0f} µs/task "
+                        f"({sample.client_cpu_us_per_task:,.0f} µs client CPU)",
+                        file=sys.stderr,
+                    )
+            if not args.no_storm:
+                storm = bench.storms()
+            if args.profile:
+                for name in os.listdir(tmp):
+                    if name.endswith(".pstats"):
+                        import pstats  # noqa: PLC0415 - only with --profile
+
+                        pstats.Stats(os.path.join(tmp, name), stream=sys.stderr).sort_stats("cumulative").print_stats(
+                            40
+                        )
+        finally:
+            bench.close()
+
+    ordered = [results[c] for c in contenders]
+    summarise(ordered)
+    print(table(ordered))
+    print(
+        f"\n{args.tasks} no-op tasks per run, one fresh worker per run; medians over {args.rounds} interleaved "
+        "rounds; ratios are medians of per-round paired ratios vs plain Task on the same pool; CPU = worker "
+        "processes' utime+stime over the measured window"
+    )
+    if storm is not None:
+        print("\n" + storm_text(storm))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "environment": env,
+                    "argv": sys.argv,
+                    "args": vars(args),
+                    "results": [asdict(r) for r in ordered],
+                    "storm": storm,
+                },
+                f,
+                indent=2,
+            )
+    failed = any(r.failures for r in ordered) or (storm is not None and storm["overlapping_runs"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
