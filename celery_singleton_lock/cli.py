@@ -209,6 +209,15 @@ def _is_fence_key(key: str) -> bool:
     return key.startswith("{") and key.endswith("}:fence") and fence_key_for(key[1 : -len("}:fence")]) == key
 
 
+def _fence_key_of(settings: LockSettings, key: str) -> str:
+    """Where a key's fencing counter lives: LockedTask locks share the prefix's counter (so the value shown is an
+    upper bound of the holder's token: later acquisitions of other jobs raise it too); beat claims and plain
+    Redlocks under the prefix have their own (or none)."""
+    if key.startswith(settings.prefix) and not key.startswith(f"{settings.prefix}beat:"):
+        return settings.fence_key
+    return fence_key_for(key)
+
+
 def _glob_escape(text: str) -> str:
     """``text`` as a literal in a Redis glob pattern."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
@@ -229,7 +238,7 @@ def scan_keys(settings: LockSettings, *, match: str = "*") -> Report[list[str]]:
         try:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT, _type="string"):
                 key = _text(raw)
-                if key != stats_key and not _is_fence_key(key):
+                if key not in (stats_key, settings.fence_key) and not _is_fence_key(key):
                     found.add(key)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
@@ -249,7 +258,7 @@ def read_keys(
     states: dict[str, list[NodeState | None]] = {key: [None] * len(nodes) for key in keys}
     for start in range(0, len(keys), BATCH):
         batch = keys[start : start + BATCH]
-        flat = [k for key in batch for k in (key, fence_key_for(key))]
+        flat = [k for key in batch for k in (key, _fence_key_of(settings, key))]
         live = [i for i in range(len(nodes)) if i not in down]
         if not live:
             break

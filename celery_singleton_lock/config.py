@@ -92,6 +92,11 @@ class LockSettings:
         urls = tuple(redact_url(u) for u in self.urls)
         return f"LockSettings(urls={urls!r}, {', '.join(shown)})"
 
+    @property
+    def fence_key(self) -> str:
+        """The fencing counter every LockedTask lock under this prefix shares: one key, not one per job ever run."""
+        return f"{self.prefix}fence"
+
     def describe(self) -> str:
         """A one-line summary for logs, passwords redacted."""
         nodes = ", ".join(redact_url(u) for u in self.urls)

@@ -524,6 +524,10 @@ class Redlock:
     ``ttl`` is the lease in seconds: a holder that stops extending loses the lock after it. ``timeout`` is how long
     ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired. ``token`` is the
     owner value stored in Redis (default: 128 random bits); one you supply must be unique per acquisition.
+    ``fence_key`` names the fencing counter (default: one counter per name, ``fence_key_for(name)``, which never
+    expires). Many short-lived names (one per order, say) are better served by one counter they share: the keys
+    then stay one, not one per name ever locked, and the tokens still grow strictly per name (and across the names
+    sharing it). With Cluster hash tags it must hash to the same slot as ``name``.
     ``fencing=False`` skips the fencing counter (no extra key that outlives the lock; ``fencing_token`` is 0):
     right for many short-lived one-off names, such as one key per scheduled run.
     """
@@ -542,6 +546,7 @@ class Redlock:
         timeout: float | None = None,
         token: str | None = None,
         fencing: bool = True,
+        fence_key: str | None = None,
         socket_timeout: float = 0.5,
         clock: Callable[[], float] = mod_time.monotonic,
         sleep: Callable[[float], None] = mod_time.sleep,
@@ -554,7 +559,7 @@ class Redlock:
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
         self.name = name
-        self.fence_key = fence_key_for(name)
+        self.fence_key = fence_key or fence_key_for(name)
         self.ttl = float(ttl)
         self.timeout = timeout
         self._token = token

@@ -43,8 +43,11 @@ def make_app(urls: Sequence[str], prefix: str) -> Celery:
     return app
 
 
-def hold(urls: Sequence[str], key: str, task_id: str = "task-1", ttl: float = 30.0) -> Redlock:
-    lock = Redlock(list(urls), key, ttl=ttl, token=keys.holder_token(task_id, "reports.rebuild"))
+def hold(
+    urls: Sequence[str], key: str, task_id: str = "task-1", ttl: float = 30.0, fence_key: str | None = None
+) -> Redlock:
+    token = keys.holder_token(task_id, "reports.rebuild")
+    lock = Redlock(list(urls), key, ttl=ttl, token=token, fence_key=fence_key)
     assert lock.acquire(blocking=False)
     return lock
 
@@ -61,7 +64,7 @@ def trio_urls(redis_trio: list[RedisServer]) -> list[str]:
 def test_list_json_in_a_real_celery_process(tmp_path: Path, trio_urls: list[str], prefix: str) -> None:
     """`celery -A app locks list --json` lists a held lock with its task id and fencing token, not its counters."""
     key = f"{prefix}reports.rebuild:abc"
-    lock = hold(trio_urls, key, "task-42")
+    lock = hold(trio_urls, key, "task-42", fence_key=f"{prefix}fence")  # as LockedTask: the prefix's counter
     for url in trio_urls[:2]:
         redis.Redis.from_url(url).hincrby(f"{prefix}stats", "acquired", 1)
     (tmp_path / "cli_app.py").write_text(
