@@ -128,9 +128,13 @@ class Holder(NamedTuple):
     task_name: str
 
 
-def holder_token(task_id: str, task_name: str) -> str:
-    """A unique owner token that also names the holder: ``nonce|task_id|pid@host|acquired_ms|task_name``."""
-    return f"{secrets.token_hex(8)}|{task_id}|{os.getpid()}@{_HOST}|{int(time.time() * 1000)}|{task_name}"
+def holder_token(task_id: str, task_name: str, worker: str | None = None) -> str:
+    """A unique owner token that also names the holder: ``nonce|task_id|pid@host|acquired_ms|task_name``.
+
+    ``worker`` replaces ``pid@host`` for tokens that mark a state rather than a process (LockedTask's hand-overs).
+    """
+    worker = worker or f"{os.getpid()}@{_HOST}"
+    return f"{secrets.token_hex(8)}|{task_id}|{worker}|{int(time.time() * 1000)}|{task_name}"
 
 
 def parse_holder(token: str | None) -> Holder | None:

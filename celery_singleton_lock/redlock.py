@@ -101,21 +101,6 @@ end
 return 0
 """
 
-SHORTEN_SCRIPT = """
--- KEYS[1] - lock key
--- ARGV[1] - a substring the holder's token must contain (e.g. '|<task id>|')
--- ARGV[2] - the lease's new upper bound in milliseconds
--- returns 1 when the holder matched and its lease is now at most ARGV[2], 0 otherwise
-local holder = redis.call('GET', KEYS[1])
-if holder and string.find(holder, ARGV[1], 1, true) then
-  if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
-  return 1
-end
-return 0
-"""
-
 RELEASE_SCRIPT = """
 -- KEYS[1] - lock key
 -- ARGV[1] - owner token
@@ -226,7 +211,6 @@ _ACQUIRE = _Script(ACQUIRE_SCRIPT)
 _FENCE = _Script(FENCE_SCRIPT)
 _RELEASE = _Script(RELEASE_SCRIPT)
 _TRANSFER = _Script(TRANSFER_SCRIPT)
-_SHORTEN = _Script(SHORTEN_SCRIPT)
 _EXTEND = _Script(EXTEND_SCRIPT)
 _STATUS = _Script(STATUS_SCRIPT)
 
@@ -777,15 +761,6 @@ class Redlock:
             self._lease = _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift())
         moved = sum(1 for a in answers if a == 1)
         return moved >= self.nodes.quorum and lease.deadline > self._clock()
-
-    def shorten(self, holder_contains: str, ttl: float) -> bool:
-        """Cap the lease of whoever holds this name, if their token contains ``holder_contains``, to ``ttl`` s.
-
-        For a supervisor that knows a holder is being killed (a hard time limit) but not its token: the lease
-        then ends soon instead of after a full ttl, and a holder that is not the one meant is left alone.
-        """
-        answers = self.nodes.run(_SHORTEN, (self.name,), (holder_contains, max(1, int(ttl * 1000))))
-        return sum(1 for a in answers if a == 1) >= self.nodes.quorum
 
     def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""

@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 
 from .redlock import NodeSet, Redlock
 
-__all__ = ["Lease", "Watchdog", "watchdog"]
+__all__ = ["Lease", "Watchdog", "flush_stats", "watchdog"]
 
 logger = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -192,3 +192,10 @@ def watchdog() -> Watchdog:
         if _watchdog is None or _watchdog._pid != os.getpid():  # noqa: SLF001
             _watchdog = Watchdog()
         return _watchdog
+
+
+def flush_stats() -> None:
+    """Flush this process's counters now, if it has a watchdog (a pool child about to exit: they would be lost)."""
+    current = _watchdog
+    if current is not None and current._pid == os.getpid():  # noqa: SLF001
+        current.flush_stats()

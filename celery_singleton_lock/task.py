@@ -39,13 +39,14 @@ from typing import Any, ClassVar, cast
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery import Task, bootsteps
 from celery.exceptions import Retry
+from celery.signals import worker_process_shutdown
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
 from .keys import custom_key, holder_token, lock_key, parse_holder
 from .redlock import Redlock
-from .renewal import Lease, watchdog
+from .renewal import Lease, flush_stats, watchdog
 
 __all__ = ["HANDOVER", "LockedTask", "Skipped"]
 
@@ -53,6 +54,12 @@ logger = logging.getLogger("celery_singleton_lock.task")
 
 #: The ``worker`` field of a token that reserves a lock for the next delivery of a retried task.
 HANDOVER = "retry"
+#: The ``worker`` field of the token that ends the lease of a run killed by a hard time limit.
+ENDING = "ending"
+_END_LEASE = 1.0
+#: The ``worker`` field of the token a run that succeeded leaves behind until its result is surely stored.
+DONE = "done"
+_DONE_LEASE = 5.0
 _ATTEMPT_HEADER = "singleton_lock_attempt"
 _REDELIVERY_HEADER = "singleton_lock_waited"
 _SUCCESS = "SUCCESS"
@@ -92,6 +99,18 @@ class _Options:
     on_duplicate: DuplicatePolicy
     on_unavailable: UnavailablePolicy
     signature: inspect.Signature | None
+    max_countdown: float | None  # half the broker's visibility timeout, if one is set
+
+
+def _max_countdown(app: Any) -> float | None:
+    """Half the broker's visibility timeout (Redis, SQS), when one is set: the longest countdown we may re-send with.
+
+    A message with a countdown is held unacked by the worker until it is due; one held past the visibility timeout
+    is restored by the broker and then exists twice. A copy that waits for its own earlier delivery's lease (up to
+    a ttl) and is doubled every time would multiply while that delivery runs.
+    """
+    timeout = (app.conf.broker_transport_options or {}).get("visibility_timeout")
+    return float(timeout) / 2 if isinstance(timeout, int | float) and timeout > 0 else None
 
 
 class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
@@ -103,6 +122,15 @@ class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
         settings = settings_for(parent.app)  # raises ConfigurationError with what to change
         logger.info("celery_singleton_lock: %s", settings.describe())
         super().__init__(parent, **kwargs)
+
+
+@worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+def _flush_stats_at_exit(**_: Any) -> None:
+    """A pool child exits (worker_max_tasks_per_child, shutdown) with up to 5 s of unflushed counters: flush them."""
+    try:
+        flush_stats()
+    except Exception:  # never block a child's exit; the counters are only statistics
+        logger.debug("flushing lock counters at exit failed", exc_info=True)
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -176,6 +204,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 on_duplicate=self.lock_on_duplicate or settings.on_duplicate,
                 on_unavailable=self.lock_on_unavailable or settings.on_unavailable,
                 signature=signature,
+                max_countdown=_max_countdown(self.app),
             )
             self._lock_options = options
         return options
@@ -198,23 +227,36 @@ class LockedTask(Task):  # type: ignore[misc]
         key = self.lock_key_for(*args, **kwargs)
         run = _Run(key)
         request._singleton_lock = run  # noqa: SLF001 - Celery's Context is our per-delivery state holder
-        lock = Redlock(settings.nodes, key, ttl=options.ttl, token=holder_token(task_id, self.name))
+        lock = Redlock(
+            settings.nodes, key, ttl=options.ttl, token=holder_token(task_id, self.name), fence_key=settings.fence_key
+        )
         if lock.acquire(blocking=False):
             self._hold(run, lock, task_id)
             return
         holder = parse_holder(lock.held_by)
-        if holder is not None and holder.task_id == task_id and holder.worker == HANDOVER and lock.contended:
-            lock.replaces = lock.held_by  # our own retry's reservation: take it over atomically
-            if lock.acquire(blocking=False):
-                self._hold(run, lock, task_id)
+        if lock.contended and holder is not None:
+            if holder.worker == DONE and holder.task_id == task_id:
+                # This very job just succeeded; its result may not be stored yet (see __call__).
+                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
                 return
-            holder = parse_holder(lock.held_by)
+            if holder.worker == DONE or (holder.worker == HANDOVER and holder.task_id == task_id):
+                # A finished job's marker, or our own retry's reservation: take it over atomically.
+                lock.replaces = lock.held_by
+                if lock.acquire(blocking=False):
+                    self._hold(run, lock, task_id)
+                    return
+                holder = parse_holder(lock.held_by)
         if not lock.contended:
             self._unavailable(run, lock, task_id, options)
         elif holder is not None and holder.task_id == task_id:
             # The same job, still held by an earlier delivery (acks_late after a crash, a visibility-timeout
             # redelivery): never skipped as its own duplicate, never run beside a live twin. Look again when its
-            # lease would end; a dead holder stops renewing, so that is at most one ttl away.
+            # lease would end; a dead holder stops renewing, so that is at most one ttl away. Unless the job has
+            # succeeded meanwhile: then the holder is another copy checking just that, and this copy is done too
+            # (re-sending it would chase that copy's fresh lease, a full ttl, again and again).
+            if self._already_succeeded(task_id):
+                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
+                return
             countdown = (lock.held_for or options.ttl) + random.uniform(0.05, 0.25)  # noqa: S311
             self._defer(run, countdown, "redelivered", {_REDELIVERY_HEADER: 1})
         else:
@@ -264,7 +306,9 @@ class LockedTask(Task):  # type: ignore[misc]
             self._defer(run, countdown, "duplicate", {})
             return
         reason = f"duplicate of {self.name} skipped: lock {run.key} is held by task {holder_id}"
-        if not request.is_eager:
+        # Storing REVOKED costs a read and a write on the result backend, most of a skip's cost: only for a caller
+        # who can read it (ignore_result on the task or the message means nobody will).
+        if not (request.is_eager or self.ignore_result or request.ignore_result):
             self.backend.mark_as_revoked(task_id, reason, request=None)
         self._skip_quietly(run, Skipped(reason, run.key, holder_id))
 
@@ -302,6 +346,9 @@ class LockedTask(Task):  # type: ignore[misc]
     def _defer(self, run: _Run, countdown: float, reason: str, headers: dict[str, Any]) -> None:
         """Re-send this delivery (same task id, same options) to run after ``countdown`` s; this one does not run."""
         request = self.request
+        max_countdown = self._options().max_countdown
+        if max_countdown is not None:
+            countdown = min(countdown, max_countdown)
         if request.is_eager:
             raise (
                 LockUnavailableError(run.key)
@@ -331,19 +378,30 @@ class LockedTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         if run.outcome is not None:
             return run.outcome
+        succeeded = False
         try:
-            return self.run(*args, **kwargs)
+            result = self.run(*args, **kwargs)
+            succeeded = True
         except Retry:
             run.retrying = True
             raise
+        else:
+            return result
         finally:
             # Before the tracer stores the result: a caller who waits for it and re-enqueues is never skipped.
             if not (run.retrying and run.handed_over):
-                self._release(run)
+                self._release(run, done=succeeded)
 
     # -- exits -------------------------------------------------------------------------------------------------
 
-    def _release(self, run: _Run) -> None:
+    def _release(self, run: _Run, *, done: bool = False) -> None:
+        """Give the lock up; after a success, leave a short ``done`` marker instead of deleting it.
+
+        Timeline of what the marker prevents: this run releases, a redelivered copy of the same task id (waiting
+        on a countdown) takes the lock, finds no SUCCESS stored yet, and runs the job a second time; only then
+        does the tracer store this run's SUCCESS. With the marker, that copy sees its own task id marked done and
+        stops, while a different job takes the marker over at once (one extra round trip), never skipped.
+        """
         lock, lease = run.lock, run.lease
         run.lock = run.lease = None
         if lease is not None:
@@ -351,7 +409,10 @@ class LockedTask(Task):  # type: ignore[misc]
         if lock is None:
             return
         try:
-            held = lock.release()
+            if done:
+                held = lock.transfer(holder_token(self.request.id, self.name, DONE), _DONE_LEASE)
+            else:
+                held = lock.release()
         except Exception:  # a release that failed still ends within ttl: log, never mask the task's outcome
             logger.exception("releasing lock %s failed; it expires within its ttl", run.key)
             return
@@ -385,9 +446,8 @@ class LockedTask(Task):  # type: ignore[misc]
             if run.lease is not None:
                 watchdog().unregister(run.lease)
                 run.lease = None
-            token = holder_token(self.request.id, self.name).split("|")
-            token[2] = HANDOVER
-            run.handed_over = run.lock.transfer("|".join(token), delay + self._options().ttl)
+            token = holder_token(self.request.id, self.name, HANDOVER)
+            run.handed_over = run.lock.transfer(token, delay + self._options().ttl)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
@@ -395,10 +455,28 @@ class LockedTask(Task):  # type: ignore[misc]
         super().after_return(status, retval, task_id, args, kwargs, einfo)
         if isinstance(retval, TimeLimitExceeded | WorkerLostError) and task_id:
             try:
-                key = self.lock_key_for(*(args or ()), **(kwargs or {}))
-                Redlock(self._options().settings.nodes, key).shorten(f"|{task_id}|", 1.0)
+                self._end_lease_of(task_id, self.lock_key_for(*(args or ()), **(kwargs or {})))
             except Exception:
-                logger.exception("could not shorten the lease of %s[%s]", self.name, task_id)
+                logger.exception("could not end the lease of %s[%s]", self.name, task_id)
+
+    def _end_lease_of(self, task_id: str, key: str) -> None:
+        """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.
+
+        Capping the lease's expiry alone is not enough: Celery calls after_return (celery/worker/request.py:569)
+        BEFORE billiard kills the child (SIGTERM, then SIGKILL 0.1 s later: billiard/pool.py:755-779), and the
+        child's watchdog can renew in between, back to a full ttl. Taking the lock over (the retry hand-over's
+        mechanism) replaces the token, so the dying run's renewals and release no longer match; the new token
+        names the same task id, so a redelivery of it waits ~1 s instead of a ttl.
+        """
+        token = holder_token(task_id, self.name, ENDING)
+        lock = Redlock(self._options().settings.nodes, key, ttl=_END_LEASE, token=token, fencing=False)
+        if lock.acquire(blocking=False):  # nobody held it any more: nothing to end
+            lock.release()
+            return
+        holder = parse_holder(lock.held_by)
+        if lock.contended and holder is not None and holder.task_id == task_id:
+            lock.replaces = lock.held_by
+            lock.acquire(blocking=False)  # ours for _END_LEASE seconds, then it expires: never extended
 
     # -- what the body can ask -----------------------------------------------------------------------------------
 

@@ -25,4 +25,6 @@ def test_readme_examples_run(fresh_node: RedisServer) -> None:
         exec(compile(code, str(README), "exec"), namespace)  # our own README
     assert namespace["rebuild_report"].apply(args=(42,)).get() == "rebuilt 42/current"
     namespace["migrate"].apply(args=("orders",)).get()
-    assert fresh_node.client().keys("singleton_lock:readme.*") == []  # every lock released
+    client = fresh_node.client()
+    left = [client.get(k) for k in client.keys("singleton_lock:readme.*")]
+    assert all(b"|done|" in v for v in left)  # released: at most the few-seconds marker of a success

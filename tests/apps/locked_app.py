@@ -1,7 +1,8 @@
 """The Celery app the LockedTask tests run in real worker processes.
 
 Configured from the environment (the test writes it): CSL_BROKER, CSL_LOCK_URLS (comma-separated), CSL_RECORD
-(a Redis URL where runs are recorded), CSL_TTL. Every run records ``[key, task_id, pid, start, end]`` so the test
+(a Redis URL where runs are recorded), CSL_TTL; optionally CSL_PREFIX, CSL_VISIBILITY (seconds) and
+CSL_MAX_TASKS_PER_CHILD. Every run records ``[key, task_id, pid, start, end]`` so the test
 can check, after the fact, that no two runs of one key overlapped in time.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu.utils.json import register_type
 
 from celery_singleton_lock import LockedTask
 
@@ -22,6 +24,7 @@ app = Celery("locked_app", broker=os.environ["CSL_BROKER"], backend=os.environ["
 app.conf.update(
     singleton_lock_urls=os.environ["CSL_LOCK_URLS"].split(","),
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "5")),
+    singleton_lock_prefix=os.environ.get("CSL_PREFIX", "singleton_lock:"),
     singleton_lock_retry_delay=0.5,
     singleton_lock_retry_max_delay=2.0,
     task_acks_late=True,
@@ -128,7 +131,9 @@ def watch_lock(self: Any, key: str, duration: float) -> dict[str, Any]:
     record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
     lost_at, error = None, None
     end_by = time.monotonic() + duration
-    while time.monotonic() < end_by:  # bounded by duration
+    for _ in range(int(duration / 0.02) + 1):  # bounded by count and by duration
+        if time.monotonic() >= end_by:
+            break
         if not self.lock_held():
             lost_at = time.time()
             try:
@@ -140,15 +145,21 @@ def watch_lock(self: Any, key: str, duration: float) -> dict[str, Any]:
     return {"lost_at": lost_at, "error": error}
 
 
-@app.task(base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_unique_on=["key"])
+@app.task(base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_ttl=6.15, lock_unique_on=["key"])
 def stubborn(self: Any, key: str, duration: float) -> None:
-    """Ignore SIGTERM and the soft time limit: only the hard time limit's SIGKILL ends this run."""
+    """Ignore SIGTERM and the soft time limit: only the hard time limit's SIGKILL ends this run.
+
+    The renewal interval (6.15 / 3 = 2.05 s) ends just after the 2 s hard limit, so the watchdog renews the lease
+    between the parent's after_return (which ends the lease) and the SIGKILL that follows it 0.1 s later.
+    """
     from celery.exceptions import SoftTimeLimitExceeded  # noqa: PLC0415
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the pool child is killed after this task anyway
     record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
     end_by = time.monotonic() + duration
-    while time.monotonic() < end_by:  # bounded by duration
+    for _ in range(int(duration / 0.05) + 2):  # bounded by count and by duration
+        if time.monotonic() >= end_by:
+            break
         try:
             time.sleep(0.05)
         except SoftTimeLimitExceeded:
@@ -159,3 +170,20 @@ def stubborn(self: Any, key: str, duration: float) -> None:
 def collect(results: list[Any]) -> list[Any]:
     """A chord callback: return the header's results."""
     return results
+
+
+class Opaque:
+    """A value the app taught kombu's JSON serializer to carry (below), which the lock key cannot encode."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+register_type(Opaque, "csl_opaque", lambda o: o.value, Opaque)
+
+
+@app.task(base=LockedTask, bind=True)
+def take_opaque(self: Any, key: str, thing: Opaque) -> str:
+    """Keyed on every argument, an Opaque one included."""
+    _run(self, key, 0.0)
+    return key

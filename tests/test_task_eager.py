@@ -1,0 +1,73 @@
+"""LockedTask through Celery's tracer in this process (``apply()``), against a throwaway redis-server.
+
+No worker and no result backend: what these tests see is decided by the lock alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import LockedTask, Skipped
+from celery_singleton_lock.task import DONE
+from celery_singleton_lock.testing import RedisServer
+
+
+@pytest.fixture
+def app(redis_node: RedisServer) -> Iterator[Celery]:
+    app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = [redis_node.url]
+    app.conf.singleton_lock_prefix = f"eager-{uuid.uuid4().hex[:8]}:"
+    yield app
+    app.close()
+
+
+def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celery, redis_node: RedisServer) -> None:
+    """Right after a success (before any result could be read), a copy with the same task id does not run again,
+    while a different job with the same arguments takes the marker over and runs."""
+    runs: list[str] = []
+
+    @app.task(base=LockedTask, bind=True)
+    def job(self: Any, n: int) -> int:
+        runs.append(self.request.id)
+        return n
+
+    first = job.apply(args=(1,), task_id="job-1")
+    assert first.get() == 1
+    key = job.lock_key_for(1)
+    assert f"|{DONE}|".encode() in redis_node.client().get(key)
+
+    again = job.apply(args=(1,), task_id="job-1")
+    assert isinstance(again.get(), Skipped)
+    assert again.get().reason == "already succeeded"
+
+    other = job.apply(args=(1,), task_id="job-2")
+    assert other.get() == 1
+    assert runs == ["job-1", "job-2"]
+
+
+def test_a_failed_run_deletes_its_lock(app: Celery, redis_node: RedisServer) -> None:
+    """A run that raises leaves no marker: the key is gone, so even a copy of the same task id runs again."""
+
+    @app.task(base=LockedTask, bind=True)
+    def boom(self: Any, n: int) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        boom.apply(args=(2,), task_id="boom-1").get()
+    assert redis_node.client().get(boom.lock_key_for(2)) is None
+
+
+def test_lock_key_binds_defaults_and_keywords(app: Celery) -> None:
+    """f(1), f(1, 'current') and f(account_id=1) are one key; a different argument is another key."""
+
+    @app.task(base=LockedTask)
+    def report(account_id: int, month: str = "current") -> None: ...
+
+    keys = {report.lock_key_for(1), report.lock_key_for(1, "current"), report.lock_key_for(account_id=1)}
+    assert len(keys) == 1
+    assert report.lock_key_for(2) not in keys

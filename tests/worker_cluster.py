@@ -1,0 +1,227 @@
+"""Real-worker test harness shared by the fault and pool test modules (not a test module itself).
+
+A :class:`Cluster` is a broker redis-server, three lock nodes (a 3-node Redlock, optionally password-protected)
+and the ``celery worker`` processes a module starts against them (tests/apps/locked_app.py). Tasks record each
+run's start and end in Redis, so tests check afterwards that no two runs of one key overlapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import itertools
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import redis
+
+from celery_singleton_lock.task import DONE
+from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
+
+APPS = Path(__file__).parent / "apps"
+
+
+def polling(timeout: float, interval: float = 0.05) -> Iterator[float]:
+    """Yield the seconds elapsed, every ``interval`` s, until ``timeout``: bounded in time and in count."""
+    start = time.monotonic()
+    for _ in range(int(timeout / interval) + 2):
+        elapsed = time.monotonic() - start
+        if elapsed > timeout:
+            return
+        yield elapsed
+        time.sleep(interval)
+
+
+class Cluster:
+    """One module's servers and workers, and the client-side app (``locked_app`` imported with their env)."""
+
+    def __init__(
+        self, broker: RedisServer, locks: list[RedisServer], tmp: Path, *, ttl: float, password: str | None = None
+    ) -> None:
+        self.broker, self.locks, self.tmp, self.ttl, self.password = broker, locks, tmp, ttl, password
+        auth = f":{password}@" if password else ""
+        self.lock_urls = [f"redis://{auth}127.0.0.1:{s.port}/0" for s in locks]
+        base = broker.url.rsplit("/", 1)[0]
+        self.env = {
+            "CSL_BROKER": broker.url,
+            "CSL_LOCK_URLS": ",".join(self.lock_urls),
+            "CSL_RECORD": base + "/2",
+            "CSL_TTL": str(ttl),
+        }
+        self.record = redis.Redis.from_url(self.env["CSL_RECORD"])
+        self.results = redis.Redis.from_url(base + "/1")
+        self.workers: list[CeleryWorker] = []
+        self.mod: ModuleType | None = None
+        self._saved_env: dict[str, str | None] = {}
+        if password:
+            for server in locks:
+                self._protect(server)
+
+    # -- processes ---------------------------------------------------------------------------------------------
+
+    def worker(
+        self,
+        name: str,
+        *,
+        queues: str | None = None,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        env: dict[str, str] | None = None,
+    ) -> CeleryWorker:
+        """Start a worker (killed at module teardown at the latest); ``env`` overrides the cluster's env."""
+        extra = ["-Q", queues] if queues else []
+        worker = CeleryWorker(
+            "locked_app",
+            name,
+            cwd=str(APPS),
+            log_path=str(self.tmp / f"{name}.log"),
+            pool=pool,
+            concurrency=concurrency,
+            env={**self.env, **(env or {})},
+            extra=extra,
+        )
+        self.workers.append(worker)
+        return worker.start()
+
+    def app_module(self) -> ModuleType:
+        """``locked_app`` as the client sees it, imported afresh with this cluster's env."""
+        if self.mod is None:
+            for k, v in self.env.items():
+                self._saved_env.setdefault(k, os.environ.get(k))
+                os.environ[k] = v
+            if str(APPS) not in sys.path:
+                sys.path.insert(0, str(APPS))
+            sys.modules.pop("locked_app", None)
+            self.mod = importlib.import_module("locked_app")
+        return self.mod
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.kill()
+        self.record.close()
+        self.results.close()
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self.mod is not None:
+            self.mod.app.close()
+            sys.modules.pop("locked_app", None)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(APPS))
+
+    # -- lock nodes --------------------------------------------------------------------------------------------
+
+    def _protect(self, server: RedisServer) -> None:
+        with contextlib.closing(server.client()) as c:
+            c.config_set("requirepass", self.password)
+
+    def lock_client(self, server: RedisServer) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=server.port, password=self.password, socket_timeout=2)
+
+    def lock_state(self, name: str) -> list[tuple[bytes | None, int]]:
+        """(holder token, PTTL ms) of ``name`` on each running lock node (PTTL -2: no key)."""
+        out = []
+        for server in self.locks:
+            if server.process is None or server.process.poll() is not None:
+                continue
+            with contextlib.closing(self.lock_client(server)) as c:
+                out.append((c.get(name), int(c.pttl(name))))
+        return out
+
+    def lock_free(self, name: str) -> bool:
+        """True when no quorum of the lock nodes holds ``name`` for a run: absent, or only the short ``done``
+        marker a successful run leaves (any other job takes it over at once; see LockedTask._release)."""
+        held = sum(1 for token, _ in self.lock_state(name) if token is not None and f"|{DONE}|".encode() not in token)
+        return held < len(self.locks) // 2 + 1
+
+    def wait_lock_free(self, name: str, timeout: float) -> float | None:
+        """Seconds until ``name`` was free (polled every 20 ms), or None if still held after ``timeout``."""
+        start = time.monotonic()
+        for _ in polling(timeout, 0.02):
+            if self.lock_free(name):
+                return time.monotonic() - start
+        return None
+
+    def stop_locks(self, count: int) -> None:
+        """Stop the first ``count`` lock nodes (SIGTERM; their data is gone)."""
+        for server in self.locks[:count]:
+            server.stop()
+
+    def start_locks(self) -> None:
+        """(Re)start every stopped lock node on its port, password-protected again."""
+        for server in self.locks:
+            if server.process is None or server.process.poll() is not None:
+                server.start()
+                if self.password:
+                    self._protect(server)
+
+    # -- what the tasks recorded -------------------------------------------------------------------------------
+
+    def records(self, name: str) -> list[list[Any]]:
+        return [json.loads(x) for x in self.record.lrange(name, 0, -1)]
+
+    def runs(self, key: str) -> list[list[Any]]:
+        """Completed runs of ``key``: [key, task_id, pid, start, end]."""
+        return [r for r in self.records("runs") if r[0] == key]
+
+    def started(self, key: str) -> list[list[Any]]:
+        """Started runs of ``key``: [key, task_id, pid, start]."""
+        return [r for r in self.records("started") if r[0] == key]
+
+    def wait_runs(self, key: str, count: int, timeout: float) -> list[list[Any]]:
+        for _ in polling(timeout):
+            if len(self.runs(key)) >= count:
+                break
+        return self.runs(key)
+
+    def wait_started(self, key: str, count: int = 1, timeout: float = 20) -> list[list[Any]]:
+        for _ in polling(timeout, 0.02):
+            if len(self.started(key)) >= count:
+                break
+        started = self.started(key)
+        assert len(started) >= count, f"{key} did not start {count} time(s) within {timeout} s"
+        return started
+
+    def states(self, task_ids: list[str]) -> dict[str, str]:
+        """Stored states of ``task_ids`` (PENDING when nothing is stored), read in bulk from the result backend."""
+        out: dict[str, str] = {}
+        for chunk in _chunks(task_ids, 500):
+            metas = self.results.mget([f"celery-task-meta-{t}" for t in chunk])
+            for task_id, meta in zip(chunk, metas, strict=True):
+                out[task_id] = json.loads(meta)["status"] if meta else "PENDING"
+        return out
+
+
+def _chunks(items: list[str], size: int) -> Iterator[tuple[str, ...]]:
+    for i in range(0, len(items), size):
+        yield tuple(items[i : i + size])
+
+
+@contextlib.contextmanager
+def cluster(tmp: Path, *, ttl: float, password: str | None = None) -> Iterator[Cluster]:
+    """A broker and three lock nodes; every server and worker is killed on exit, even after a failure."""
+    with redis_servers(4) as servers:
+        c = Cluster(servers[0], servers[1:], tmp, ttl=ttl, password=password)
+        try:
+            yield c
+        finally:
+            c.close()
+
+
+def overlapping(runs: list[list[Any]]) -> list[tuple[Any, Any]]:
+    """Pairs of runs of one key whose [start, end] intervals intersect."""
+    spans = sorted((r[3], r[4], r[1]) for r in runs)
+    return [(a[2], b[2]) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+
+
+def new_key(prefix: str = "k") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
