@@ -117,6 +117,10 @@ _FIELDS: Final = {
 }
 
 
+# Settings of celery-singleton that fall into our namespace: an app migrating from it gets told what to use.
+_PEER_SETTINGS: Final = {"singleton_lock_expiry": "singleton_lock_ttl (or lock_ttl on the task)"}
+
+
 def _positive(value: object, setting: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigurationError(f"{setting} must be a number of seconds > 0, got {value!r}")
@@ -163,7 +167,12 @@ def settings_from(conf: Mapping[str, Any]) -> LockSettings:
     unknown = sorted(k for k in keys if k.lower()[len(_PREFIX) :] not in _FIELDS)
     if unknown:
         known = ", ".join(_PREFIX + f for f in sorted(_FIELDS))
-        raise ConfigurationError(f"unknown setting(s) {', '.join(unknown)}; known settings: {known}")
+        hints = "".join(
+            f"; {k} is celery-singleton's setting: use {_PEER_SETTINGS[k.lower()]}"
+            for k in unknown
+            if k.lower() in _PEER_SETTINGS
+        )
+        raise ConfigurationError(f"unknown setting(s) {', '.join(unknown)}{hints}; known settings: {known}")
     values: dict[str, Any] = {"urls": _urls(conf)}
     for key in keys:
         name = key.lower()[len(_PREFIX) :]

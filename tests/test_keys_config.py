@@ -261,6 +261,12 @@ def test_unknown_setting_lists_the_known_ones() -> None:
         assert known in message
 
 
+def test_celery_singleton_setting_says_what_to_use_instead() -> None:
+    """An app migrating from celery-singleton with singleton_lock_expiry set is told to use singleton_lock_ttl."""
+    with pytest.raises(ConfigurationError, match=r"celery-singleton's setting: use singleton_lock_ttl"):
+        settings_from({"singleton_lock_urls": DEAD_URL, "singleton_lock_expiry": 60})
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "says"),
     [
