@@ -302,7 +302,9 @@ class LockedTask(Task):  # type: ignore[misc]
         if policy == "fail":
             raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
         if policy == "reschedule":
-            countdown = (lock.held_for or options.ttl) + random.uniform(0.05, 0.25)  # noqa: S311
+            # Look again after one renewal interval at most: a live holder's lease is always ~ttl away (it renews),
+            # so waiting for it would let the duplicate run up to a whole ttl after the holder finished.
+            countdown = min(lock.held_for or options.ttl, options.interval) + random.uniform(0.05, 0.25)  # noqa: S311
             self._defer(run, countdown, "duplicate", {})
             return
         reason = f"duplicate of {self.name} skipped: lock {run.key} is held by task {holder_id}"
