@@ -27,24 +27,20 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.metadata
 import json
-import os
-import platform
 import secrets
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
+import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import redis
 
 from celery_singleton_lock.redlock import Redlock
-from celery_singleton_lock.testing import find_redis_server, redis_servers
+from celery_singleton_lock.testing import redis_servers
 
 FLOOR_RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 TTL_S = 10
@@ -182,44 +178,8 @@ def make_pottery(clients: list[redis.Redis], name: str) -> Callable[[], None]:
 # --- environment --------------------------------------------------------------------------------------------------
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def environment() -> dict[str, Any]:
-    binary = find_redis_server()
-    try:
-        server = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        server = f"unknown ({exc})"
-    return {
-        "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "nproc": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "python": sys.version.split()[0],
-        "redis_server": server,
-        "redis_server_binary": binary,
-        "redis_py": _version("redis"),
-        "hiredis": _version("hiredis"),
-        "pottery": _version("pottery"),
-        "python_redis_lock": _version("python-redis-lock"),
-    }
+    return _common.environment("pottery", "python-redis-lock")
 
 
 # --- main ---------------------------------------------------------------------------------------------------------

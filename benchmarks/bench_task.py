@@ -44,7 +44,6 @@ import importlib.metadata
 import itertools
 import json
 import os
-import platform
 import secrets
 import signal
 import statistics
@@ -53,12 +52,13 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
+import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import redis
 
-from celery_singleton_lock.testing import find_redis_server, redis_servers
+from celery_singleton_lock.testing import redis_servers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -221,24 +221,6 @@ def wait_for(check: Any, timeout: float, worker_list: list[Worker], what: str) -
 # --- environment ----------------------------------------------------------------------------------------------------
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def code_identity() -> dict[str, str]:
     """The commit, and a hash of the package's sources as they are on disk (they may differ from the commit)."""
     package = os.path.join(ROOT, "celery_singleton_lock")
@@ -268,27 +250,7 @@ def code_identity() -> dict[str, str]:
 
 
 def environment() -> dict[str, Any]:
-    binary = find_redis_server()
-    try:
-        server = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        server = f"unknown ({exc})"
-    return {
-        "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "nproc": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "python": sys.version.split()[0],
-        "celery": _version("celery"),
-        "kombu": _version("kombu"),
-        "redis_py": _version("redis"),
-        "hiredis": _version("hiredis"),
-        "celery_once": _version("celery_once"),
-        "celery_singleton": _version("celery-singleton"),
-        "redis_server": server,
-        **code_identity(),
-    }
+    return {**_common.environment("celery", "kombu", "celery_once", "celery-singleton"), **code_identity()}
 
 
 # --- throughput -----------------------------------------------------------------------------------------------------
