@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from billiard.exceptions import TimeLimitExceeded
 from celery import Task, bootsteps
 from celery.exceptions import Retry
 from celery.signals import worker_process_shutdown
@@ -453,9 +453,13 @@ class LockedTask(Task):  # type: ignore[misc]
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        """In the worker's main process after a hard time limit or a lost child: end the dead run's lease soon."""
+        """In the worker's main process after a hard time limit: end the killed run's lease soon.
+
+        Celery calls after_return in the main process only for a hard time limit (celery/worker/request.py:569),
+        not for a child lost to SIGKILL or OOM (WorkerLostError): that run's lease simply runs out, within ttl.
+        """
         super().after_return(status, retval, task_id, args, kwargs, einfo)
-        if isinstance(retval, TimeLimitExceeded | WorkerLostError) and task_id:
+        if isinstance(retval, TimeLimitExceeded) and task_id:
             try:
                 self._end_lease_of(task_id, self.lock_key_for(*(args or ()), **(kwargs or {})))
             except Exception:
