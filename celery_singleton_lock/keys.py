@@ -141,7 +141,9 @@ def parse_holder(token: str | None) -> Holder | None:
     """The holder named by a LockedTask token; None for a token of another shape (e.g. a plain Redlock)."""
     if not token:
         return None
-    parts = token.split("|", 4)
-    if len(parts) != 5 or not parts[3].isdigit():
+    # Read from both ends: a task id may itself contain "|" (apply_async(task_id=...) takes any string); the
+    # other fields never do (hex nonce, pid@host or a marker word, digits; task names are dotted identifiers).
+    parts = token.split("|")
+    if len(parts) < 5 or not parts[-2].isdigit():
         return None
-    return Holder(parts[1], parts[2], int(parts[3]) / 1000.0, parts[4])
+    return Holder("|".join(parts[1:-3]), parts[-3], int(parts[-2]) / 1000.0, parts[-1])

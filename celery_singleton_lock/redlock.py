@@ -58,11 +58,15 @@ ACQUIRE_SCRIPT = """
 -- ARGV[2] - lease in milliseconds
 -- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
 -- ARGV[4] - a token we may take the lock over from (handed over to us, see TRANSFER_SCRIPT), or ''
+-- ARGV[5] - a marker: a holder token containing it marks a lock nobody holds any more (taken over), or ''
+-- ARGV[6] - ... unless the token also contains this (e.g. our own task id), or ''
 -- returns {1, counter} when the lease is ours (new, taken over, or already ours: reset to ARGV[2]);
 --         {0, holder token, holder's remaining ms} when someone else holds it
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local holder = redis.call('GET', KEYS[1])
-  if holder ~= ARGV[1] and (ARGV[4] == '' or holder ~= ARGV[4]) then
+  local marked = ARGV[5] ~= '' and string.find(holder, ARGV[5], 1, true)
+    and (ARGV[6] == '' or not string.find(holder, ARGV[6], 1, true))
+  if holder ~= ARGV[1] and (ARGV[4] == '' or holder ~= ARGV[4]) and not marked then
     return {0, holder, redis.call('PTTL', KEYS[1])}
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -160,6 +164,12 @@ def redact_url(url: str) -> str:
     Both places redis-py reads a password from are masked: the userinfo and a ``password=`` query argument. The
     host and port are kept as written (not parsed: a bad port must not turn an error message into a crash).
     """
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        # Everything up to the LAST "@" is userinfo to redis-py, even with an unencoded "/", "#" or "?" in the
+        # password, which urlsplit would read as the start of the path, fragment or query.
+        user, _, password = rest.rpartition("@")[0].partition(":")
+        url = f"{scheme}://{user}:***@{rest.rpartition('@')[2]}" if password else url
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -269,12 +279,19 @@ def _pack(command: Sequence[str | int]) -> bytes:
 _idle: dict[ConnectionPool, tuple[int, deque[Any]]] = {}
 
 
+_idle_lock = threading.Lock()
+IDLE_MAX = 64  # idle connections kept per node and process; more (a burst of threads) are closed when returned
+
+
 def _take(pool: ConnectionPool) -> tuple[Any, bool]:
     """An idle connection of ours to the pool's node (reused: True), or a new one (not yet connected)."""
     entry = _idle.get(pool)
     pid = os.getpid()
     if entry is None or entry[0] != pid:
-        entry = _idle[pool] = (pid, deque())
+        with _idle_lock:
+            entry = _idle.get(pool)
+            if entry is None or entry[0] != pid:
+                entry = _idle[pool] = (pid, deque())
     try:
         return entry[1].pop(), True
     except IndexError:
@@ -283,7 +300,7 @@ def _take(pool: ConnectionPool) -> tuple[Any, bool]:
 
 def _give(pool: ConnectionPool, conn: Any) -> None:
     entry = _idle.get(pool)
-    if entry is not None and entry[0] == os.getpid():
+    if entry is not None and entry[0] == os.getpid() and len(entry[1]) < IDLE_MAX:
         entry[1].append(conn)
     else:
         conn.disconnect()
@@ -490,6 +507,7 @@ class _Lease:
     ttl_ms: int
     fence: int
     deadline: float  # monotonic; the lock is ours until then under Redlock's assumptions
+    renewable: bool = True  # False once handed over (transfer): the marker is never extended
 
 
 class Redlock:
@@ -554,6 +572,11 @@ class Redlock:
         self._mutex = threading.Lock()  # orders release/transfer against the watchdog's extend
         #: A token this lock may take over when it finds it holding the key (see ``transfer``).
         self.replaces: str | None = None
+        #: (marker, unless): take over any holder whose token contains ``marker`` but not ``unless`` (a lock its
+        #: holder left as a marker, e.g. LockedTask's "done"), in the same round trip.
+        self.replaces_marked: tuple[str, str] | None = None
+        #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
+        self.split = False
         self._fence: int | None = None
         #: After a failed attempt: the token of the holder most nodes reported, and its remaining lease (s).
         self.held_by: str | None = None
@@ -617,7 +640,7 @@ class Redlock:
         answers = nodes.run(
             _ACQUIRE,
             (self.name, self.fence_key),
-            (token, ttl_ms, self._fencing, self.replaces or ""),
+            (token, ttl_ms, self._fencing, self.replaces or "", *(self.replaces_marked or ("", ""))),
             undo_on_timeout=(_RELEASE, (self.name,), (token,)),
         )
         fences: dict[int, int] = {}
@@ -650,7 +673,7 @@ class Redlock:
                 self._fence = fence
                 self.held_by = self.held_for = None
                 self.node_errors = ()
-                self.contended = False
+                self.contended = self.split = False
                 return True
         # Failed: undo where we set the key. A node that timed out got the undo already, on the same connection
         # (see NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
@@ -658,26 +681,40 @@ class Redlock:
         if said_yes:
             nodes.run(_RELEASE, (self.name,), (token,), said_yes)
         self.node_errors = tuple(errors)
-        self.contended = len(holders) > len(nodes) - nodes.quorum
+        # Held by someone else only when one holder has a quorum of the nodes. Refusals that deny us the quorum
+        # without any single holder having one are a split vote (contenders that arrived together): nobody holds
+        # the lock, and skipping because of it would skip every contender.
+        refused = len(holders) > len(nodes) - nodes.quorum
         if holders:
-            holder, _ = Counter(h for h, _ in holders).most_common(1)[0]
+            holder, count = Counter(h for h, _ in holders).most_common(1)[0]
             self.held_by = holder
             self.held_for = max(ms for h, ms in holders if h == holder) / 1000.0
         else:
+            count = 0
             self.held_by = self.held_for = None
+        self.contended = count >= nodes.quorum
+        self.split = refused and not self.contended
         return False
 
     def extend(self) -> bool:
-        """Reset the lease to ``ttl`` if we still hold it; False (and the lock is no longer ours) otherwise."""
-        return self.nodes_extend([self])[0]
+        """Reset the lease to ``ttl`` if we still hold it.
+
+        False when it was not extended: either the lock is no longer ours (``validity`` is then 0), or too few
+        nodes answered to tell (``validity`` is then what is left of the current lease: try again before it ends).
+        """
+        return self.nodes_extend([self])[0] is True
 
     @staticmethod
-    def nodes_extend(locks: Sequence[Redlock]) -> list[bool]:
+    def nodes_extend(locks: Sequence[Redlock]) -> list[bool | None]:
         """Extend many locks sharing one NodeSet in one round trip per node (the renewal watchdog's path).
 
         A node where a key is missing (restarted, or unreachable at acquire) gets it back, with its fencing
         counter raised to our token, but only a node that still held our token counts towards the quorum: a
         single node that lost the key means someone else may have held the lock in between.
+
+        One answer per lock: True (extended), False (lost: too many nodes hold someone else's token or lost ours,
+        or the lease ran out), or None (undecided: too few nodes answered; the lease stands until its deadline).
+        A lease that was released or handed over meanwhile is left alone (False).
         """
         if not locks:
             return []
@@ -692,14 +729,14 @@ class Redlock:
             return Redlock._extend_locked(nodes, locks)
 
     @staticmethod
-    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock]) -> list[bool]:
-        out = [False] * len(locks)
+    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock]) -> list[bool | None]:
+        out: list[bool | None] = [False] * len(locks)
         live: list[int] = []
         for i, lock in enumerate(locks):
             lease = lock._lease
-            if lease is not None and lease.deadline > lock._clock():
+            if lease is not None and lease.renewable and lease.deadline > lock._clock():
                 live.append(i)
-            else:
+            elif lease is not None and lease.renewable:
                 lock._lease = None
         if not live:
             return out
@@ -720,10 +757,17 @@ class Redlock:
             lease = lock._lease
             assert lease is not None
             votes = sum(1 for a in answers if not isinstance(a, BaseException) and a[n] == EXTENDED)
+            # A node that answered LOST (someone else holds it) or REPAIRED (it had lost our key) no longer holds
+            # our lease; one that did not answer may still hold it.
+            gone = sum(1 for a in answers if not isinstance(a, BaseException) and a[n] in (LOST, REPAIRED))
             deadline = start + lock.ttl - lock._drift()
             if votes >= nodes.quorum and deadline > now and lease.deadline > now:
                 lease.deadline = deadline
                 out[i] = True
+                continue
+            if lease.deadline > now and gone <= len(nodes) - nodes.quorum:
+                # Undecided (timeouts, a node down): the lease is still ours until its deadline, try again soon.
+                out[i] = None
                 continue
             lock._lease = None
             if any(not isinstance(a, BaseException) and a[n] != LOST for a in answers):
@@ -758,7 +802,7 @@ class Redlock:
             start = self._clock()
             answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000)))
             # The instance keeps the handed-over token, so release() can still cancel the hand-over.
-            self._lease = _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift())
+            self._lease = _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift(), renewable=False)
         moved = sum(1 for a in answers if a == 1)
         return moved >= self.nodes.quorum and lease.deadline > self._clock()
 

@@ -9,12 +9,15 @@ Timeline of a renewal, ``ttl = 30 s`` and the default fraction 1/3::
 
     t=0    acquire            lease valid until ~29.7 s (ttl - drift)
     t=10   watchdog renews    lease valid until ~39.7 s
-    t=20   renew fails        (quorum lost, key gone, or our token replaced)
+    t=20   renew refused      (key gone or our token replaced on too many nodes)
            -> the lock is marked lost at once: flag on the run, ``lock_lost`` signal, a WARNING log
            -> the task finds out at its next ``self.lock_held()`` / ``self.check_lock()``
-    t=29.7 the lease ends by our clock; another worker may now hold the lock
+    t=20   renew unanswered   (too few nodes answered: timeouts, nodes down)
+           -> retried every 2.5 s; still no quorum at t=30 -> marked lost as above
+    t=39.7 the lease ends by our clock; another worker may now hold the lock
 
-Loss is therefore noticed within one renewal interval, and always before the lease's own end.
+Loss is therefore noticed within one renewal interval of the renewal that failed, and always before the lease's
+own end.
 
 The thread starts lazily, on the first lock registered in a process (never in the prefork parent before it forks)
 and a process that forks gets a fresh watchdog in the child: the parent's thread does not survive ``fork()``.
@@ -53,6 +56,7 @@ class Lease:
     lost: bool = False
     reason: str = ""
     next_renewal: float = field(default=0.0)
+    failing_since: float | None = None  # first renewal in a row that got no quorum
 
     def held(self) -> bool:
         """True while not lost and valid by our clock; no I/O."""
@@ -109,19 +113,27 @@ class Watchdog:
 
     def _loop(self) -> None:
         while True:
-            now = self._clock()
-            with self._mutex:
-                leases = list(self._leases)
-            due = [lease for lease in leases if lease.next_renewal <= now]
-            if due:
-                self.renew(due)
-            if now >= self._next_flush:
-                self.flush_stats()
-                self._next_flush = now + STATS_FLUSH_INTERVAL
-            with self._mutex:
-                self._sleeping_until = min([lease.next_renewal for lease in self._leases] + [self._next_flush])
-                self._wake.clear()
-            self._wake.wait(max(self._sleeping_until - self._clock(), 0.01))
+            try:
+                self._tick()
+            except Exception:  # the thread must outlive any surprise, or every lock of the process would lapse
+                logger.exception("lock watchdog: unexpected error; carrying on")
+                self._wake.wait(0.1)
+
+    def _tick(self) -> None:
+        """Renew what is due, flush counters when due, then sleep until the next due time (or a wake-up)."""
+        now = self._clock()
+        with self._mutex:
+            leases = list(self._leases)
+        due = [lease for lease in leases if lease.next_renewal <= now]
+        if due:
+            self.renew(due)
+        if now >= self._next_flush:
+            self.flush_stats()
+            self._next_flush = now + STATS_FLUSH_INTERVAL
+        with self._mutex:
+            self._sleeping_until = min([lease.next_renewal for lease in self._leases] + [self._next_flush])
+            self._wake.clear()
+        self._wake.wait(max(self._sleeping_until - self._clock(), 0.01))
 
     def renew(self, leases: list[Lease]) -> None:
         """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
@@ -134,17 +146,35 @@ class Watchdog:
                 started = self._clock()
                 try:
                     results = Redlock.nodes_extend([lease.lock for lease in batch])
-                except Exception as exc:  # never let the watchdog die: treat as loss
+                except Exception as exc:  # undecided, like a timeout: the lease stands until its deadline
                     logger.exception("renewal of %d lock(s) failed", len(batch))
-                    results = [False] * len(batch)
+                    results = [None] * len(batch)
                     reason = f"renewal raised {type(exc).__name__}"
                 else:
                     reason = "renewal refused: lease expired, key gone, or quorum lost"
+                with self._mutex:
+                    current = set(self._leases)
                 for lease, ok in zip(batch, results, strict=True):
+                    if lease not in current:
+                        continue  # released (or handed over) while we renewed: not a loss
                     if ok:
                         lease.next_renewal = started + lease.interval
-                    else:
-                        self._lost(lease, reason)
+                        lease.failing_since = None
+                        continue
+                    now = self._clock()
+                    if ok is None:
+                        # Too few nodes answered (timeouts, nodes down): the lease still stands. Retry every quarter
+                        # interval for one interval, so a stall (a fork for BGSAVE, an fsync) does not cost the lock;
+                        # then it is lost, still well before the lease itself could end.
+                        if lease.failing_since is None:
+                            lease.failing_since = now
+                        validity = lease.lock.validity
+                        if now - lease.failing_since < lease.interval and validity > lease.interval / 2:
+                            lease.next_renewal = now + min(lease.interval / 4, validity / 4)
+                            logger.warning("renewal of lock %s got no quorum; retrying", lease.lock.name)
+                            continue
+                        reason = "renewal failed: no quorum of nodes answered for one renewal interval"
+                    self._lost(lease, reason)
 
     def _lost(self, lease: Lease, reason: str) -> None:
         self.unregister(lease)

@@ -32,6 +32,7 @@ import functools
 import inspect
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -57,9 +58,10 @@ HANDOVER = "retry"
 #: The ``worker`` field of the token that ends the lease of a run killed by a hard time limit.
 ENDING = "ending"
 _END_LEASE = 1.0
-#: The ``worker`` field of the token a run that succeeded leaves behind until its result is surely stored.
+#: The ``worker`` field of the token a run that succeeded leaves behind (for a ttl): a copy of the same task id
+#: that was waiting for it (a redelivery) stops on it; any other job takes it over in its acquire round trip.
 DONE = "done"
-_DONE_LEASE = 5.0
+_SPLIT_RETRIES = 3
 _ATTEMPT_HEADER = "singleton_lock_attempt"
 _REDELIVERY_HEADER = "singleton_lock_waited"
 _SUCCESS = "SUCCESS"
@@ -87,6 +89,7 @@ class _Run:
     outcome: Skipped | None = None
     retrying: bool = False
     handed_over: bool = False
+    entered: bool = False
 
 
 @dataclass(frozen=True)
@@ -223,30 +226,40 @@ class LockedTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         request = self.request
         options = self._options()
-        settings = options.settings
         key = self.lock_key_for(*args, **kwargs)
         run = _Run(key)
         request._singleton_lock = run  # noqa: SLF001 - Celery's Context is our per-delivery state holder
-        lock = Redlock(
-            settings.nodes, key, ttl=options.ttl, token=holder_token(task_id, self.name), fence_key=settings.fence_key
-        )
+        lock = self._new_lock(key, task_id, options)
         if lock.acquire(blocking=False):
             self._hold(run, lock, task_id)
             return
+        for _ in range(_SPLIT_RETRIES):
+            if not lock.split:
+                break
+            # Contenders that arrived together split the nodes and nobody got a quorum: try again after a jittered
+            # pause (Redlock's rule), instead of skipping every one of them as the others' duplicate.
+            time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+            if lock.acquire(blocking=False):
+                self._hold(run, lock, task_id)
+                return
         holder = parse_holder(lock.held_by)
-        if lock.contended and holder is not None:
-            if holder.worker == DONE and holder.task_id == task_id:
-                # This very job just succeeded; its result may not be stored yet (see __call__).
+        if lock.contended and holder is not None and holder.task_id == task_id:
+            if holder.worker == DONE:
+                # This very job just succeeded; its result may not be stored yet (see _release).
                 self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
                 return
-            if holder.worker == DONE or (holder.worker == HANDOVER and holder.task_id == task_id):
-                # A finished job's marker, or our own retry's reservation: take it over atomically.
-                lock.replaces = lock.held_by
+            if holder.worker == HANDOVER:
+                # Our own retry's reservation: take it over atomically (a fresh token per attempt).
+                reserved = lock.held_by
+                lock = self._new_lock(key, task_id, options)
+                lock.replaces = reserved
                 if lock.acquire(blocking=False):
                     self._hold(run, lock, task_id)
                     return
                 holder = parse_holder(lock.held_by)
-        if not lock.contended:
+        if lock.split:
+            self._defer(run, random.uniform(0.05, 0.5), "split vote", {})  # noqa: S311 - still split: soon again
+        elif not lock.contended:
             self._unavailable(run, lock, task_id, options)
         elif holder is not None and holder.task_id == task_id:
             # The same job, still held by an earlier delivery (acks_late after a crash, a visibility-timeout
@@ -261,6 +274,15 @@ class LockedTask(Task):  # type: ignore[misc]
             self._defer(run, countdown, "redelivered", {_REDELIVERY_HEADER: 1})
         else:
             self._duplicate(run, lock, task_id, holder.task_id if holder else None, options)
+
+    def _new_lock(self, key: str, task_id: str, options: _Options) -> Redlock:
+        settings = options.settings
+        lock = Redlock(
+            settings.nodes, key, ttl=options.ttl, token=holder_token(task_id, self.name), fence_key=settings.fence_key
+        )
+        # A finished job's "done" marker is taken over in the same round trip, unless it is this very job's.
+        lock.replaces_marked = (f"|{DONE}|", f"|{task_id}|")
+        return lock
 
     def _hold(self, run: _Run, lock: Redlock, task_id: str) -> None:
         options = self._options()
@@ -376,10 +398,13 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run: _Run | None = self.request.__dict__.get("_singleton_lock")
-        if run is None:  # called directly (not through a worker or apply()): a plain function call, no lock
+        if run is None or run.entered:
+            # Called directly (not through a worker or apply()), or by its own body: a plain call, no lock of its
+            # own (and it must not release the lock of the run it is called from).
             return super().__call__(*args, **kwargs)
         if run.outcome is not None:
             return run.outcome
+        run.entered = True
         succeeded = False
         try:
             result = self.run(*args, **kwargs)
@@ -391,8 +416,10 @@ class LockedTask(Task):  # type: ignore[misc]
             return result
         finally:
             # Before the tracer stores the result: a caller who waits for it and re-enqueues is never skipped.
-            if not (run.retrying and run.handed_over):
+            if not run.handed_over:
                 self._release(run, done=succeeded)
+            elif not run.retrying and not succeeded:
+                self._release(run)  # the retry was never sent (max retries exceeded, publish failed): cancel it
 
     # -- exits -------------------------------------------------------------------------------------------------
 
@@ -412,7 +439,9 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         try:
             if done:
-                held = lock.transfer(holder_token(self.request.id, self.name, DONE), _DONE_LEASE)
+                # As long as a waiting copy of this task id can take to come back: it was re-sent with a countdown of
+                # at most one ttl (see before_start), so the marker outlives it.
+                held = lock.transfer(holder_token(self.request.id, self.name, DONE), self._options().ttl + 0.5)
             else:
                 held = lock.release()
         except Exception:  # a release that failed still ends within ttl: log, never mask the task's outcome
@@ -442,7 +471,9 @@ class LockedTask(Task):  # type: ignore[misc]
         run: _Run | None = self.request.__dict__.get("_singleton_lock")
         if run is not None and run.lock is not None and not self.request.is_eager:
             if eta is not None:
-                delay = max(0.0, (eta - dt.datetime.now(eta.tzinfo)).total_seconds())
+                # Celery reads a naive eta as UTC.
+                aware = eta if eta.tzinfo is not None else eta.replace(tzinfo=dt.timezone.utc)
+                delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
             else:
                 delay = float(countdown if countdown is not None else self.default_retry_delay or 0)
             if run.lease is not None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.config import DEFAULT_TTL, LockSettings, settings_for, settings_from
 from celery_singleton_lock.errors import ConfigurationError, LockError, UnserializableArgumentsError
-from celery_singleton_lock.keys import canonical, lock_key
+from celery_singleton_lock.keys import canonical, holder_token, lock_key, parse_holder
 
 DEAD_URL = "redis://127.0.0.1:1/0"  # never contacted: settings and keys do no I/O
 
@@ -328,3 +328,12 @@ def test_settings_are_read_once_and_cached_on_the_app(app: Celery) -> None:
     assert isinstance(first, LockSettings)
     assert settings_for(app) is first
     assert first.urls == (DEAD_URL,)
+
+
+def test_holder_token_round_trips_a_task_id_containing_the_separator() -> None:
+    """A task id with '|' in it (apply_async takes any string) is read back whole, so a redelivery or a retry of
+    it is recognised as the same job."""
+    holder = parse_holder(holder_token("order|7|x", "shop.charge"))
+    assert holder is not None
+    assert holder.task_id == "order|7|x"
+    assert holder.task_name == "shop.charge"

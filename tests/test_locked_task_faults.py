@@ -220,7 +220,10 @@ def test_quorum_loss_during_a_run_is_noticed_within_one_renewal(c: Cluster, node
     stopped_at = time.time()
     out = result.get(timeout=30)
     assert out["lost_at"] is not None, "the run never noticed"
-    assert out["lost_at"] - stopped_at <= TTL / 3 + 0.75
+    # The first renewal after the stop comes within one interval (TTL/3); one that gets no quorum is retried for
+    # one more interval before the lock is declared lost (a stall must not cost the lock), still before it ends.
+    assert out["lost_at"] - stopped_at <= 2 * TTL / 3 + 0.75
+    assert out["lost_at"] - stopped_at < TTL
     assert out["error"].startswith("LockLostError")
     assert "renewal" in out["error"]  # noticed by the watchdog, not by the lease running out
     assert f"watch_lock[{result.id}] LOST while running" in other_logs(c, "w1", "w2")

@@ -690,3 +690,20 @@ def test_fence_key_keeps_an_existing_hash_tag() -> None:
     """A name with a hash tag keeps it (so a prefix's tag groups locks); one without becomes the tag."""
     assert fence_key_for("locks:{tenant1}:job") == "locks:{tenant1}:job:fence"
     assert fence_key_for("plain") == "{plain}:fence"
+
+
+def test_split_vote_is_not_contention(redis_trio: list[RedisServer], name: str) -> None:
+    """Nodes held by two different contenders, none with a quorum: the attempt fails as a split vote, not as
+    'held by someone else', so a LockedTask retries instead of skipping every contender."""
+    redis_trio[0].client().set(name, "contender-a", px=5000)
+    redis_trio[1].client().set(name, "contender-b", px=5000)
+    lock = Redlock([s.url for s in redis_trio], name, ttl=5.0)
+    assert not lock.acquire(blocking=False)
+    assert lock.split
+    assert not lock.contended
+    assert redis_trio[2].client().get(name) is None  # our yes on the third node was undone
+    redis_trio[1].client().set(name, "contender-a", px=5000)
+    assert not lock.acquire(blocking=False)
+    assert lock.contended
+    assert not lock.split
+    assert lock.held_by == "contender-a"
