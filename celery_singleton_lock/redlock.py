@@ -817,9 +817,16 @@ class Redlock:
 
     def locked(self) -> bool:
         """True when a quorum of nodes holds the key (by anyone)."""
+        return self.holder() is not None
+
+    def holder(self) -> str | None:
+        """The owner token a quorum of nodes holds right now, or None (free, split, or too few answers)."""
         answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
-        held = sum(1 for a in answers if not isinstance(a, BaseException) and a[0])
-        return held >= self.nodes.quorum
+        tokens = Counter(_text(a[0]) for a in answers if not isinstance(a, BaseException) and a[0])
+        if not tokens:
+            return None
+        token, count = tokens.most_common(1)[0]
+        return token if count >= self.nodes.quorum else None
 
     def __enter__(self) -> Redlock:
         if self.acquire(blocking=True, timeout=self.timeout):

@@ -15,7 +15,7 @@ that raises is logged by Celery and does not affect the lock.
 signal             arguments (besides ``sender``)
 ================== ==================================================================================
 lock_acquired      key, task_id, fencing_token
-duplicate_skipped  key, task_id, holder_task_id, policy ("skip", "fail" or "reschedule")
+duplicate_skipped  key, task_id, holder_task_id, policy ("skip", "fail", "reschedule"; "enqueue": not sent)
 lock_waiting       key, task_id, countdown, reason ("redelivered" / "unavailable")
 lock_unavailable   key, task_id, policy ("retry", "fail" or "run"), errors (redacted node errors)
 lock_lost          key, task_id, reason

@@ -62,6 +62,8 @@ _END_LEASE = 1.0
 #: that was waiting for it (a redelivery) stops on it; any other job takes it over in its acquire round trip.
 DONE = "done"
 _SPLIT_RETRIES = 3
+# apply_async options under which the enqueue check stands aside: the message must go out as asked.
+_DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
 _ATTEMPT_HEADER = "singleton_lock_attempt"
 _REDELIVERY_HEADER = "singleton_lock_waited"
 _SUCCESS = "SUCCESS"
@@ -155,6 +157,11 @@ class LockedTask(Task):  # type: ignore[misc]
     ``lock_on_unavailable``
         when no quorum of Redis nodes answers: ``"retry"`` with back-off (default: never unguarded, never
         dropped), ``"fail"`` (FAILURE with LockUnavailableError), or ``"run"`` unguarded with a warning.
+    ``lock_enqueue_check``
+        ``True``: ``apply_async``/``delay`` first look (one round trip) whether a run of the same job holds the lock
+        right now, and then return *that run's* ``AsyncResult`` instead of sending a duplicate (celery-singleton's
+        behaviour, and no queue pile-up while a job runs). Not for calls with a countdown/eta, links, groups or
+        chords, and never a guarantee: the run-time check in the worker stays the guard. Default False.
 
     Inside the body, ``self.lock_held()`` (no I/O) says whether the lock is still ours, ``self.check_lock()``
     raises :class:`LockLostError` if not, and ``self.fencing_token`` is this run's fencing token.
@@ -165,6 +172,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_key: ClassVar[Callable[..., str] | None] = None
     lock_on_duplicate: ClassVar[DuplicatePolicy | None] = None
     lock_on_unavailable: ClassVar[UnavailablePolicy | None] = None
+    lock_enqueue_check: ClassVar[bool] = False
 
     _lock_options: _Options | None = None
 
@@ -220,6 +228,46 @@ class LockedTask(Task):  # type: ignore[misc]
         if key_fn is not None:
             return custom_key(prefix, self.name, key_fn, args, kwargs)
         return lock_key(prefix, self.name, options.signature, args, kwargs, unique_on=self.lock_unique_on)
+
+    # -- the client side -----------------------------------------------------------------------------------------
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's apply_async; with ``lock_enqueue_check``, a call whose job is running returns that run."""
+        if self.lock_enqueue_check and not (
+            link or link_error or self.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
+        ):
+            running = self._running_run(args or (), kwargs or {}, task_id)
+            if running is not None:
+                return running
+        return super().apply_async(
+            args, kwargs, task_id=task_id, producer=producer, link=link, link_error=link_error, shadow=shadow, **options
+        )
+
+    def _running_run(self, args: Any, kwargs: Any, task_id: str | None) -> Any:
+        """The AsyncResult of the run holding this call's lock right now, or None (also when Redis cannot tell)."""
+        try:
+            key = self.lock_key_for(*args, **kwargs)
+            holder = parse_holder(Redlock(self._options().settings.nodes, key).holder())
+        except Exception:  # the worker's check is the guard; at enqueue, when in doubt, send
+            logger.debug("enqueue check of %s failed; sending", self.name, exc_info=True)
+            return None
+        if holder is None or holder.worker in (DONE, ENDING) or holder.task_id == task_id:
+            return None
+        signals.duplicate_skipped.send(
+            sender=self, key=key, task_id=task_id, holder_task_id=holder.task_id, policy="enqueue"
+        )
+        logger.info("%s not sent: the same job is running as task %s (lock %s)", self.name, holder.task_id, key)
+        return self.AsyncResult(holder.task_id)
 
     # -- the hot path --------------------------------------------------------------------------------------------
 

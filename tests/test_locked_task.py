@@ -215,3 +215,21 @@ def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -
     assert len(runs) == 1
     assert len(cluster.started(k)) == 2
     assert runs[0][1] == result.id
+
+
+def test_enqueue_check_returns_the_running_job_instead_of_sending(cluster: Cluster) -> None:
+    """With lock_enqueue_check, a job sent while the same job runs gets the running job's AsyncResult (no second
+    message); once it has finished, the same job is sent and runs again."""
+    mod = cluster.app_module()
+    k = key()
+    first = mod.enq_work.delay(k, 1.5)
+    deadline = time.monotonic() + 20
+    while not cluster.started(k) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = mod.enq_work.delay(k, 1.5)
+    assert second.id == first.id
+    assert first.get(timeout=30) == k
+    third = mod.enq_work.delay(k, 0.0)
+    assert third.id != first.id
+    assert third.get(timeout=30) == k
+    assert [r[1] for r in cluster.runs(k)] == [first.id, third.id]

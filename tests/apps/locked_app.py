@@ -187,3 +187,10 @@ def take_opaque(self: Any, key: str, thing: Opaque) -> str:
     """Keyed on every argument, an Opaque one included."""
     _run(self, key, 0.0)
     return key
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_enqueue_check=True)
+def enq_work(self: Any, key: str, duration: float = 0.0) -> str:
+    """Like work, but a call sent while its job runs returns the running job's result handle."""
+    _run(self, key, duration)
+    return key
