@@ -61,6 +61,8 @@ _END_LEASE = 1.0
 #: The ``worker`` field of the token a run that succeeded leaves behind (for a ttl): a copy of the same task id
 #: that was waiting for it (a redelivery) stops on it; any other job takes it over in its acquire round trip.
 DONE = "done"
+#: The ``worker`` field of the token that keeps a job locked for ``lock_cooldown`` after its success.
+COOLDOWN = "cooldown"
 _SPLIT_RETRIES = 3
 # apply_async options under which the enqueue check stands aside: the message must go out as asked.
 _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
@@ -162,6 +164,10 @@ class LockedTask(Task):  # type: ignore[misc]
         right now, and then return *that run's* ``AsyncResult`` instead of sending a duplicate (celery-singleton's
         behaviour, and no queue pile-up while a job runs). Not for calls with a countdown/eta, links, groups or
         chords, and never a guarantee: the run-time check in the worker stays the guard. Default False.
+    ``lock_cooldown``
+        seconds the job stays locked after a *success* (default 0): the same job sent meanwhile is a duplicate of
+        the finished run ("at most once per cooldown", sidekiq's until_expired, celery-once's hold-until-timeout).
+        A failure never holds the lock.
 
     Inside the body, ``self.lock_held()`` (no I/O) says whether the lock is still ours, ``self.check_lock()``
     raises :class:`LockLostError` if not, and ``self.fencing_token`` is this run's fencing token.
@@ -173,6 +179,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_on_duplicate: ClassVar[DuplicatePolicy | None] = None
     lock_on_unavailable: ClassVar[UnavailablePolicy | None] = None
     lock_enqueue_check: ClassVar[bool] = False
+    lock_cooldown: ClassVar[float] = 0.0
 
     _lock_options: _Options | None = None
 
@@ -182,6 +189,14 @@ class LockedTask(Task):  # type: ignore[misc]
     def bind(cls, app: Any) -> Any:
         """Validate the task's ``lock_*`` options at registration; settings are checked at worker start."""
         bound = super().bind(app)
+        if (
+            isinstance(cls.lock_cooldown, bool)
+            or not isinstance(cls.lock_cooldown, int | float)
+            or cls.lock_cooldown < 0
+        ):
+            raise ConfigurationError(
+                f"lock_cooldown of {cls.name} must be a number of seconds >= 0, got {cls.lock_cooldown!r}"
+            )
         if cls.lock_ttl is not None:
             check_ttl(cls.lock_ttl, f"lock_ttl of {cls.name}")
         if cls.lock_on_duplicate is not None:
@@ -261,7 +276,7 @@ class LockedTask(Task):  # type: ignore[misc]
         except Exception:  # the worker's check is the guard; at enqueue, when in doubt, send
             logger.debug("enqueue check of %s failed; sending", self.name, exc_info=True)
             return None
-        if holder is None or holder.worker in (DONE, ENDING) or holder.task_id == task_id:
+        if holder is None or holder.worker in (DONE, ENDING, COOLDOWN) or holder.task_id == task_id:
             return None
         signals.duplicate_skipped.send(
             sender=self, key=key, task_id=task_id, holder_task_id=holder.task_id, policy="enqueue"
@@ -292,7 +307,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 return
         holder = parse_holder(lock.held_by)
         if lock.contended and holder is not None and holder.task_id == task_id:
-            if holder.worker == DONE:
+            if holder.worker in (DONE, COOLDOWN):
                 # This very job just succeeded; its result may not be stored yet (see _release).
                 self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
                 return
@@ -486,7 +501,10 @@ class LockedTask(Task):  # type: ignore[misc]
         if lock is None:
             return
         try:
-            if done:
+            if done and self.lock_cooldown > 0:
+                # Not a "done" marker: nobody takes this one over, so the job stays locked for the cooldown.
+                held = lock.transfer(holder_token(self.request.id, self.name, COOLDOWN), float(self.lock_cooldown))
+            elif done:
                 # As long as a waiting copy of this task id can take to come back: it was re-sent with a countdown of
                 # at most one ttl (see before_start), so the marker outlives it.
                 held = lock.transfer(holder_token(self.request.id, self.name, DONE), self._options().ttl + 0.5)

@@ -5,6 +5,7 @@ No worker and no result backend: what these tests see is decided by the lock alo
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import LockedTask, Skipped
+from celery_singleton_lock import ConfigurationError, LockedTask, Skipped
 from celery_singleton_lock.task import DONE
 from celery_singleton_lock.testing import RedisServer
 
@@ -71,3 +72,38 @@ def test_lock_key_binds_defaults_and_keywords(app: Celery) -> None:
     keys = {report.lock_key_for(1), report.lock_key_for(1, "current"), report.lock_key_for(account_id=1)}
     assert len(keys) == 1
     assert report.lock_key_for(2) not in keys
+
+
+def test_cooldown_keeps_a_finished_job_locked_then_frees_it(app: Celery, redis_node: RedisServer) -> None:
+    """With lock_cooldown, the same job sent right after a success is skipped as a duplicate of the finished run;
+    after the cooldown it runs again. A failure does not hold the lock."""
+    runs: list[str] = []
+
+    @app.task(base=LockedTask, bind=True, lock_cooldown=0.6)
+    def refresh(self: Any, n: int, fail: bool = False) -> int:
+        runs.append(self.request.id)
+        if fail:
+            raise RuntimeError("failing on purpose")
+        return n
+
+    assert refresh.apply(args=(3,), task_id="r-1").get() == 3
+    skipped = refresh.apply(args=(3,), task_id="r-2").get()
+    assert isinstance(skipped, Skipped)
+    assert skipped.holder_task_id == "r-1"
+    deadline = time.monotonic() + 5
+    while redis_node.client().exists(refresh.lock_key_for(3)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert refresh.apply(args=(3,), task_id="r-3").get() == 3
+    assert runs == ["r-1", "r-3"]
+
+    with pytest.raises(RuntimeError):
+        refresh.apply(args=(4, True), task_id="f-1").get()
+    assert refresh.apply(args=(4,), task_id="f-2").get() == 4
+
+
+def test_a_bad_cooldown_is_refused_at_registration(app: Celery) -> None:
+    """lock_cooldown must be a number of seconds >= 0: anything else fails when the task class is bound to the app
+    (what app.task does when it registers a task)."""
+    bad = type("Bad", (LockedTask,), {"name": "eager.bad", "lock_cooldown": -1, "run": lambda self: None})
+    with pytest.raises(ConfigurationError, match=r"lock_cooldown of eager\.bad"):
+        bad.bind(app)
