@@ -64,6 +64,13 @@ class Cluster:
     def started(self, key: str) -> list[list[Any]]:
         return [r for r in (json.loads(x) for x in self.record.lrange("started", 0, -1)) if r[0] == key]
 
+    def wait_started(self, key: str, timeout: float = 20.0) -> list[list[Any]]:
+        """The recorded starts of ``key`` once there is one (polled every 20 ms, for at most ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        while not self.started(key) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.started(key)
+
     def wait_runs(self, key: str, count: int, timeout: float) -> list[list[Any]]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -167,9 +174,7 @@ def test_long_task_keeps_its_lock_past_ten_ttls(cluster: Cluster) -> None:
     mod = cluster.app_module()
     k = key()
     first = mod.long_work.delay(k, 6.0)
-    deadline = time.monotonic() + 20
-    while not cluster.started(k) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    cluster.wait_started(k)
     dups = []
     for _ in range(5):
         time.sleep(0.9)
@@ -205,9 +210,7 @@ def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -
     mod = cluster.app_module()
     k = key()
     result = mod.work.delay(k, 2.0)
-    deadline = time.monotonic() + 20
-    while not cluster.started(k) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    cluster.wait_started(k)
     pid = cluster.started(k)[0][2]
     os.kill(pid, signal.SIGKILL)
     assert result.get(timeout=60) == k
@@ -223,9 +226,7 @@ def test_enqueue_check_returns_the_running_job_instead_of_sending(cluster: Clust
     mod = cluster.app_module()
     k = key()
     first = mod.enq_work.delay(k, 1.5)
-    deadline = time.monotonic() + 20
-    while not cluster.started(k) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    cluster.wait_started(k)
     second = mod.enq_work.delay(k, 1.5)
     assert second.id == first.id
     assert first.get(timeout=30) == k
