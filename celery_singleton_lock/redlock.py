@@ -361,7 +361,7 @@ class NodeSet:
         if not items:
             raise ConfigurationError("at least one Redis node is needed, e.g. 'redis://127.0.0.1:6379/0'")
         clients: list[redis.Redis] = []
-        seen: set[str] = set()
+        names: list[str] = []
         for item in items:
             if isinstance(item, redis.Redis):
                 client = item
@@ -372,15 +372,15 @@ class NodeSet:
                 except ValueError as exc:  # redis-py's URL parser: a bad port, db or query option
                     raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
             name = _describe(client)
-            if name in seen:
+            if name in names:
                 raise ConfigurationError(f"Redis node {name} is listed twice: Redlock needs independent nodes")
-            seen.add(name)
+            names.append(name)
             clients.append(client)
         self.clients: tuple[redis.Redis, ...] = tuple(clients)
         # Pools we built ourselves take the lean checkout (_take/_give); a client you pass keeps redis-py's pool,
         # with its max_connections, client-side cache and maintenance handling.
         self._own = tuple(isinstance(item, str) for item in items)
-        self.names: tuple[str, ...] = tuple(_describe(c) for c in clients)
+        self.names: tuple[str, ...] = tuple(names)
         self.quorum = len(clients) // 2 + 1
         self.socket_timeout = socket_timeout
 
