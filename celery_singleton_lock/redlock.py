@@ -28,7 +28,6 @@ import hashlib
 import inspect
 import os
 import random
-import re
 import secrets
 import threading
 import time as mod_time
@@ -38,7 +37,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import ConnectionPool
@@ -47,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._urls import redact_url, validate_url
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
 
 __all__ = ["NodeSet", "Redlock", "fence_key_for", "redact_url"]
@@ -153,33 +152,6 @@ return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.
 """
 
 EXTENDED, REPAIRED, LOST = 1, 2, 0
-
-_SCHEMES = ("redis", "rediss", "unix")
-_QUERY_PASSWORD = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors); never raises.
-
-    Both places redis-py reads a password from are masked: the userinfo and a ``password=`` query argument. The
-    host and port are kept as written (not parsed: a bad port must not turn an error message into a crash).
-    """
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        # Everything up to the LAST "@" is userinfo to redis-py, even with an unencoded "/", "#" or "?" in the
-        # password, which urlsplit would read as the start of the path, fragment or query.
-        user, _, password = rest.rpartition("@")[0].partition(":")
-        url = f"{scheme}://{user}:***@{rest.rpartition('@')[2]}" if password else url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is not None:
-        host = parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
-    if "password=" in parts.query.lower():
-        parts = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query))
-    return urlunsplit(parts)
 
 
 def fence_key_for(key: str) -> str:
@@ -306,21 +278,6 @@ def _give(pool: ConnectionPool, conn: Any) -> None:
         conn.disconnect()
 
 
-def _validate_url(url: object) -> str:
-    if not isinstance(url, str):
-        raise ConfigurationError(f"a Redis node must be a URL string or a redis.Redis client, got {type(url).__name__}")
-    try:
-        scheme = urlsplit(url).scheme
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
-    if scheme not in _SCHEMES:
-        raise ConfigurationError(
-            f"invalid Redis URL {redact_url(url)!r}: the scheme must be one of "
-            f"redis://, rediss:// or unix://, e.g. 'redis://127.0.0.1:6379/0'"
-        )
-    return url
-
-
 def _describe(client: redis.Redis) -> str:
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
@@ -366,7 +323,7 @@ class NodeSet:
             if isinstance(item, redis.Redis):
                 client = item
             else:
-                url = _validate_url(item)
+                url = validate_url(item)
                 try:
                     client = _client_for(url, socket_timeout, connect_timeout or socket_timeout)
                 except ValueError as exc:  # redis-py's URL parser: a bad port, db or query option
