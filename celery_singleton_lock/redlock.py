@@ -33,7 +33,7 @@ import threading
 import time as mod_time
 from binascii import crc_hqx
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Literal
@@ -48,95 +48,145 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._urls import redact_url, validate_url
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
 
-__all__ = ["NodeSet", "Redlock", "fence_key_for", "redact_url"]
+__all__ = ["NodeSet", "Redlock", "done_key_for", "fence_key_for", "record_of", "redact_url", "sibling_key"]
 
 ACQUIRE_SCRIPT = """
--- KEYS[1] - lock key
+-- KEYS[1] - lock key: a hash, the holder record (owner, fence, and the fields of ARGV[6..])
 -- KEYS[2] - fencing counter key (never expires)
--- ARGV[1] - owner token
+-- KEYS[3] - optional: the done marker of this job (present when a run of the job finished, see FINISH_SCRIPT)
+-- ARGV[1] - owner token, fresh for every attempt
 -- ARGV[2] - lease in milliseconds
 -- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
--- ARGV[4] - a token we may take the lock over from (handed over to us, see TRANSFER_SCRIPT), or ''
--- ARGV[5] - a marker: a holder token containing it marks a lock nobody holds any more (taken over), or ''
--- ARGV[6] - ... unless the token also contains this (e.g. our own task id), or ''
--- returns {1, counter} when the lease is ours (new, taken over, or already ours: reset to ARGV[2]);
---         {0, holder token, holder's remaining ms} when someone else holds it
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local holder = redis.call('GET', KEYS[1])
-  local marked = ARGV[5] ~= '' and string.find(holder, ARGV[5], 1, true)
-    and (ARGV[6] == '' or not string.find(holder, ARGV[6], 1, true))
-  if holder ~= ARGV[1] and (ARGV[4] == '' or holder ~= ARGV[4]) and not marked then
-    return {0, holder, redis.call('PTTL', KEYS[1])}
+-- ARGV[4] - the owner token of a record we may take over (handed over to us, see TRANSFER_SCRIPT), or ''
+-- ARGV[5] - this job's id, or '': a refusal by a holder of the same job marks that record 'waiting'
+-- ARGV[6..] - field, value pairs of our holder record
+-- returns {ACQUIRED, fencing token (0 without fencing)} when the lease is ours (new, or taken over);
+--         {HELD, holder record as a flat field/value array ({} if the key is not a record), remaining ms};
+--         {DONE} when KEYS[3] exists: this job already finished (nothing is changed)
+if #KEYS > 2 and redis.call('EXISTS', KEYS[3]) == 1 then
+  return {2}
+end
+local waiting = false
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+    return {0, {}, redis.call('PTTL', KEYS[1])}
   end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner ~= ARGV[1] and (ARGV[4] == '' or owner ~= ARGV[4]) then
+    if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'job') == ARGV[5] then
+      redis.call('HSET', KEYS[1], 'waiting', '1')
+    end
+    return {0, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
+  end
+  -- taken over: a copy of the job known to wait for it still waits for us
+  waiting = redis.call('HGET', KEYS[1], 'waiting')
+  redis.call('DEL', KEYS[1])
 end
+local fence = 0
 if ARGV[3] == '1' then
-  return {1, redis.call('INCR', KEYS[2])}
+  fence = redis.call('INCR', KEYS[2])
 end
-return {1, 0}
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, unpack(ARGV, 6))
+if waiting then
+  redis.call('HSET', KEYS[1], 'waiting', waiting)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, fence}
 """
 
 FENCE_SCRIPT = """
--- KEYS[1] - lock key
+-- KEYS[1] - lock key (holder record)
 -- KEYS[2] - fencing counter key
 -- ARGV[1] - owner token
 -- ARGV[2] - fencing token chosen by the quorum
--- returns 1 when the lease is still ours and the counter is now >= ARGV[2], 0 when the lease is not ours
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- returns 1 when the lease is still ours and the counter (and the record's fence) is now >= ARGV[2], 0 when the
+--   lease is not ours
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
   return 0
 end
 if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
+redis.call('HSET', KEYS[1], 'fence', ARGV[2])
 return 1
 """
 
 TRANSFER_SCRIPT = """
--- KEYS[1] - lock key
+-- KEYS[1] - lock key (holder record)
 -- ARGV[1] - our owner token
--- ARGV[2] - the token to hand the lock over to
+-- ARGV[2] - the new owner token
 -- ARGV[3] - lease of the handed-over lock in milliseconds
--- returns 1 when the key was ours and now holds ARGV[2], 0 when it was not ours
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+-- ARGV[4..] - field, value pairs to change in the record (e.g. state)
+-- returns 1 when the record was ours and now names the new owner, 0 when it was not ours (left alone)
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2], unpack(ARGV, 4))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return 1
 end
 return 0
 """
 
 RELEASE_SCRIPT = """
--- KEYS[1] - lock key
+-- KEYS[1] - lock key (holder record)
 -- ARGV[1] - owner token
--- returns 1 when the key was ours and is now deleted, 0 when it was not ours (left alone)
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- returns 1 when the record was ours and is now deleted, 0 when it was not ours (left alone)
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 """
 
+FINISH_SCRIPT = """
+-- KEYS[1] - lock key (holder record)
+-- KEYS[2] - the job's done marker
+-- ARGV[1] - owner token
+-- ARGV[2] - done marker lifetime (ms) when no copy of the job is known to wait
+-- ARGV[3] - done marker lifetime (ms) when one waits (the record says 'waiting'), or the record is not ours
+-- ARGV[4] - cooldown in ms: '0' deletes the record; more keeps it that long under ARGV[5], state 'cooldown'
+-- ARGV[5] - owner token of the cooldown record
+-- returns 1 when the record was ours (now deleted or cooling down), 0 when it was not (left alone); the done
+--   marker is set either way: the job did finish
+local mine = redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
+local ms = ARGV[3]
+if mine and not redis.call('HGET', KEYS[1], 'waiting') then
+  ms = ARGV[2]
+end
+redis.call('SET', KEYS[2], '1', 'PX', ms)
+if not mine then
+  return 0
+end
+if tonumber(ARGV[4]) > 0 then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[5], 'state', 'cooldown')
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+"""
+
 EXTEND_SCRIPT = """
--- KEYS[2i-1] - lock key of lease i
+-- KEYS[2i-1] - lock key of lease i (holder record)
 -- KEYS[2i]   - fencing counter key of lease i
 -- ARGV[3i-2] - owner token of lease i
 -- ARGV[3i-1] - lease in milliseconds
 -- ARGV[3i]   - fencing token of lease i
--- returns an array, one code per lease: EXTENDED (1) when the key was ours and its expiry is reset;
---   REPAIRED (2) when the key was missing (node restarted or never reached) and is now set to us, with the
---   counter raised to our fencing token; LOST (0) when someone else holds it
+-- returns an array, one code per lease: EXTENDED (1) when the record was ours and its expiry is reset;
+--   REPAIRED (2) when the key was missing (node restarted or never reached) and is now a record of ours (owner
+--   and fence only), with the counter raised to our fencing token; LOST (0) when someone else holds it
 local out = {}
 for i = 1, #KEYS / 2 do
   local key, fence = KEYS[2 * i - 1], KEYS[2 * i]
   local token, ms, fencing = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  local holder = redis.call('GET', key)
-  if holder == token then
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('HSET', key, 'owner', token, 'fence', fencing)
     redis.call('PEXPIRE', key, ms)
-    out[i] = 1
-  elseif not holder then
-    redis.call('SET', key, token, 'PX', ms)
     if tonumber(redis.call('GET', fence) or '0') < tonumber(fencing) then
       redis.call('SET', fence, fencing)
     end
     out[i] = 2
+  elseif redis.call('HGET', key, 'owner') == token then
+    redis.call('PEXPIRE', key, ms)
+    out[i] = 1
   else
     out[i] = 0
   end
@@ -145,31 +195,46 @@ return out
 """
 
 STATUS_SCRIPT = """
--- KEYS[1] - lock key
+-- KEYS[1] - lock key (holder record)
 -- KEYS[2] - fencing counter key
--- returns {holder token or false, remaining ms, counter}
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
+-- returns {holder record as a flat field/value array ({} when free or not a record), remaining ms, counter}
+local record = {}
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  record = redis.call('HGETALL', KEYS[1])
+end
+return {record, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
 """
 
 EXTENDED, REPAIRED, LOST = 1, 2, 0
+ACQUIRED, HELD, DONE = 1, 0, 2
 
 
 def fence_key_for(key: str) -> str:
-    """The fencing counter's key: in the same Redis Cluster slot as ``key``.
+    """The fencing counter's key: in the same Redis Cluster slot as ``key``."""
+    return sibling_key(key, ":fence")
+
+
+def done_key_for(key: str, job: str) -> str:
+    """The key that marks ``job`` finished under lock ``key`` (see ``Redlock.finish``): in the same slot as ``key``."""
+    return sibling_key(key, f":done:{job}")
+
+
+def sibling_key(key: str, suffix: str) -> str:
+    """``key`` + ``suffix``, hashed to the same Redis Cluster slot as ``key`` whatever ``suffix`` holds.
 
     A key carrying a hash tag (``{...}`` with a non-empty body) keeps it; a key without one becomes the tag, so
     both keys hash to the same slot either way. Cluster reads only the *first* ``{`` and the first ``}`` after it
-    (an empty ``{}`` there means no tag at all), so a tagless key that contains ``}`` cannot be a tag: its fence
-    key is tagged with a short string of the same slot instead.
+    (an empty ``{}`` there means no tag at all), so a tagless key that contains ``}`` cannot be a tag: its sibling
+    is tagged with a short string of the same slot instead.
     """
     start = key.find("{")
     end = key.find("}", start + 1) if start != -1 else -1
     if end > start + 1:
-        return f"{key}:fence"
+        return f"{key}{suffix}"
     # No tag (an empty "{}" first counts as none: Cluster then hashes the whole key, it looks for no later tag).
     if "}" not in key:
-        return f"{{{key}}}:fence"
-    return f"{{{_slot_twin(key_slot(key.encode()))}}}{key}:fence"
+        return f"{{{key}}}{suffix}"
+    return f"{{{_slot_twin(key_slot(key.encode()))}}}{key}{suffix}"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -195,10 +260,16 @@ _RELEASE = _Script(RELEASE_SCRIPT)
 _TRANSFER = _Script(TRANSFER_SCRIPT)
 _EXTEND = _Script(EXTEND_SCRIPT)
 _STATUS = _Script(STATUS_SCRIPT)
+_FINISH = _Script(FINISH_SCRIPT)
 
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def record_of(flat: Sequence[Any]) -> dict[str, str]:
+    """A holder record from a script's flat field/value array (``HGETALL``'s reply in RESP2)."""
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
 
 
 # redis-py >= 7 takes driver_info (None disables CLIENT SETINFO); older ones take lib_name/lib_version.
@@ -422,7 +493,13 @@ class NodeSet:
         conn: Any
         if not own:
             conn = pool.get_connection()
-            conn.send_packed_command(packed, check_health=False)
+            try:
+                conn.send_packed_command(packed, check_health=False)
+            except BaseException:
+                # The caller's pool lends connections by count (max_connections): one not given back is lost.
+                conn.disconnect()
+                pool.release(conn)
+                raise
             return conn, False
         conn, reused = _take(pool)
         try:
@@ -481,8 +558,18 @@ class Redlock:
     True
 
     ``ttl`` is the lease in seconds: a holder that stops extending loses the lock after it. ``timeout`` is how long
-    ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired. ``token`` is the
-    owner value stored in Redis (default: 128 random bits); one you supply must be unique per acquisition.
+    ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired.
+
+    The value stored under ``name`` is the *holder record*, a Redis hash: ``owner`` (the owner token), ``fence``
+    (this holder's own fencing token), and the string fields of ``record`` (who holds it, in what state). Scripts
+    compare fields, never substrings. The owner token is fresh (128 random bits) for every attempt, so a late
+    packet of an earlier attempt (its acquire, or the undo of a failed one) can never touch a later attempt's
+    lease; ``token``, when given, is only a readable label in front of it (``label:random``).
+
+    ``job`` names the unit of work the lock protects (LockedTask: the task id). It is stored as the record's
+    ``job`` field; an attempt refused by a holder of the same job marks that record ``waiting``; and an attempt
+    for a job whose done marker exists (see :meth:`finish`) is refused with ``done`` set and changes nothing.
+
     ``fence_key`` names the fencing counter (default: one counter per name, ``fence_key_for(name)``, which never
     expires). Many short-lived names (one per order, say) are better served by one counter they share: the keys
     then stay one, not one per name ever locked, and the tokens still grow strictly per name (and across the names
@@ -504,6 +591,8 @@ class Redlock:
         ttl: float = 10.0,
         timeout: float | None = None,
         token: str | None = None,
+        record: Mapping[str, str] | None = None,
+        job: str | None = None,
         fencing: bool = True,
         fence_key: str | None = None,
         socket_timeout: float = 0.5,
@@ -516,27 +605,41 @@ class Redlock:
             raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
         if timeout is not None and timeout < 0:
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if record is not None and {"owner", "fence", "waiting"} & set(record):
+            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
         self.name = name
         self.fence_key = fence_key or fence_key_for(name)
         self.ttl = float(ttl)
         self.timeout = timeout
-        self._token = token
+        self.job = job
+        self._label = f"{token}:" if token else ""
+        fields = dict(record or {})
+        if job is not None:
+            fields["job"] = job
+        self._fields: tuple[str, ...] = tuple(x for kv in fields.items() for x in kv)
+        self._keys: tuple[str, ...] = (
+            (name, self.fence_key) if job is None else (name, self.fence_key, done_key_for(name, job))
+        )
         self._fencing = "1" if fencing else "0"
         self._clock = clock
         self._sleep = sleep
         self._lease: _Lease | None = None
         self._mutex = threading.Lock()  # orders release/transfer against the watchdog's extend
-        #: A token this lock may take over when it finds it holding the key (see ``transfer``).
+        #: An owner token this lock may take over when it finds it holding the key (see ``transfer``).
         self.replaces: str | None = None
-        #: (marker, unless): take over any holder whose token contains ``marker`` but not ``unless`` (a lock its
-        #: holder left as a marker, e.g. LockedTask's "done"), in the same round trip.
-        self.replaces_marked: tuple[str, str] | None = None
+        self._fence: int | None = None
+        self._reset_failure()
+
+    def _reset_failure(self) -> None:
         #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
         self.split = False
-        self._fence: int | None = None
-        #: After a failed attempt: the token of the holder most nodes reported, and its remaining lease (s).
+        #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
+        self.done = False
+        #: After a failed attempt: the owner token and record of the holder most nodes reported, and its
+        #: remaining lease (s).
         self.held_by: str | None = None
+        self.holder_record: dict[str, str] | None = None
         self.held_for: float | None = None
         #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
         self.node_errors: tuple[NodeError, ...] = ()
@@ -550,7 +653,7 @@ class Redlock:
     @property
     def token(self) -> str | None:
         """The owner token of the current (or last) lease, None before the first acquire."""
-        return self._lease.token if self._lease else self._token
+        return self._lease.token if self._lease else None
 
     @property
     def fencing_token(self) -> int:
@@ -569,8 +672,14 @@ class Redlock:
     def _drift(self) -> float:
         return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
 
+    def _new_token(self) -> str:
+        return f"{self._label}{secrets.token_hex(16)}"
+
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
-        """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s."""
+        """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
+
+        A blocking acquire stops early, returning False, when the job is done (``done``): waiting cannot help.
+        """
         if timeout is None:
             timeout = self.timeout
         deadline = None if timeout is None else self._clock() + timeout
@@ -578,7 +687,7 @@ class Redlock:
         while True:
             if self._attempt():
                 return True
-            if not blocking:
+            if not blocking or self.done:
                 return False
             delay = random.uniform(self.RETRY_BASE, min(self.RETRY_CAP, self.RETRY_BASE * 2**attempt))  # noqa: S311
             if deadline is not None:
@@ -590,27 +699,33 @@ class Redlock:
             attempt += 1
 
     def _attempt(self) -> bool:
-        token = self._token or secrets.token_hex(16)
+        # A fresh owner token per attempt: attempt k's undo (or a late copy of its acquire, delivered after attempt
+        # k+1 succeeded) then matches nothing of attempt k+1's, and cannot delete or re-set its lease.
+        token = self._new_token()
         ttl_ms = int(self.ttl * 1000)
         nodes = self.nodes
         start = self._clock()
         answers = nodes.run(
             _ACQUIRE,
-            (self.name, self.fence_key),
-            (token, ttl_ms, self._fencing, self.replaces or "", *(self.replaces_marked or ("", ""))),
+            self._keys,
+            (token, ttl_ms, self._fencing, self.replaces or "", self.job or "", *self._fields),
             undo_on_timeout=(_RELEASE, (self.name,), (token,)),
         )
         fences: dict[int, int] = {}
-        holders: list[tuple[str, int]] = []
+        holders: list[tuple[str, int, dict[str, str]]] = []
         errors: list[NodeError] = []
+        done = False
         for i, answer in enumerate(answers):
             if isinstance(answer, BaseException):
                 errors.append(nodes.error(i, answer))
-            elif answer[0] == 1:
+            elif answer[0] == ACQUIRED:
                 fences[i] = int(answer[1])
+            elif answer[0] == DONE:
+                done = True
             else:
-                holders.append((_text(answer[1]), int(answer[2])))
-        if len(fences) >= nodes.quorum:
+                record = record_of(answer[1])
+                holders.append((record.get("owner", ""), int(answer[2]), record))
+        if len(fences) >= nodes.quorum and not done:
             fence = max(fences.values())
             behind = [i for i, f in fences.items() if f < fence]
             confirmed = len(fences) - len(behind)
@@ -628,27 +743,25 @@ class Redlock:
             if confirmed >= nodes.quorum and deadline > self._clock():
                 self._lease = _Lease(token, ttl_ms, fence, deadline)
                 self._fence = fence
-                self.held_by = self.held_for = None
-                self.node_errors = ()
-                self.contended = self.split = False
+                self._reset_failure()
                 return True
         # Failed: undo where we set the key. A node that timed out got the undo already, on the same connection
         # (see NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
-        said_yes = [i for i, a in enumerate(answers) if not isinstance(a, BaseException) and a[0] == 1]
-        if said_yes:
-            nodes.run(_RELEASE, (self.name,), (token,), said_yes)
+        if fences:
+            nodes.run(_RELEASE, (self.name,), (token,), fences)
+        self._reset_failure()
         self.node_errors = tuple(errors)
+        self.done = done
         # Held by someone else only when one holder has a quorum of the nodes. Refusals that deny us the quorum
         # without any single holder having one are a split vote (contenders that arrived together): nobody holds
         # the lock, and skipping because of it would skip every contender.
         refused = len(holders) > len(nodes) - nodes.quorum
+        count = 0
         if holders:
-            holder, count = Counter(h for h, _ in holders).most_common(1)[0]
+            holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]
             self.held_by = holder
-            self.held_for = max(ms for h, ms in holders if h == holder) / 1000.0
-        else:
-            count = 0
-            self.held_by = self.held_for = None
+            self.held_for = max(ms for h, ms, _ in holders if h == holder) / 1000.0
+            self.holder_record = next(r for h, _, r in holders if h == holder)
         self.contended = count >= nodes.quorum
         self.split = refused and not self.contended
         return False
@@ -744,24 +857,60 @@ class Redlock:
         freed = sum(1 for a in answers if a == 1)
         return freed >= self.nodes.quorum and lease.deadline > self._clock()
 
-    def transfer(self, token: str, ttl: float) -> bool:
-        """Hand the lock over: replace our token with ``token`` and set the lease to ``ttl`` s, on a quorum.
+    def finish(self, *, done_for: float, waited_for: float, cooldown: float = 0.0) -> bool:
+        """The job succeeded: release the lock (or keep it ``cooldown`` s) and mark the job done, in one round trip.
 
-        Whoever acquires with ``replaces=token`` takes the lock over atomically; otherwise it expires after
-        ``ttl``, or this instance's ``release()`` cancels the hand-over. Do not extend a handed-over lock.
-        LockedTask uses this to keep a job
-        protected across ``self.retry()``: the next delivery of the same task id takes the lock over.
+        The done marker (``done_key_for(name, job)``) makes a later attempt by the same ``job`` stop with ``done``
+        set. It lives ``done_for`` s, or ``waited_for`` s when a copy of the job is known to wait (the record says
+        ``waiting``) or the lease is no longer ours. It is written on every node that answers, held or not: the
+        job did finish. True if we still held the lock on a quorum.
+        """
+        if self.job is None:
+            raise LockError(f"lock {self.name!r} has no job to mark done", key=self.name)
+        with self._mutex:
+            lease = self._lease
+            self._lease = None
+            token = lease.token if lease is not None else ""
+            answers = self.nodes.run(
+                _FINISH,
+                (self.name, done_key_for(self.name, self.job)),
+                (
+                    token,
+                    max(1, int(done_for * 1000)),
+                    max(1, int(waited_for * 1000)),
+                    int(cooldown * 1000),
+                    self._new_token(),
+                ),
+            )
+        freed = sum(1 for a in answers if a == 1)
+        return lease is not None and freed >= self.nodes.quorum and lease.deadline > self._clock()
+
+    def transfer(self, ttl: float, record: Mapping[str, str] | None = None, *, renewable: bool = False) -> bool:
+        """Hand the lease on under a fresh owner token, for ``ttl`` s, changing the ``record`` fields, on a quorum.
+
+        Whoever acquires with ``replaces`` set to the new owner (read it from the record) takes the lock over
+        atomically; otherwise it expires after ``ttl``, or this instance's ``release()`` cancels the hand-over.
+        LockedTask uses this to keep a job protected across ``self.retry()`` (``state: retry``): the next delivery
+        of the same task id takes the lock over. With ``renewable`` the lease stays this instance's to extend (a
+        hand-over taken back).
         """
         with self._mutex:
             lease = self._lease
             if lease is None:
                 return False
             start = self._clock()
-            answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000)))
+            token = self._new_token()
+            fields = [x for kv in (record or {}).items() for x in kv]
+            answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000), *fields))
+            moved = sum(1 for a in answers if a == 1)
+            held = moved >= self.nodes.quorum and lease.deadline > self._clock()
             # The instance keeps the handed-over token, so release() can still cancel the hand-over.
-            self._lease = _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift(), renewable=False)
-        moved = sum(1 for a in answers if a == 1)
-        return moved >= self.nodes.quorum and lease.deadline > self._clock()
+            self._lease = (
+                _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift(), renewable=renewable)
+                if held
+                else None
+            )
+        return held
 
     def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
@@ -769,21 +918,26 @@ class Redlock:
         if lease is None or lease.deadline <= self._clock():
             return False
         answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
-        mine = sum(1 for a in answers if not isinstance(a, BaseException) and a[0] and _text(a[0]) == lease.token)
+        mine = sum(
+            1 for a in answers if not isinstance(a, BaseException) and record_of(a[0]).get("owner") == lease.token
+        )
         return mine >= self.nodes.quorum
 
     def locked(self) -> bool:
         """True when a quorum of nodes holds the key (by anyone)."""
         return self.holder() is not None
 
-    def holder(self) -> str | None:
-        """The owner token a quorum of nodes holds right now, or None (free, split, or too few answers)."""
+    def holder(self) -> dict[str, str] | None:
+        """The holder record a quorum of nodes holds right now (same owner), or None (free, split, few answers)."""
         answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
-        tokens = Counter(_text(a[0]) for a in answers if not isinstance(a, BaseException) and a[0])
-        if not tokens:
+        records = [record_of(a[0]) for a in answers if not isinstance(a, BaseException) and a[0]]
+        owners = Counter(r.get("owner", "") for r in records)
+        if not owners:
             return None
-        token, count = tokens.most_common(1)[0]
-        return token if count >= self.nodes.quorum else None
+        owner, count = owners.most_common(1)[0]
+        if count < self.nodes.quorum:
+            return None
+        return next(r for r in records if r.get("owner", "") == owner)
 
     def __enter__(self) -> Redlock:
         if self.acquire(blocking=True, timeout=self.timeout):

@@ -7,15 +7,22 @@
 
 Life of one delivery (the tracer calls ``before_start``, then ``__call__``, then stores the result)::
 
-    before_start   key = prefix + task name + hash(bound arguments); one acquire round trip to every node at once
+    before_start   key = prefix + task name + hash(bound arguments); one acquire round trip to every node at once;
+                   the lock's value is a holder record (owner, fence, state, job = task id, name, worker, at)
       |- acquired ..................... run: the watchdog renews the lease every ttl/3 while the body runs
+      |- this task id is done ......... (its done marker exists) stop: never run a finished job again
       |- held by a different job ...... duplicate: skip (REVOKED at once, naming the holder) / fail / reschedule
       |- held by this same task id .... a redelivery (acks_late, visibility timeout): never skipped, never run
       |                                 beside its live twin: re-sent with a countdown of the remaining lease
       |- handed over by self.retry() .. this is the retry: take the lock over atomically and run
+      |- split vote ................... retried at once with jitter, then re-sent soon: never a duplicate
       '- no quorum answered ........... retry with back-off (default) / fail / run unguarded
     __call__       the body runs; its ``finally`` releases the lock (owner-checked) BEFORE the tracer stores
-                   the result, so a caller who waits for the result and re-enqueues at once is never skipped
+                   the result, so a caller who waits for the result and re-enqueues at once is never skipped; a
+                   success also leaves the task id's done marker, in the same round trip
+
+Which branch is taken is decided by one pure function, :func:`celery_singleton_lock.decision.decide`, from the
+facts gathered here; this module only gathers facts and carries the action out.
 
 Deciding in ``before_start`` and returning early from ``__call__`` costs about as much as a no-op task; raising
 ``Ignore`` or ``Reject`` from ``before_start`` costs ~35-47x that (the tracer builds and formats a traceback), and
@@ -27,11 +34,14 @@ logs it as "succeeded" with the marker as return value and sends ``task_success`
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import inspect
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,26 +54,19 @@ from celery.signals import worker_process_shutdown
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
+from .decision import COOLDOWN, ENDING, HANDOVER, RUNNING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
-from .keys import custom_key, holder_token, lock_key, parse_holder
+from .keys import custom_key, lock_key
 from .redlock import Redlock
 from .renewal import Lease, flush_stats, watchdog
 
-__all__ = ["HANDOVER", "LockedTask", "Skipped"]
+__all__ = ["LockedTask", "Skipped"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
-#: The ``worker`` field of a token that reserves a lock for the next delivery of a retried task.
-HANDOVER = "retry"
-#: The ``worker`` field of the token that ends the lease of a run killed by a hard time limit.
-ENDING = "ending"
 _END_LEASE = 1.0
-#: The ``worker`` field of the token a run that succeeded leaves behind (for a ttl): a copy of the same task id
-#: that was waiting for it (a redelivery) stops on it; any other job takes it over in its acquire round trip.
-DONE = "done"
-#: The ``worker`` field of the token that keeps a job locked for ``lock_cooldown`` after its success.
-COOLDOWN = "cooldown"
-_SPLIT_RETRIES = 3
+#: The holder record's ``worker`` field: this process.
+_WORKER = f"{os.getpid()}@{socket.gethostname()}"
 # apply_async options under which the enqueue check stands aside: the message must go out as asked.
 _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
 _ATTEMPT_HEADER = "singleton_lock_attempt"
@@ -106,18 +109,35 @@ class _Options:
     on_duplicate: DuplicatePolicy
     on_unavailable: UnavailablePolicy
     signature: inspect.Signature | None
-    max_countdown: float | None  # half the broker's visibility timeout, if one is set
+    max_countdown: float | None  # half the broker's visibility timeout, if it has one
+    done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
+    done_window_short: float  # ... and when none is
 
 
-def _max_countdown(app: Any) -> float | None:
-    """Half the broker's visibility timeout (Redis, SQS), when one is set: the longest countdown we may re-send with.
+#: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
+#: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
+DONE_MARGIN = 300.0
 
-    A message with a countdown is held unacked by the worker until it is due; one held past the visibility timeout
-    is restored by the broker and then exists twice. A copy that waits for its own earlier delivery's lease (up to
-    a ttl) and is doubled every time would multiply while that delivery runs.
+
+def _visibility_timeout(app: Any) -> float | None:
+    """The broker's effective visibility timeout in seconds (Redis, SQS), or None for brokers without one.
+
+    An explicit ``broker_transport_options["visibility_timeout"]`` wins; otherwise the transport's own default
+    (kombu: 3600 s for Redis, 1800 s for SQS), read from its channel class without connecting.
     """
-    timeout = (app.conf.broker_transport_options or {}).get("visibility_timeout")
-    return float(timeout) / 2 if isinstance(timeout, int | float) and timeout > 0 else None
+    explicit = (app.conf.broker_transport_options or {}).get("visibility_timeout")
+    if isinstance(explicit, int | float) and not isinstance(explicit, bool) and explicit > 0:
+        return float(explicit)
+    try:
+        channel = getattr(app.connection_for_write().transport, "Channel", None)
+    except Exception:  # an unknown or unimportable transport: no visibility timeout we could know of
+        logger.debug("cannot read the broker transport's visibility timeout", exc_info=True)
+        return None
+    for attr in ("visibility_timeout", "default_visibility_timeout"):
+        value = getattr(channel, attr, None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
 
 
 class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
@@ -223,6 +243,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 signature: inspect.Signature | None = inspect.signature(self.run)
             except (TypeError, ValueError):
                 signature = None
+            visibility = _visibility_timeout(self.app)
             options = _Options(
                 settings=settings,
                 ttl=ttl,
@@ -230,7 +251,11 @@ class LockedTask(Task):  # type: ignore[misc]
                 on_duplicate=self.lock_on_duplicate or settings.on_duplicate,
                 on_unavailable=self.lock_on_unavailable or settings.on_unavailable,
                 signature=signature,
-                max_countdown=_max_countdown(self.app),
+                # A message held unacked past the visibility timeout (a countdown waiting in the worker) is restored
+                # by the broker and then exists twice: a copy re-sent every time it waits would multiply.
+                max_countdown=visibility / 2 if visibility else None,
+                done_window=max(2 * ttl, visibility or 0.0) + DONE_MARGIN,
+                done_window_short=max(2 * ttl, 60.0),
             )
             self._lock_options = options
         return options
@@ -269,94 +294,162 @@ class LockedTask(Task):  # type: ignore[misc]
         )
 
     def _running_run(self, args: Any, kwargs: Any, task_id: str | None) -> Any:
-        """The AsyncResult of the run holding this call's lock right now, or None (also when Redis cannot tell)."""
+        """The AsyncResult of the run holding this call's lock right now, or None (also when Redis cannot tell).
+
+        A call with its own ``task_id`` is always sent: its caller waits on that id, which another run's result
+        would leave PENDING forever.
+        """
+        if task_id is not None:
+            return None
         try:
             key = self.lock_key_for(*args, **kwargs)
-            holder = parse_holder(Redlock(self._options().settings.nodes, key).holder())
+            record = Redlock(self._options().settings.nodes, key).holder()
         except Exception:  # the worker's check is the guard; at enqueue, when in doubt, send
             logger.debug("enqueue check of %s failed; sending", self.name, exc_info=True)
             return None
-        if holder is None or holder.worker in (DONE, ENDING, COOLDOWN) or holder.task_id == task_id:
+        holder_id = record.get("job") if record else None
+        if record is None or holder_id is None or record.get("state") in (ENDING, COOLDOWN):
             return None
-        signals.duplicate_skipped.send(
-            sender=self, key=key, task_id=task_id, holder_task_id=holder.task_id, policy="enqueue"
-        )
-        logger.info("%s not sent: the same job is running as task %s (lock %s)", self.name, holder.task_id, key)
-        return self.AsyncResult(holder.task_id)
+        signals.duplicate_skipped.send(sender=self, key=key, task_id=None, holder_task_id=holder_id, policy="enqueue")
+        logger.info("%s not sent: the same job is running as task %s (lock %s)", self.name, holder_id, key)
+        return self.AsyncResult(holder_id)
 
     # -- the hot path --------------------------------------------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Gather the facts of this delivery, let :func:`~celery_singleton_lock.decision.decide` choose, act."""
         request = self.request
         options = self._options()
         key = self.lock_key_for(*args, **kwargs)
         run = _Run(key)
         request._singleton_lock = run  # noqa: SLF001 - Celery's Context is our per-delivery state holder
         lock = self._new_lock(key, task_id, options)
-        if lock.acquire(blocking=False):
+        acquired = lock.acquire(blocking=False)
+        redelivered = bool(
+            getattr(request, _REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered")
+        )
+        if acquired and not redelivered:
+            # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
             self._hold(run, lock, task_id)
             return
-        for _ in range(_SPLIT_RETRIES):
-            if not lock.split:
-                break
-            # Contenders that arrived together split the nodes and nobody got a quorum: try again after a jittered
-            # pause (Redlock's rule), instead of skipping every one of them as the others' duplicate.
-            time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
-            if lock.acquire(blocking=False):
+        facts = self._facts(lock, acquired, task_id, redelivered, options)
+        for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
+            decision = decide(facts)
+            act = decision.act
+            if act is Act.RUN:
                 self._hold(run, lock, task_id)
                 return
-        holder = parse_holder(lock.held_by)
-        if lock.contended and holder is not None and holder.task_id == task_id:
-            if holder.worker in (DONE, COOLDOWN):
-                # This very job just succeeded; its result may not be stored yet (see _release).
-                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
-                return
-            if holder.worker == HANDOVER:
-                # Our own retry's reservation: take it over atomically (a fresh token per attempt).
+            if act is Act.LOOK_UP:
+                facts = dataclasses.replace(facts, succeeded=self._already_succeeded(task_id))
+                continue
+            if act is Act.RETRY_NOW:
+                # Contenders that arrived together split the nodes and nobody got a quorum: try again after a
+                # jittered pause (Redlock's rule), instead of skipping every one of them as the others' duplicate.
+                time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+                acquired = lock.acquire(blocking=False)
+                facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
+                facts = dataclasses.replace(facts, split_retries=facts.split_retries + 1)
+                continue
+            if act is Act.TAKE_OVER:
+                # Our own retry's reservation: take it over atomically (a fresh owner token, like every attempt).
                 reserved = lock.held_by
                 lock = self._new_lock(key, task_id, options)
                 lock.replaces = reserved
-                if lock.acquire(blocking=False):
-                    self._hold(run, lock, task_id)
-                    return
-                holder = parse_holder(lock.held_by)
-        if lock.split:
-            self._defer(run, random.uniform(0.05, 0.5), "split vote", {})  # noqa: S311 - still split: soon again
+                acquired = lock.acquire(blocking=False)
+                facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
+                facts = dataclasses.replace(facts, took_over=True)
+                continue
+            if acquired:
+                lock.release()  # DONE after a redelivery got the lock: give it back at once
+            self._carry_out(run, decision, facts, lock, options)
+            return
+        raise AssertionError(f"no decision settled for {self.name}[{task_id}]: {facts}")  # pragma: no cover
+
+    def _facts(
+        self,
+        lock: Redlock,
+        acquired: bool,  # noqa: FBT001
+        task_id: str,
+        redelivered: bool,  # noqa: FBT001
+        options: _Options,
+        previous: Facts | None = None,
+    ) -> Facts:
+        """The facts of this delivery after ``lock``'s last attempt."""
+        outcome: Outcome
+        if acquired:
+            outcome = "acquired"
+        elif lock.done:
+            outcome = "done"
+        elif lock.split:
+            outcome = "split"
         elif not lock.contended:
-            self._unavailable(run, lock, task_id, options)
-        elif holder is not None and holder.task_id == task_id:
-            # The same job, still held by an earlier delivery (acks_late after a crash, a visibility-timeout
-            # redelivery): never skipped as its own duplicate, never run beside a live twin. Look again when its
-            # lease would end; a dead holder stops renewing, so that is at most one ttl away. Unless the job has
-            # succeeded meanwhile: then the holder is another copy checking just that, and this copy is done too
-            # (re-sending it would chase that copy's fresh lease, a full ttl, again and again).
-            if self._already_succeeded(task_id):
-                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
-                return
-            countdown = (lock.held_for or options.ttl) + random.uniform(0.05, 0.25)  # noqa: S311
-            self._defer(run, countdown, "redelivered", {_REDELIVERY_HEADER: 1})
+            outcome = "unavailable"
         else:
-            self._duplicate(run, lock, task_id, holder.task_id if holder else None, options)
+            outcome = "held"
+        record = lock.holder_record or {}
+        request = self.request
+        if previous is not None:
+            return dataclasses.replace(
+                previous,
+                outcome=outcome,
+                holder_job=record.get("job"),
+                holder_state=record.get("state"),
+                holder_remaining=lock.held_for,
+                jitter=random.random(),  # noqa: S311
+            )
+        settings = options.settings
+        return Facts(
+            outcome=outcome,
+            task_id=task_id,
+            holder_job=record.get("job"),
+            holder_state=record.get("state"),
+            holder_remaining=lock.held_for,
+            redelivered=redelivered,
+            in_chord=bool(request.chord),
+            on_duplicate=options.on_duplicate,
+            on_unavailable=options.on_unavailable,
+            attempt=int(getattr(request, _ATTEMPT_HEADER, 0) or 0),
+            max_retries=settings.max_retries,
+            ttl=options.ttl,
+            interval=options.interval,
+            retry_delay=settings.retry_delay,
+            retry_max_delay=settings.retry_max_delay,
+            max_countdown=options.max_countdown,
+            jitter=random.random(),  # noqa: S311 - jitter, not crypto
+        )
+
+    def _carry_out(self, run: _Run, decision: Decision, facts: Facts, lock: Redlock, options: _Options) -> None:
+        """Carry out an action that does not run the body under the lock."""
+        act = decision.act
+        task_id = facts.task_id
+        if act is Act.DONE:
+            self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
+        elif act is Act.RUN_UNGUARDED:
+            self._unavailable(run, lock, task_id, options, "run")
+        elif act is Act.FAIL_UNAVAILABLE:
+            self._unavailable(run, lock, task_id, options, "fail")
+            raise LockUnavailableError(run.key, node_errors=[str(e) for e in lock.node_errors])
+        elif act is Act.DEFER and decision.reason == "unavailable":
+            self._unavailable(run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
+        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote"):
+            headers = {_REDELIVERY_HEADER: 1} if decision.reason == "redelivered" else {}
+            self._defer(run, decision.countdown, decision.reason, headers)
+        else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
+            self._duplicate(run, decision, facts)
 
     def _new_lock(self, key: str, task_id: str, options: _Options) -> Redlock:
         settings = options.settings
-        lock = Redlock(
-            settings.nodes, key, ttl=options.ttl, token=holder_token(task_id, self.name), fence_key=settings.fence_key
+        return Redlock(
+            settings.nodes,
+            key,
+            ttl=options.ttl,
+            fence_key=settings.fence_key,
+            job=task_id,
+            record={"state": RUNNING, "name": self.name, "worker": _WORKER, "at": str(int(time.time() * 1000))},
         )
-        # A finished job's "done" marker is taken over in the same round trip, unless it is this very job's.
-        lock.replaces_marked = (f"|{DONE}|", f"|{task_id}|")
-        return lock
 
     def _hold(self, run: _Run, lock: Redlock, task_id: str) -> None:
         options = self._options()
-        request = self.request
-        redelivered = getattr(request, _REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered")
-        # A redelivery that got the lock: if an earlier delivery of this id already succeeded (it was still
-        # running when this copy arrived), the job is done; running it again would be a duplicate.
-        if redelivered and self._already_succeeded(task_id):
-            lock.release()
-            self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
-            return
         run.lock = lock
         run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, task_id))
         self._count("acquired")
@@ -369,39 +462,43 @@ class LockedTask(Task):  # type: ignore[misc]
             logger.debug("cannot read the state of %s: running it", task_id, exc_info=True)
             return False
 
-    def _duplicate(self, run: _Run, lock: Redlock, task_id: str, holder_id: str | None, options: _Options) -> None:
+    def _duplicate(self, run: _Run, decision: Decision, facts: Facts) -> None:
         request = self.request
-        policy: DuplicatePolicy = "reschedule" if request.chord else options.on_duplicate
+        task_id, holder_id = facts.task_id, facts.holder_job
+        policy: DuplicatePolicy = {Act.SKIP: "skip", Act.FAIL_DUPLICATE: "fail"}.get(decision.act, "reschedule")  # type: ignore[assignment]
         self._count("skipped")
         signals.duplicate_skipped.send(
             sender=self, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy
         )
-        logger.info(
-            "Task %s[%s] is a duplicate: lock %s is held by task %s (%s)",
-            self.name,
-            task_id,
-            run.key,
-            holder_id,
-            policy,
-        )
+        if facts.holder_state == COOLDOWN:
+            until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=facts.holder_remaining or 0)
+            held = f"task {holder_id} finished; cooling down until {until.isoformat(timespec='seconds')}"
+        else:
+            held = f"held by task {holder_id}"
+        logger.info("Task %s[%s] is a duplicate: lock %s %s (%s)", self.name, task_id, run.key, held, policy)
         if policy == "fail":
             raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
         if policy == "reschedule":
-            # Look again after one renewal interval at most: a live holder's lease is always ~ttl away (it renews),
-            # so waiting for it would let the duplicate run up to a whole ttl after the holder finished.
-            countdown = min(lock.held_for or options.ttl, options.interval) + random.uniform(0.05, 0.25)  # noqa: S311
-            self._defer(run, countdown, "duplicate", {})
+            self._defer(run, decision.countdown, "duplicate", {})
             return
-        reason = f"duplicate of {self.name} skipped: lock {run.key} is held by task {holder_id}"
+        reason = f"duplicate of {self.name} skipped: lock {run.key} {held}"
         # Storing REVOKED costs a read and a write on the result backend, most of a skip's cost: only for a caller
         # who can read it (ignore_result on the task or the message means nobody will).
         if not (request.is_eager or self.ignore_result or request.ignore_result):
             self.backend.mark_as_revoked(task_id, reason, request=None)
         self._skip_quietly(run, Skipped(reason, run.key, holder_id))
 
-    def _unavailable(self, run: _Run, lock: Redlock, task_id: str, options: _Options) -> None:
+    def _unavailable(
+        self,
+        run: _Run,
+        lock: Redlock,
+        task_id: str,
+        options: _Options,
+        policy: UnavailablePolicy,
+        countdown: float = 0.0,
+        attempt: int = 0,
+    ) -> None:
         errors = [str(e) for e in lock.node_errors]
-        policy = options.on_unavailable
         self._count("unavailable")
         signals.lock_unavailable.send(sender=self, key=run.key, task_id=task_id, policy=policy, errors=errors)
         if policy == "run":
@@ -412,30 +509,21 @@ class LockedTask(Task):  # type: ignore[misc]
                 run.key,
                 "; ".join(errors),
             )
-            return
-        attempt = int(getattr(self.request, _ATTEMPT_HEADER, 0) or 0) + 1
-        settings = options.settings
-        if policy == "fail" or (settings.max_retries is not None and attempt > settings.max_retries):
-            raise LockUnavailableError(run.key, node_errors=errors)
-        delay = min(settings.retry_max_delay, settings.retry_delay * 2 ** (attempt - 1))
-        countdown = random.uniform(delay / 2, delay)  # noqa: S311 - jitter, not crypto
-        logger.warning(
-            "Task %s[%s] waits %.1fs: no quorum for lock %s (attempt %d): %s",
-            self.name,
-            task_id,
-            countdown,
-            run.key,
-            attempt,
-            "; ".join(errors),
-        )
-        self._defer(run, countdown, "unavailable", {_ATTEMPT_HEADER: attempt})
+        elif policy == "retry":
+            logger.warning(
+                "Task %s[%s] waits %.1fs: no quorum for lock %s (attempt %d): %s",
+                self.name,
+                task_id,
+                countdown,
+                run.key,
+                attempt,
+                "; ".join(errors),
+            )
+            self._defer(run, countdown, "unavailable", {_ATTEMPT_HEADER: attempt})
 
     def _defer(self, run: _Run, countdown: float, reason: str, headers: dict[str, Any]) -> None:
         """Re-send this delivery (same task id, same options) to run after ``countdown`` s; this one does not run."""
         request = self.request
-        max_countdown = self._options().max_countdown
-        if max_countdown is not None:
-            countdown = min(countdown, max_countdown)
         if request.is_eager:
             raise (
                 LockUnavailableError(run.key)
@@ -487,12 +575,12 @@ class LockedTask(Task):  # type: ignore[misc]
     # -- exits -------------------------------------------------------------------------------------------------
 
     def _release(self, run: _Run, *, done: bool = False) -> None:
-        """Give the lock up; after a success, leave a short ``done`` marker instead of deleting it.
+        """Give the lock up; after a success, mark this task id done (see ``Redlock.finish``) in the same round trip.
 
-        Timeline of what the marker prevents: this run releases, a redelivered copy of the same task id (waiting
-        on a countdown) takes the lock, finds no SUCCESS stored yet, and runs the job a second time; only then
-        does the tracer store this run's SUCCESS. With the marker, that copy sees its own task id marked done and
-        stops, while a different job takes the marker over at once (one extra round trip), never skipped.
+        Timeline of what the done marker prevents: this run releases, a redelivered copy of the same task id
+        (waiting on a countdown, or arriving late) takes the lock, finds no SUCCESS stored (not yet, or no result
+        backend at all), and runs the job a second time. With the marker, that copy's acquire answers DONE and it
+        stops, while a different job is not affected at all (the marker is a key of its own, per task id).
         """
         lock, lease = run.lock, run.lease
         run.lock = run.lease = None
@@ -501,13 +589,13 @@ class LockedTask(Task):  # type: ignore[misc]
         if lock is None:
             return
         try:
-            if done and self.lock_cooldown > 0:
-                # Not a "done" marker: nobody takes this one over, so the job stays locked for the cooldown.
-                held = lock.transfer(holder_token(self.request.id, self.name, COOLDOWN), float(self.lock_cooldown))
-            elif done:
-                # As long as a waiting copy of this task id can take to come back: it was re-sent with a countdown of
-                # at most one ttl (see before_start), so the marker outlives it.
-                held = lock.transfer(holder_token(self.request.id, self.name, DONE), self._options().ttl + 0.5)
+            if done:
+                options = self._options()
+                held = lock.finish(
+                    done_for=options.done_window_short,
+                    waited_for=options.done_window,
+                    cooldown=float(self.lock_cooldown),
+                )
             else:
                 held = lock.release()
         except Exception:  # a release that failed still ends within ttl: log, never mask the task's outcome
@@ -532,22 +620,44 @@ class LockedTask(Task):  # type: ignore[misc]
         Before the retry message is sent, the lock is handed over to the next delivery of this task id (the
         retry) with a lease covering the countdown plus ttl: a different duplicate sent meanwhile is skipped, and
         the retry takes the lock over atomically. Handing over first matters: the retry can start on another
-        worker before this delivery's own cleanup has run.
+        worker before this delivery's own cleanup has run. When Celery sends nothing after all (max retries
+        exceeded, the exception re-raised, the publish failed), the hand-over is taken back at once, and this
+        run holds and renews its lock as before: whatever the body does next, nothing is left reserved.
         """
         run: _Run | None = self.request.__dict__.get("_singleton_lock")
-        if run is not None and run.lock is not None and not self.request.is_eager:
-            if eta is not None:
-                # Celery reads a naive eta as UTC.
-                aware = eta if eta.tzinfo is not None else eta.replace(tzinfo=dt.timezone.utc)
-                delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
-            else:
-                delay = float(countdown if countdown is not None else self.default_retry_delay or 0)
-            if run.lease is not None:
-                watchdog().unregister(run.lease)
-                run.lease = None
-            token = holder_token(self.request.id, self.name, HANDOVER)
-            run.handed_over = run.lock.transfer(token, delay + self._options().ttl)
-        return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        if run is None or run.lock is None or self.request.is_eager:
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        if eta is not None:
+            # Celery reads a naive eta as UTC.
+            aware = eta if eta.tzinfo is not None else eta.replace(tzinfo=dt.timezone.utc)
+            delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
+        else:
+            delay = float(countdown if countdown is not None else self.default_retry_delay or 0)
+        if run.lease is not None:
+            watchdog().unregister(run.lease)
+            run.lease = None
+        run.handed_over = run.lock.transfer(delay + self._options().ttl, {"state": HANDOVER})
+        try:
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        except Retry:
+            raise
+        except BaseException:
+            self._take_back(run)
+            raise
+
+    def _take_back(self, run: _Run) -> None:
+        """The retry was not sent: the hand-over becomes this run's renewed lock again (or the lock is lost)."""
+        lock = run.lock
+        run.handed_over = False
+        if lock is None:
+            return
+        options = self._options()
+        if lock.transfer(options.ttl, {"state": RUNNING}, renewable=True):
+            run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, self.request.id))
+        else:
+            # Expired meanwhile, or too few nodes answered: this run no longer holds its lock; say so like a loss.
+            run.lease = Lease(lock, options.interval, lost=True, reason="retry not sent; hand-over not taken back")
+            self._on_lost(self.request.id, run.lease, run.lease.reason)
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         """In the worker's main process after a hard time limit: end the killed run's lease soon.
@@ -568,16 +678,22 @@ class LockedTask(Task):  # type: ignore[misc]
         Capping the lease's expiry alone is not enough: Celery calls after_return (celery/worker/request.py:569)
         BEFORE billiard kills the child (SIGTERM, then SIGKILL 0.1 s later: billiard/pool.py:755-779), and the
         child's watchdog can renew in between, back to a full ttl. Taking the lock over (the retry hand-over's
-        mechanism) replaces the token, so the dying run's renewals and release no longer match; the new token
-        names the same task id, so a redelivery of it waits ~1 s instead of a ttl.
+        mechanism) replaces the owner token, so the dying run's renewals and release no longer match; the record
+        names the same task id (state ``ending``), so a redelivery of it waits ~1 s instead of a ttl.
         """
-        token = holder_token(task_id, self.name, ENDING)
-        lock = Redlock(self._options().settings.nodes, key, ttl=_END_LEASE, token=token, fencing=False)
+        lock = Redlock(
+            self._options().settings.nodes,
+            key,
+            ttl=_END_LEASE,
+            fencing=False,
+            job=task_id,
+            record={"state": ENDING, "name": self.name, "worker": _WORKER, "at": str(int(time.time() * 1000))},
+        )
         if lock.acquire(blocking=False):  # nobody held it any more: nothing to end
             lock.release()
             return
-        holder = parse_holder(lock.held_by)
-        if lock.contended and holder is not None and holder.task_id == task_id:
+        record = lock.holder_record or {}
+        if lock.contended and record.get("job") == task_id:
             lock.replaces = lock.held_by
             lock.acquire(blocking=False)  # ours for _END_LEASE seconds, then it expires: never extended
 

@@ -204,6 +204,16 @@ def test_retry_keeps_the_job_protected(cluster: Cluster) -> None:
     assert not overlapping(runs)
 
 
+def test_a_retry_that_gives_up_leaves_no_reservation(cluster: Cluster) -> None:
+    """A body that catches MaxRetriesExceededError and returns ends in SUCCESS with its lock released: the same job
+    sent again at once runs (it used to be skipped as a duplicate of a retry that was never sent)."""
+    app = cluster.app_module()
+    k = key()
+    assert app.give_up.delay(k).get(timeout=20) == "gave up"
+    assert app.give_up.delay(k).get(timeout=20) == "gave up"
+    assert len(cluster.runs(k)) == 2
+
+
 def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -> None:
     """SIGKILL of the pool process mid-task (acks_late, reject_on_worker_lost): the redelivery waits out the
     dead run's lease and then runs to completion exactly once."""

@@ -63,10 +63,17 @@ def holders(servers: Sequence[RedisServer], name: str) -> list[bytes | None]:
     for server in servers:
         client = server.client(socket_timeout=2)
         try:
-            out.append(client.get(name))
+            out.append(client.hget(name, "owner"))
         finally:
             client.close()
     return out
+
+
+def plant(server: RedisServer, name: str, owner: str, ms: int = 5000) -> None:
+    """Write a holder record for ``owner`` straight into one node (as another contender would have)."""
+    client = server.client()
+    client.hset(name, mapping={"owner": owner, "fence": 0})
+    client.pexpire(name, ms)
 
 
 def counter(server: RedisServer, name: str) -> int:
@@ -648,9 +655,9 @@ def test_acl_user_url(fresh_node: RedisServer, name: str) -> None:
     assert lock.acquire(blocking=False), lock.node_errors
     assert lock.fencing_token == 1
     as_locker = redis.Redis.from_url(url)
-    assert as_locker.get(name) == lock.token.encode()
+    assert as_locker.hget(name, "owner") == lock.token.encode()
     assert lock.release()
-    assert as_locker.get(name) is None
+    assert as_locker.exists(name) == 0
     anonymous = Redlock(fresh_node.url, name, ttl=5, socket_timeout=SOCKET_TIMEOUT)
     assert anonymous.acquire(blocking=False) is False
     assert anonymous.node_errors
@@ -695,14 +702,14 @@ def test_fence_key_keeps_an_existing_hash_tag() -> None:
 def test_split_vote_is_not_contention(redis_trio: list[RedisServer], name: str) -> None:
     """Nodes held by two different contenders, none with a quorum: the attempt fails as a split vote, not as
     'held by someone else', so a LockedTask retries instead of skipping every contender."""
-    redis_trio[0].client().set(name, "contender-a", px=5000)
-    redis_trio[1].client().set(name, "contender-b", px=5000)
+    plant(redis_trio[0], name, "contender-a")
+    plant(redis_trio[1], name, "contender-b")
     lock = Redlock([s.url for s in redis_trio], name, ttl=5.0)
     assert not lock.acquire(blocking=False)
     assert lock.split
     assert not lock.contended
-    assert redis_trio[2].client().get(name) is None  # our yes on the third node was undone
-    redis_trio[1].client().set(name, "contender-a", px=5000)
+    assert redis_trio[2].client().exists(name) == 0  # our yes on the third node was undone
+    plant(redis_trio[1], name, "contender-a")
     assert not lock.acquire(blocking=False)
     assert lock.contended
     assert not lock.split

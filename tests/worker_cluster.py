@@ -22,7 +22,6 @@ from typing import Any
 
 import redis
 
-from celery_singleton_lock.task import DONE
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
 
 APPS = Path(__file__).parent / "apps"
@@ -134,13 +133,12 @@ class Cluster:
             if server.process is None or server.process.poll() is not None:
                 continue
             with contextlib.closing(self.lock_client(server)) as c:
-                out.append((c.get(name), int(c.pttl(name))))
+                out.append((c.hget(name, "owner"), int(c.pttl(name))))
         return out
 
     def lock_free(self, name: str) -> bool:
-        """True when no quorum of the lock nodes holds ``name`` for a run: absent, or only the short ``done``
-        marker a successful run leaves (any other job takes it over at once; see LockedTask._release)."""
-        held = sum(1 for token, _ in self.lock_state(name) if token is not None and f"|{DONE}|".encode() not in token)
+        """True when no quorum of the lock nodes holds ``name``."""
+        held = sum(1 for token, _ in self.lock_state(name) if token is not None)
         return held < len(self.locks) // 2 + 1
 
     def wait_lock_free(self, name: str, timeout: float) -> float | None:

@@ -194,3 +194,13 @@ def enq_work(self: Any, key: str, duration: float = 0.0) -> str:
     """Like work, but a call sent while its job runs returns the running job's result handle."""
     _run(self, key, duration)
     return key
+
+
+@app.task(base=LockedTask, bind=True, max_retries=0, lock_unique_on=["key"])
+def give_up(self: Any, key: str) -> str:
+    """The common body that retries and gives up at once (max_retries=0): it ends in SUCCESS, "gave up"."""
+    _run(self, key, 0.05)
+    try:
+        raise self.retry(countdown=5)
+    except self.MaxRetriesExceededError:
+        return "gave up"

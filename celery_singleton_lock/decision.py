@@ -1,0 +1,137 @@
+"""What a LockedTask delivery does: one pure function of the facts gathered in ``before_start``.
+
+``task.py`` gathers facts (the acquire's outcome, the holder record, the request) and carries out the action;
+every rule lives here, with no I/O, no Celery and no clock, so the whole table is tested exhaustively
+(tests/test_decision.py). The rules, in order:
+
+=============================  =====================================================================================
+outcome of the acquire          action
+=============================  =====================================================================================
+acquired                        RUN; a redelivery first LOOKs UP the result backend, and is DONE if it says SUCCESS
+done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
+split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
+no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
+held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once)
+held by this task id, cooldown  DONE: it finished and is cooling down
+held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if SUCCESS, else DEFER until the
+                                twin's lease would end (never skipped as its own duplicate, never run beside it)
+held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule; chord members
+                                always): after at most one renewal interval
+=============================  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+from .config import DuplicatePolicy, UnavailablePolicy
+
+__all__ = ["SPLIT_RETRIES", "Act", "Decision", "Facts", "Outcome", "decide"]
+
+Outcome = Literal["acquired", "held", "done", "split", "unavailable"]
+
+#: Immediate retries of a split vote before the delivery is re-sent instead.
+SPLIT_RETRIES = 3
+# States of a holder record that LockedTask writes (``state`` field).
+RUNNING, HANDOVER, ENDING, COOLDOWN = "run", "retry", "ending", "cooldown"
+
+
+class Act(enum.Enum):
+    RUN = "run"  #: the lock is ours: run the body
+    LOOK_UP = "look up"  #: read the result backend's state of this task id, then decide again
+    TAKE_OVER = "take over"  #: acquire again, taking over the holder (our own retry's hand-over)
+    RETRY_NOW = "retry now"  #: acquire again after a short jittered pause (split vote)
+    DONE = "done"  #: this task id already succeeded: do not run, store nothing
+    SKIP = "skip"  #: a duplicate of another job: store REVOKED naming the holder, do not run
+    FAIL_DUPLICATE = "fail duplicate"  #: a duplicate: fail with DuplicateTaskError
+    DEFER = "defer"  #: re-send this delivery (same task id) to run after ``countdown`` s
+    FAIL_UNAVAILABLE = "fail unavailable"  #: no quorum: fail with LockUnavailableError
+    RUN_UNGUARDED = "run unguarded"  #: no quorum, policy "run": run without the lock, loudly
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything a delivery's decision depends on."""
+
+    outcome: Outcome
+    task_id: str
+    holder_job: str | None = None  #: the holder record's task id (None: unknown, e.g. not a LockedTask record)
+    holder_state: str | None = None  #: the holder record's state (RUNNING, HANDOVER, ENDING, COOLDOWN, ...)
+    holder_remaining: float | None = None  #: seconds left on the holder's lease
+    redelivered: bool = False  #: the broker says so, or we re-sent it to wait for its twin
+    succeeded: bool | None = None  #: the result backend says SUCCESS for this id; None: not looked up yet
+    in_chord: bool = False
+    on_duplicate: DuplicatePolicy = "skip"
+    on_unavailable: UnavailablePolicy = "retry"
+    split_retries: int = 0  #: RETRY_NOWs already done in this delivery
+    took_over: bool = False  #: a TAKE_OVER was tried already in this delivery
+    attempt: int = 0  #: earlier re-sends of this delivery for want of a quorum
+    max_retries: int | None = None  #: of those re-sends (None: unbounded)
+    ttl: float = 60.0
+    interval: float = 20.0  #: the renewal interval
+    retry_delay: float = 1.0
+    retry_max_delay: float = 60.0
+    max_countdown: float | None = None  #: the longest countdown we may re-send with (broker visibility timeout)
+    jitter: float = 0.5  #: a random draw in [0, 1)
+
+
+@dataclass(frozen=True)
+class Decision:
+    act: Act
+    countdown: float = 0.0  #: DEFER only
+    reason: str = ""  #: DEFER: "split vote", "unavailable", "redelivered", "duplicate"; else for people
+
+
+def decide(f: Facts) -> Decision:
+    """The action for a delivery with these facts (see the module's table)."""
+    if f.outcome == "done":
+        return Decision(Act.DONE, reason="already succeeded")
+    if f.outcome == "acquired":
+        if f.succeeded:
+            return Decision(Act.DONE, reason="already succeeded")
+        if f.redelivered and f.succeeded is None:
+            return Decision(Act.LOOK_UP)
+        return Decision(Act.RUN)
+    if f.outcome == "split":
+        if f.split_retries < SPLIT_RETRIES:
+            return Decision(Act.RETRY_NOW)
+        return _defer(f, 0.05 + 0.45 * f.jitter, "split vote")
+    if f.outcome == "unavailable":
+        if f.on_unavailable == "run":
+            return Decision(Act.RUN_UNGUARDED)
+        if f.on_unavailable == "fail" or (f.max_retries is not None and f.attempt + 1 > f.max_retries):
+            return Decision(Act.FAIL_UNAVAILABLE)
+        delay = min(f.retry_max_delay, f.retry_delay * 2**f.attempt)
+        return _defer(f, delay * (0.5 + 0.5 * f.jitter), "unavailable")
+    # Held.
+    if f.holder_job == f.task_id:
+        if f.holder_state == HANDOVER and not f.took_over:
+            return Decision(Act.TAKE_OVER)
+        if f.holder_state == COOLDOWN:
+            return Decision(Act.DONE, reason="already succeeded")
+        # The same job, held by an earlier delivery (acks_late after a crash, a visibility-timeout redelivery, a
+        # retry that started before its hand-over landed): look again when its lease would end (a dead holder stops
+        # renewing, so at most a ttl away), unless it succeeded meanwhile.
+        if f.succeeded is None:
+            return Decision(Act.LOOK_UP)
+        if f.succeeded:
+            return Decision(Act.DONE, reason="already succeeded")
+        remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
+        return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "redelivered")
+    policy: DuplicatePolicy = "reschedule" if f.in_chord else f.on_duplicate
+    if policy == "fail":
+        return Decision(Act.FAIL_DUPLICATE)
+    if policy == "reschedule":
+        # Look again after one renewal interval at most: a live holder's lease is always ~ttl away (it renews), so
+        # waiting for it would let the duplicate run up to a whole ttl after the holder finished.
+        remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
+        return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "duplicate")
+    return Decision(Act.SKIP)
+
+
+def _defer(f: Facts, countdown: float, reason: str) -> Decision:
+    if f.max_countdown is not None:
+        countdown = min(countdown, f.max_countdown)
+    return Decision(Act.DEFER, countdown=countdown, reason=reason)
