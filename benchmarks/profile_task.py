@@ -36,7 +36,6 @@ from celery.exceptions import TaskRevokedError
 from celery.states import REVOKED
 
 from celery_singleton_lock import signals
-from celery_singleton_lock.keys import holder_token
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.renewal import watchdog
 from celery_singleton_lock.testing import redis_servers
@@ -131,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         def p_key(i: int) -> None:
             locked.lock_key_for(i)
 
-        def p_token(i: int) -> None:
-            holder_token("0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", locked.name)
+        def p_new_lock(i: int) -> None:
+            locked._new_lock("singleton_lock:bench.locked:abc", "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options)
 
         def p_redlock(i: int) -> None:
             Redlock(nodes, "singleton_lock:bench.locked:abc", ttl=60.0, token="t")
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         pieces = {
             "lock_key_for (signature bind + canonical JSON + sha256)": p_key,
-            "holder_token (token_hex + getpid + time)": p_token,
+            "LockedTask._new_lock (Redlock + holder record fields)": p_new_lock,
             "Redlock(NodeSet, ...) constructor": p_redlock,
             "Redlock acquire+release (2 EVALSHA, fencing on)": p_acquire_release,
             "Redlock acquire+release, fencing=False": p_acquire_release_nofence,
