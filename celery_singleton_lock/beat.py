@@ -11,10 +11,13 @@ The slot is derived from the *schedule*, never from an instance's own ``last_run
 instances name the same run alike (see :func:`slot_for`):
 
 * an interval (``schedule``, a number of seconds): ``floor(now / run_every)``, slots aligned to the Unix epoch;
-* a crontab, solar or any other schedule with ``remaining_estimate``: the latest scheduled time ``<= now``.
+* a crontab, solar or any other schedule with ``remaining_estimate``: the latest scheduled time ``<= now``, whatever
+  the instance's ``last_run_at``; a wall-clock time that a DST fall-back shows twice is one run, at its first pass.
 
-A claim is never released: it expires after :func:`claim_ttl` seconds, once no instance can be due for that slot
-any more. See ``docs/beat.md`` for the reasoning, django-celery-beat and RedBeat.
+Instances that claim a run together can split the lock nodes' votes so that none has a quorum: the claim is then
+retried after a jittered pause, for a bounded time. A claim is never released: it expires after :func:`claim_ttl`
+seconds, once no instance can be due for that slot any more. See ``docs/beat.md`` for the reasoning, the DST
+rules, django-celery-beat and RedBeat.
 """
 
 from __future__ import annotations
@@ -23,15 +26,19 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import random
 import secrets
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, cast
 
 from celery.beat import PersistentScheduler
+from celery.schedules import crontab
 from celery.schedules import schedule as interval_schedule
 from celery.utils.time import maybe_make_aware
+from celery.utils.time import timezone as celery_timezone
 
 from .config import LockSettings, settings_for
 from .redlock import Redlock, redact_url
@@ -62,9 +69,19 @@ _EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 _MS: Final = dt.timedelta(milliseconds=1)
 # How far back a schedule's latest due time is searched (a Feb 29 crontab fires every 4 years).
 _LOOKBACK: Final = dt.timedelta(days=1830)
+# A forward walk checking the latest run steps over at most this many runs (a broken schedule raises instead).
+_MAX_WALK: Final = 1000
 # The period assumed when a schedule has no next run after this one (a one-off, e.g. django-celery-beat's clocked).
 _ONE_OFF_PERIOD: Final = 86_400.0
 _HOST: Final = socket.gethostname()
+_Runs = tuple[dt.datetime, dt.datetime]
+# A split vote is retried after a jittered pause, from 5-10 ms growing to 5-80 ms: two contenders then rarely
+# arrive together again, even with a few ms between beat and the lock nodes ...
+_SPLIT_PAUSE: Final = 0.005
+# ... for at most this long (s) per run, and at most this share of the entry's period: beat ticks on one thread,
+# so the other due entries wait meanwhile.
+_SPLIT_BUDGET: Final = 2.0
+_SPLIT_SHARE: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -148,33 +165,117 @@ def _interval_slot(schedule: Any, now: dt.datetime) -> Slot:
     return Slot(_EPOCH + (now_ms // period_ms * period_ms) * _MS, period_ms / 1000)
 
 
+def _wall_clock(schedule: Any) -> dt.tzinfo | None:
+    """The timezone whose wall clock a crontab's fields are read in; None for other schedules (solar is UTC)."""
+    if not isinstance(schedule, crontab):
+        return None
+    tz = schedule.tz  # what crontab.remaining_delta reads (django-celery-beat's TzAwareCrontab sets its own)
+    return cast(dt.tzinfo, celery_timezone.get_timezone(tz) if isinstance(tz, str) else tz)
+
+
+def _first_pass(tz: dt.tzinfo, t: dt.datetime) -> dt.datetime:
+    """``t`` (UTC); or, if ``tz``'s clocks show ``t`` for the second time (the stretch a DST fall-back repeats),
+    the last millisecond of that stretch's first pass.
+
+    Celery's crontab reads a time on the second pass as if it were on the first: "the next run after 02:10" (the
+    second 02:10 of a Berlin fall-back night) comes out as the first 02:30, an hour in the past. Asked from the end
+    of the first pass instead, it answers the first run that is really ahead (03:00 or later). A wall-clock time
+    therefore names one run, at its first pass, whatever time the question is asked from.
+
+    >>> from zoneinfo import ZoneInfo
+    >>> second_0210 = dt.datetime(2026, 10, 25, 1, 10, tzinfo=dt.timezone.utc)  # 02:10 CET, after 02:10 CEST
+    >>> _first_pass(ZoneInfo("Europe/Berlin"), second_0210).isoformat(timespec="milliseconds")
+    '2026-10-25T00:59:59.999+00:00'
+    """
+    local = t.astimezone(tz)
+    if not local.fold:
+        return t
+    first, second = local.replace(fold=0).utcoffset(), local.utcoffset()
+    if first is None or second is None or not first > second:
+        return t
+    lo, hi = t - (first - second), t  # invariant: lo on the first pass (the same wall time), hi on the second
+    for _ in range(64):  # ~22 halvings to 1 ms over an hour's repeat
+        if hi - lo <= _MS:
+            break
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(tz).fold:
+            hi = mid
+        else:
+            lo = mid
+    # The stretch starts at a whole second (tzdata's transitions do): name the same millisecond on every call.
+    return hi.replace(microsecond=0) - _MS
+
+
+def _before_repeat(schedule: Any, when: dt.datetime) -> dt.datetime | None:
+    """For a crontab, ``when`` moved to the end of the first pass if it is on the second pass of a repeated
+    stretch (see :func:`_first_pass`), in UTC; None when it is not (or for any other schedule)."""
+    tz = _wall_clock(schedule)
+    if tz is None:
+        return None
+    t = _utc(schedule, when)
+    moved = _first_pass(tz, t)
+    return None if moved is t else moved
+
+
+def _walk(next_after: Callable[[dt.datetime], dt.datetime], due: dt.datetime, now: dt.datetime) -> _Runs:
+    """From a run ``due`` <= ``now``, step forward to the latest run <= ``now``; that run and the one after it."""
+    for _ in range(_MAX_WALK):
+        after = next_after(due)
+        if not due < after <= now:
+            return due, after
+        due = after
+    raise ValueError(f"more than {_MAX_WALK} runs between a run the search found and {now:%Y-%m-%dT%H:%M:%SZ}")
+
+
+def _latest_run(next_after: Callable[[dt.datetime], dt.datetime], hint: dt.datetime | None, now: dt.datetime) -> _Runs:
+    """The schedule's latest run at or before ``now``, and the run after it.
+
+    With ``next_after(t)`` the first run after ``t``, it never decreases as ``t`` grows, and the latest run is
+    ``next_after(t)`` for the last ``t`` where that is still ``<= now``. Usually the run after ``hint`` (this
+    instance's ``last_run_at``) is already it: two calls. Otherwise (a stale schedule file, no file, a clock set
+    back) bisect on ``t``, but only once its precondition is checked, and check the answer too: walk forward,
+    a bounded number of runs, while the run after it is still ``<= now``. Every instance thus names the latest run,
+    never an older one, whatever its ``last_run_at``.
+    """
+    floor = now - _LOOKBACK
+    lo = floor
+    if hint is not None and floor < hint < now:
+        due = next_after(hint)
+        if due <= now:
+            after = next_after(due)
+            if not due < after <= now:
+                return due, after  # the run after the previous one is the latest: the usual case
+            lo = due
+    after_now = next_after(now)
+    if not after_now > now:
+        # No run after now, whatever it is asked: a one-off (django-celery-beat's clocked) names its own time.
+        return _walk(next_after, after_now, now)
+    if not next_after(lo) <= now:
+        raise ValueError(f"no run in the {_LOOKBACK.days} days before {now:%Y-%m-%dT%H:%M:%SZ}")
+    hi = now  # invariant: next_after(lo) <= now < next_after(hi)
+    for _ in range(64):  # 1 ms resolution over _LOOKBACK takes ~37 halvings
+        if hi - lo <= _MS:
+            break
+        mid = lo + (hi - lo) / 2
+        if next_after(mid) <= now:
+            lo = mid
+        else:
+            hi = mid
+    return _walk(next_after, next_after(lo), now)  # the only run in (lo, hi]: runs are more than 1 ms apart
+
+
 def _calendar_slot(schedule: Any, last_run_at: dt.datetime | None, now: dt.datetime) -> Slot:
+    tz = _wall_clock(schedule)
     with _frozen_clock(schedule, now):
 
         def next_after(t: dt.datetime) -> dt.datetime:
-            """The schedule's first run after ``t`` (crontab: strictly after ``t``'s minute)."""
-            return now + cast(dt.timedelta, schedule.remaining_estimate(t))
+            """The schedule's first run after ``t`` (crontab: strictly after ``t``'s minute; a wall-clock time the
+            fall-back repeats is one run, at its first pass)."""
+            asked = t if tz is None else _first_pass(tz, t)
+            return now + cast(dt.timedelta, schedule.remaining_estimate(asked))
 
-        floor = now - _LOOKBACK
-        start = floor if last_run_at is None else max(_utc(schedule, last_run_at), floor)
-        due = next_after(start)
-        if due <= now:
-            later = next_after(due)
-            # Usually ``due`` is the run after this instance's previous one, and the latest one. An instance whose
-            # schedule file is stale (it was down) has missed runs: the run it sends now is the latest one, which
-            # is what the up-to-date instances claim. Bisect on t for the last t with next_after(t) <= now.
-            if due < later <= now and next_after(now) > now:
-                lo, hi = due, now  # invariant: next_after(lo) <= now < next_after(hi)
-                for _ in range(64):  # 1 ms resolution over _LOOKBACK takes ~37 halvings
-                    if hi - lo <= _MS:
-                        break
-                    mid = lo + (hi - lo) / 2
-                    if next_after(mid) <= now:
-                        lo = mid
-                    else:
-                        hi = mid
-                due = next_after(lo)  # the only run in (lo, hi]: runs are more than 1 ms apart
-        after = next_after(due)
+        hint = None if last_run_at is None else _utc(schedule, last_run_at)
+        due, after = _latest_run(next_after, hint, now)
     period = (after - due).total_seconds()
     if not period > 0:  # a one-off (clocked) schedule has no next run
         period = _ONE_OFF_PERIOD
@@ -197,6 +298,26 @@ def claim_ttl(period: float) -> float:
     (60.0, 7200.0, 31.0)
     """
     return min(max(MIN_CLAIM_TTL, period + min(period, MAX_CLAIM_MARGIN)), MAX_CLAIM_TTL)
+
+
+def _split_budget(period: float) -> float:
+    """Seconds an instance keeps retrying a split vote on a run of an entry with this ``period``.
+
+    >>> _split_budget(1.0), _split_budget(5.0), _split_budget(300.0)
+    (0.1, 0.5, 2.0)
+    """
+    return min(_SPLIT_BUDGET, _SPLIT_SHARE * period)
+
+
+def _split_vote(lock: Redlock) -> bool:
+    """After a failed attempt: no holder has a quorum, but other claimers hold some of the nodes that answered.
+
+    Contenders that arrived together shared the nodes out. ``lock.split`` says so when the refusals alone denied
+    the quorum. With a node down, two contenders split the two nodes left, one each: Redlock calls that unknown
+    (the missing node might have given one of them a quorum), but most likely nobody holds the run, and a retry
+    settles it either way.
+    """
+    return not lock.contended and (lock.split or lock.held_by is not None)
 
 
 def _nodes(settings: LockSettings) -> str:
@@ -227,7 +348,8 @@ class SingletonSchedulerMixin:
     ``class MyScheduler(SingletonSchedulerMixin, DatabaseScheduler): ...``. Both of celery's dispatch paths are
     guarded: ``Scheduler.tick`` reserves the next entry, then calls ``apply_entry`` (which logs "Sending due task"
     and calls ``apply_async(advance=False)``); RedBeat's ``maybe_due`` calls ``apply_async`` directly. A run that is
-    not ours is not sent, but the entry still advances, exactly as if it had been sent.
+    not ours is not sent, but the entry still advances, exactly as if it had been sent. ``is_due`` is celery's,
+    except in the hour a DST fall-back repeats (see :meth:`is_due`).
     """
 
     #: When too few lock nodes answer to know whether another instance claimed the run: False (the default) does
@@ -243,6 +365,25 @@ class SingletonSchedulerMixin:
         if not kwargs.get("lazy", False):
             # Validate the settings when beat starts, not at the first due run.
             logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(settings_for(self.app)))
+
+    def is_due(self, entry: Any) -> Any:
+        """Celery's ``is_due``; but a ``last_run_at`` on the second pass of a repeated (DST fall-back) hour is read
+        as the end of its first pass.
+
+        Celery's crontab maps "the next run after the second 02:10" onto the first pass, an hour in the past, so
+        such an entry (restarted in that hour, or late into it) is due on every tick until the hour is over: a busy
+        loop of refused claims here, and with celery's own scheduler a flood of sends. Read from the end of the
+        first pass, its next run is the one really ahead: the run :func:`slot_for` names next.
+        """
+        last = entry.last_run_at
+        moved = None if last is None else _before_repeat(entry.schedule, last)
+        if moved is None:
+            return cast(Any, super()).is_due(entry)
+        entry.last_run_at = moved  # only for this question: celery's entry (and DatabaseScheduler's) reads it
+        try:
+            return cast(Any, super()).is_due(entry)
+        finally:
+            entry.last_run_at = last
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Claim the due run of ``entry``, then send it as celery does; log and skip when it is not ours."""
@@ -288,13 +429,28 @@ class SingletonSchedulerMixin:
         key = f"{settings.prefix}beat:{name}:{slot.label}"
         # Never released, and no fencing counter (one key per run, nothing that outlives it): the claim expires
         # after claim_ttl(), once no instance can be due for this slot any more. Releasing it after sending would
-        # let an instance that ticks a moment later send the same run again.
-        token = f"beat@{_HOST}:{os.getpid()}:{secrets.token_hex(6)}"
-        lock = Redlock(settings.nodes, key, ttl=claim_ttl(slot.period), fencing=False, token=token)
+        # let an instance that ticks a moment later send the same run again. The label names this instance in
+        # the holder token (Redlock adds a fresh random owner per attempt).
+        label = f"beat@{_HOST}:{os.getpid()}:{secrets.token_hex(6)}"
+        lock = Redlock(settings.nodes, key, ttl=claim_ttl(slot.period), fencing=False, token=label)
+        nodes = settings.nodes
+        started = time.monotonic()
+        attempts = 0
         try:
-            if lock.acquire(blocking=False):
-                logger.debug("beat: claimed %s run %s (%s)", name, slot.iso, key)
-                return slot
+            while True:
+                attempts += 1
+                if lock.acquire(blocking=False):
+                    logger.debug("beat: claimed %s run %s (%s) at attempt %d", name, slot.iso, key, attempts)
+                    return slot
+                if not _split_vote(lock):
+                    break
+                # Instances due for the same run claim it within a round trip of each other: each can win some
+                # nodes and none a quorum. Nobody holds the run, so skipping it would skip it on every instance:
+                # retry after a jittered pause (Redlock's rule), the pause growing, within the slot's budget.
+                pause = random.uniform(_SPLIT_PAUSE, _SPLIT_PAUSE * 2 ** min(attempts, 4))  # noqa: S311 - jitter
+                if time.monotonic() - started + pause > _split_budget(slot.period):
+                    break
+                time.sleep(pause)
         except Exception:
             logger.exception("beat: claiming %s run %s failed", name, slot.iso)
         else:
@@ -306,28 +462,28 @@ class SingletonSchedulerMixin:
                     lock.held_by or "unknown",
                 )
                 return None
-        errors = "; ".join(str(e) for e in lock.node_errors) or "no quorum"
-        nodes = settings.nodes
+        errors = "; ".join(str(e) for e in lock.node_errors)
+        if _split_vote(lock):
+            # Every attempt found the run unclaimed but the nodes shared out: a contender that keeps arriving
+            # together with us, or a partial claim left by an instance that died mid-claim (with nodes down, the
+            # rest cannot make a quorum without it).
+            why = (
+                f"split vote: for {time.monotonic() - started:.2f} s ({attempts} attempts) the lock nodes that "
+                f"answered were shared out between beat instances, none with a quorum ({nodes.quorum} of {len(nodes)})"
+            )
+            if errors:
+                why += f"; unanswered, so another instance may hold the run there: {errors}"
+        else:
+            why = (
+                f"fewer than {nodes.quorum} of {len(nodes)} lock nodes answered, so it is unknown whether another "
+                f"beat instance sent it ({errors or 'no quorum'})"
+            )
         if self.send_when_unavailable:
             logger.warning(
-                "beat: sending %s run %s UNGUARDED: fewer than %d of %d lock nodes answered, another beat instance "
-                "may send it too (%s)",
-                name,
-                slot.iso,
-                nodes.quorum,
-                len(nodes),
-                errors,
+                "beat: sending %s run %s UNGUARDED: %s; another beat instance may send it too", name, slot.iso, why
             )
             return slot
-        logger.warning(
-            "beat: NOT sending %s run %s: fewer than %d of %d lock nodes answered, so it is unknown whether another "
-            "beat instance sent it (%s)",
-            name,
-            slot.iso,
-            nodes.quorum,
-            len(nodes),
-            errors,
-        )
+        logger.warning("beat: NOT sending %s run %s: %s", name, slot.iso, why)
         return None
 
     @property

@@ -1,24 +1,25 @@
 """SingletonScheduler: N beat instances side by side send each due run of each entry exactly once.
 
-The slot arithmetic is tested in-process across simulated clocks (skewed, late, stale schedule files); the claim
-against a real Redis in-process with a stand-in scheduler; and the whole thing with real ``celery beat``
-processes, counting the messages they left in the broker's queue (no worker needed).
+The slot arithmetic is tested in-process across simulated clocks (skewed, late, stale schedule files; the
+simulation is tests/beat_sim.py, DST changes are tests/test_beat_dst.py); the claim against real Redis nodes
+in-process with a stand-in scheduler, including instances that claim together and split the nodes' votes; and the
+whole thing with real ``celery beat`` processes, counting the messages they left in the broker's queue (no worker
+needed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import heapq
 import itertools
 import json
 import logging
 import os
-import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -26,18 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from beat_sim import Instance, at, simulate
 from celery import Celery
 from celery.beat import ScheduleEntry, Service
 from celery.schedules import crontab, schedule
 
 from celery_singleton_lock.beat import SLOT_HEADER, SingletonScheduler, SingletonSchedulerMixin, claim_ttl, slot_for
+from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.testing import RedisServer, free_port, redis_servers
-
-UTC = dt.timezone.utc
-
-
-def at(*args: int, micro: int = 0) -> dt.datetime:
-    return dt.datetime(*args, microsecond=micro, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -46,49 +43,6 @@ def kolkata() -> Celery:
     app = Celery("beat_slots", set_as_current=False)
     app.conf.timezone = "Asia/Kolkata"
     return app
-
-
-class Instance:
-    """One simulated beat instance: its own clock offset, tick latency and last_run_at; celery's own is_due."""
-
-    def __init__(
-        self, make: Callable[[Callable[[], dt.datetime]], Any], offset: float, latency: float, stale: float = 0.0
-    ) -> None:
-        self.clock = at(2000, 1, 1)
-        self.schedule = make(lambda: self.clock)
-        self.offset, self.latency, self.stale = dt.timedelta(seconds=offset), latency, stale
-        self.last_run_at: dt.datetime | None = None
-
-    def wake(self, true_now: dt.datetime) -> tuple[str | None, float]:
-        """Celery's tick at ``true_now``: the slot label it would claim (or None), and seconds until it wakes."""
-        self.clock = true_now + self.offset
-        if self.last_run_at is None:  # a fresh schedule file is due one period from now; a stale one at once
-            self.last_run_at = self.clock - dt.timedelta(seconds=self.stale)
-        due, next_s = self.schedule.is_due(self.last_run_at)
-        label = None
-        if due:
-            label = slot_for(self.schedule, self.last_run_at, now=self.clock).iso
-            self.last_run_at = self.clock  # reserve(): last_run_at = now
-        return label, max(next_s, 0.001)
-
-
-def simulate(instances: list[Instance], start: dt.datetime, seconds: float, seed: int = 7) -> list[str]:
-    """Run the instances for ``seconds`` of true time, each waking late by its latency plus up to 5 ms of jitter;
-    the labels claimed, in order (a label is claimed once: the first claimer wins, the others are refused)."""
-    rng = random.Random(seed)
-    end = start + dt.timedelta(seconds=seconds)
-    heap = [(start + dt.timedelta(seconds=i * 0.137), i) for i in range(len(instances))]
-    claimed: dict[str, int] = {}
-    for _ in range(1_000_000):
-        if not heap or heap[0][0] > end:
-            break
-        now, i = heapq.heappop(heap)
-        label, next_s = instances[i].wake(now)
-        if label is not None:
-            claimed.setdefault(label, i)
-        late = instances[i].latency + rng.uniform(0, 0.005)
-        heapq.heappush(heap, (now + dt.timedelta(seconds=next_s + late), i))
-    return sorted(claimed)
 
 
 def test_crontab_slot_is_the_same_on_skewed_clocks_and_stale_schedule_files(kolkata: Celery) -> None:
@@ -238,6 +192,88 @@ def test_without_a_lock_quorum_a_run_is_not_sent_and_a_warning_names_the_nodes(
     assert "NOT sending nightly run 2026-11-22T00:00:00Z: fewer than 1 of 1 lock nodes answered" in caplog.text
     assert "sending nightly run 2026-11-22T00:00:00Z UNGUARDED" in caplog.text
     assert "127.0.0.1" in caplog.text and "s3cret" not in caplog.text
+
+
+SPLIT_SLOTS = 300
+
+
+@pytest.mark.parametrize(
+    ("claimers", "down"),
+    [pytest.param(2, 1, id="2-claimers-1-node-down"), pytest.param(3, 1, id="3-claimers-1-node-down"),
+     pytest.param(3, 0, id="3-claimers-all-up")],
+)  # fmt: skip
+def test_claimers_that_split_the_lock_nodes_retry_so_every_run_is_sent_exactly_once(claimers: int, down: int) -> None:
+    """Instances claiming the same runs at the same instant (a barrier per run) split the lock nodes' votes often;
+    they retry with jitter, so each of 300 runs is sent by exactly one of them: none lost, none doubled."""
+    with redis_servers(3) as nodes:
+        for node in nodes[:down]:
+            node.stop()
+        prefix = f"split{os.getpid()}-{time.monotonic_ns()}:"
+        schedulers = []
+        for i in range(claimers):
+            # One app each, as separate beat processes have; each lists the nodes in another order, so each node
+            # tends to get another claimer's command first (the same nodes, the same quorum).
+            app = _app([n.url for n in nodes[i:] + nodes[:i]])
+            app.conf.singleton_lock_prefix = prefix
+            schedulers.append(_Scheduler(app))
+        now = at(2026, 11, 22, 12, 5, 3)
+        barrier = threading.Barrier(claimers, timeout=20)
+        sent: list[list[int]] = [[] for _ in range(claimers)]
+        failures: list[BaseException] = []
+
+        def claim_all(i: int) -> None:
+            scheduler = schedulers[i]
+            try:
+                for run in range(SPLIT_SLOTS):
+                    barrier.wait()
+                    before = len(scheduler.sent)
+                    scheduler.apply_entry(_entry(scheduler.app, f"split-{run}", now))
+                    if len(scheduler.sent) > before:
+                        sent[i].append(run)
+            except BaseException as exc:  # the test thread reports it; the others then fail at the barrier
+                failures.append(exc)
+                barrier.abort()
+
+        threads = [threading.Thread(target=claim_all, args=(i,), daemon=True) for i in range(claimers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not any(t.is_alive() for t in threads), "claimers still running after 60 s"
+        assert not failures, failures
+    counts = Counter(run for runs in sent for run in runs)
+    lost = [run for run in range(SPLIT_SLOTS) if counts[run] == 0]
+    doubled = [run for run, n in counts.items() if n > 1]
+    assert (len(lost), len(doubled)) == (0, 0), f"{len(lost)} runs lost, {len(doubled)} sent twice of {SPLIT_SLOTS}"
+
+
+def test_a_split_that_never_resolves_is_given_up_within_its_budget_and_logged_as_a_split_vote(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A partial claim left on one node (an instance that died mid-claim) and another node down: every attempt
+    splits, so the instance retries for at most a tenth of the period (0.2 s for a 2 s entry), then logs a split
+    vote, not "nodes did not answer", and does not send; send_when_unavailable=True sends it unguarded."""
+    with redis_servers(3) as nodes:
+        nodes[0].stop()
+        app = _app([n.url for n in nodes])
+        app.conf.singleton_lock_prefix = f"t{os.getpid()}-{time.monotonic_ns()}:"
+        now = at(2026, 11, 22, 12, 5, 3)
+        every_2s = schedule(dt.timedelta(seconds=2), nowfun=lambda: now, app=app)
+        entry = ScheduleEntry(name="ticker", task="t", schedule=every_2s, last_run_at=now, app=app)
+        key = f"{app.conf.singleton_lock_prefix}beat:ticker:{slot_for(every_2s, now).label}"
+        assert Redlock(nodes[1].url, key, ttl=60, fencing=False, token="beat@ghost:1").acquire(blocking=False)
+        closed, open_ = _Scheduler(app), _FailOpen(app)
+        with caplog.at_level(logging.INFO, logger="celery_singleton_lock.beat"):
+            started = time.monotonic()
+            closed.apply_entry(entry)
+            took = time.monotonic() - started
+            open_.apply_entry(entry)
+    assert closed.sent == [] and len(open_.sent) == 1
+    assert 0.1 < took < 1.0, f"gave up after {took:.2f} s"
+    assert "NOT sending ticker run 2026-11-22T12:05:02Z: split vote: for 0." in caplog.text
+    assert "none with a quorum (2 of 3); unanswered, so another instance may hold the run there: redis:" in caplog.text
+    assert "sending ticker run 2026-11-22T12:05:02Z UNGUARDED: split vote" in caplog.text
+    assert "fewer than" not in caplog.text
 
 
 # -- real beat processes ---------------------------------------------------------------------------------------------
