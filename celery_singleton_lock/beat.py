@@ -432,7 +432,14 @@ class SingletonSchedulerMixin:
         # let an instance that ticks a moment later send the same run again. The label names this instance in
         # the holder token (Redlock adds a fresh random owner per attempt).
         label = f"beat@{_HOST}:{os.getpid()}:{secrets.token_hex(6)}"
-        lock = Redlock(settings.nodes, key, ttl=claim_ttl(slot.period), fencing=False, token=label)
+        lock = Redlock(
+            settings.nodes,
+            key,
+            ttl=claim_ttl(slot.period),
+            fencing=False,
+            token=label,
+            record={"worker": f"{os.getpid()}@{_HOST}", "at": str(int(time.time() * 1000))},
+        )
         nodes = settings.nodes
         started = time.monotonic()
         attempts = 0

@@ -4,10 +4,15 @@ The logic lives in plain functions taking a :class:`~celery_singleton_lock.confi
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
 print and pick the exit code.
 
-A key's state is merged across the nodes: it is *held* when a quorum of nodes holds it with the same token, and
-*partial* when some nodes hold it but no token reaches a quorum (a lock being acquired or released right now, a
-failed attempt's leftovers, or a node that lost its data). A node that does not answer is reported by its redacted
-address; the others are still shown, and the exit code is 1 when fewer than a quorum answered.
+A lock key holds a *holder record* (a Redis hash: ``owner``, ``fence`` and the fields its holder wrote, see
+:class:`~celery_singleton_lock.redlock.Redlock`). A key's records are merged across the nodes by their ``owner``:
+the lock is *held* when a quorum of nodes holds a record of the same owner, and *partial* when some nodes hold one
+but no owner reaches a quorum (a lock being acquired or released right now, a failed attempt's leftovers, or a
+node that lost its data). A held LockedTask lock shows the state its record names instead (running, retry-wait,
+ending, cooldown). A key under the prefix that is not a holder record is *foreign*: listed, never released. Done
+markers (``done_key_for(lock key, task id)``) are not locks: listed only on request. A node that does not answer
+is reported by its redacted address; the others are still shown, and the exit code is 1 when fewer than a quorum
+answered.
 """
 
 from __future__ import annotations
@@ -29,60 +34,69 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
 from .config import LockSettings, settings_for
+from .decision import COOLDOWN, ENDING, HANDOVER, RUNNING
 from .errors import ConfigurationError
-from .keys import parse_holder
-from .redlock import NodeError, _Script, fence_key_for
+from .redlock import NodeError, _Script, done_key_for, fence_key_for
 
 __all__ = [
+    "KINDS",
+    "STATES",
     "LockInfo",
     "NodeRelease",
     "NodeState",
     "Report",
+    "done_marker_of",
     "format_duration",
     "format_show",
     "format_stats",
     "format_table",
     "list_locks",
     "locks",
+    "merge",
     "read_keys",
     "read_stats",
     "release_lock",
+    "scan_keys",
     "show_lock",
 ]
 
 logger = logging.getLogger("celery_singleton_lock.cli")
 
 READ_SCRIPT = """
--- KEYS[2i-1] - lock key i
--- KEYS[2i]   - its fencing counter key
--- returns an array, one {holder token or false, remaining ms (-2 missing, -1 no expiry), counter} per lock key;
---   a key that is not a string (so not a lock) reads as missing
+-- KEYS[i] - a key under the prefix: a lock's holder record, a done marker, or anything else
+-- ARGV[1] - the most fields a holder record may have (a larger hash is not read: it is not one of ours)
+-- returns an array, one {Redis type ('none': missing), holder record as a flat field/value array, remaining ms
+--   (-2 missing, -1 no expiry)} per key; the record is {} unless the key is a hash with an 'owner' field
 local out = {}
-for i = 1, #KEYS / 2 do
-  local key, fence = KEYS[2 * i - 1], KEYS[2 * i]
-  local holder, ttl, counter = false, -2, 0
-  if redis.call('TYPE', key).ok == 'string' then
-    holder, ttl = redis.call('GET', key), redis.call('PTTL', key)
+local most = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local kind = redis.call('TYPE', key).ok
+  local record = {}
+  if kind == 'hash' and redis.call('HLEN', key) <= most and redis.call('HEXISTS', key, 'owner') == 1 then
+    record = redis.call('HGETALL', key)
   end
-  if redis.call('TYPE', fence).ok == 'string' then
-    counter = tonumber(redis.call('GET', fence)) or 0
-  end
-  out[i] = {holder, ttl, counter}
+  out[i] = {kind, record, redis.call('PTTL', key)}
 end
 return out
 """
 
 FORCE_RELEASE_SCRIPT = """
--- KEYS[1] - lock key
--- ARGV[1] - the holder token read from this node a moment ago
--- returns {RELEASED} when the key still held ARGV[1] and is now deleted;
---         {CHANGED, current holder or false} when it changed in between (a newer holder is left alone)
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return {1}
+-- KEYS[1] - lock key (holder record)
+-- ARGV[1] - the record's owner read from this node a moment ago
+-- returns {RELEASED} when the record still names ARGV[1] as its owner and is now deleted;
+--         {CHANGED, current owner or false, Redis type} when it changed in between (a newer holder, or a key
+--         that is no longer a holder record, is left alone)
+local kind = redis.call('TYPE', KEYS[1]).ok
+local owner = false
+if kind == 'hash' then
+  owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return {1}
+  end
 end
-return {0, holder}
+return {0, owner, kind}
 """
 
 RELEASED, CHANGED = 1, 0
@@ -94,14 +108,45 @@ _FORCE_RELEASE = _Script(FORCE_RELEASE_SCRIPT)
 BATCH = 200
 #: The SCAN COUNT hint: keys a node looks at per round trip.
 SCAN_COUNT = 1000
+#: A hash with more fields than this is not read (a holder record has about ten).
+MAX_RECORD_FIELDS = 64
 #: The counters LockedTask flushes into ``{prefix}stats``, in display order.
 STATS_FIELDS = ("acquired", "skipped", "lost", "released", "unavailable")
+
+#: What wrote a key: a LockedTask run (its record has a ``state``), a beat claim (``{prefix}beat:...``), a plain
+#: Redlock (any other holder record), a done marker (``--done``), or something else (not a holder record).
+KINDS = ("task", "beat", "lock", "done", "foreign")
+#: The record's ``state`` field -> the state shown (a held LockedTask lock).
+_TASK_STATES = {RUNNING: "running", HANDOVER: "retry-wait", ENDING: "ending", COOLDOWN: "cooldown"}
+#: Every state shown, with what it means.
+STATES: dict[str, str] = {
+    "running": "a LockedTask run holds it",
+    "retry-wait": "handed over to the task's own retry (self.retry()), kept until that retry is delivered",
+    "ending": "the run was killed by a hard time limit: the lock ends within about a second",
+    "cooldown": "the run finished; the lock is kept for the task's lock_cooldown",
+    "held": "a plain Redlock or a beat claim holds it",
+    "partial": "some nodes hold it, but no owner has a quorum",
+    "foreign": "not a holder record of celery_singleton_lock",
+    "done": "this task id finished: a done marker, not a lock",
+}
 
 T = TypeVar("T")
 
 
 def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _record(flat: Sequence[Any]) -> dict[str, str]:
+    """A holder record from HGETALL's flat field/value reply (undecodable bytes replaced, never an error)."""
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -126,33 +171,64 @@ class Report(Generic[T]):
 
 @dataclass(frozen=True)
 class NodeState:
-    """One lock key as one node sees it."""
+    """One key as one node sees it."""
 
     node: str
-    token: str | None  # None: the key is not held on this node
-    ttl_ms: int  # remaining lease in ms; -1 no expiry, -2 missing
-    fence: int  # the node's fencing counter for the key (0: none)
+    redis_type: str  # the key's Redis type there: 'hash', 'string', ...; 'none' when it is missing
+    record: Mapping[str, str]  # the holder record ({} when the key is not one: missing, or foreign)
+    ttl_ms: int  # remaining ms; -1 no expiry, -2 missing
+
+    @property
+    def owner(self) -> str | None:
+        """The record's owner token; None when the key holds no holder record on this node."""
+        return self.record.get("owner")
+
+    @property
+    def fence(self) -> int:
+        """The record's own fencing token (0: none, or no record)."""
+        return _int(self.record.get("fence")) or 0
+
+    @property
+    def present(self) -> bool:
+        """True when the key exists on this node (a record or anything else)."""
+        return self.redis_type != "none"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "node": self.node,
+            "type": self.redis_type,
+            "owner": self.owner,
+            "fence": self.fence or None,
+            "ttl_ms": self.ttl_ms,
+            "record": dict(self.record),
+        }
 
 
 @dataclass(frozen=True)
 class LockInfo:
-    """One key merged over the nodes: the token most nodes hold and what it tells about the holder."""
+    """One key merged over the nodes: the holder record most nodes hold (by owner) and what it says."""
 
     key: str
-    state: Literal["held", "partial"]
-    token: str
-    nodes: tuple[str, ...]  # the nodes holding ``token``
+    kind: Literal["task", "beat", "lock", "done", "foreign"]
+    state: str  # one of STATES
+    owner: str | None  # the merged owner token (None: done marker, foreign key)
+    nodes: tuple[str, ...]  # the nodes holding that owner's record (done, foreign: the nodes having the key)
     total: int  # how many nodes there are
-    ttl: float | None  # seconds until fewer than a quorum hold it (partial: until the last one expires); None: never
-    fencing_token: int | None  # max counter over the nodes that answered; None when the lock has no counter
+    ttl: float | None  # seconds until fewer than a quorum hold it (partial, done, foreign: until the last copy ends)
+    fencing_token: int | None  # the holder's own token: the records' max ``fence`` over ``nodes``; None: no fencing
     task_name: str | None = None
     task_id: str | None = None
     worker: str | None = None
-    acquired_at: float | None = None  # wall clock of the holder's host, seconds since the epoch
+    acquired_at: float | None = None  # the record's ``at``: wall clock of the holder's host, s since the epoch
+    waiting: bool = False  # a redelivered copy of the same task id waits for this holder
+    redis_type: str = "hash"  # the key's Redis type (the most common one for a foreign key)
+    lock_key: str | None = None  # the lock a done marker belongs to; the key itself otherwise
+    record: Mapping[str, str] = field(default_factory=dict)  # the merged owner's record as stored on a node
     states: tuple[NodeState | None, ...] = field(default=(), repr=False)  # per node; None: did not answer
 
     def age(self, now: float) -> float | None:
-        """Seconds since the holder acquired it (None when the token does not say)."""
+        """Seconds since the holder acquired it (None when its record does not say)."""
         return None if self.acquired_at is None else max(0.0, now - self.acquired_at)
 
     def to_json(self, now: float) -> dict[str, Any]:
@@ -160,6 +236,7 @@ class LockInfo:
         age = self.age(now)
         return {
             "key": self.key,
+            "kind": self.kind,
             "state": self.state,
             "task_name": self.task_name,
             "task_id": self.task_id,
@@ -168,10 +245,14 @@ class LockInfo:
             "age": None if age is None else round(age, 3),
             "ttl": None if self.ttl is None else round(self.ttl, 3),
             "fencing_token": self.fencing_token,
+            "waiting": self.waiting,
             "nodes": list(self.nodes),
             "holding": len(self.nodes),
             "total": self.total,
-            "token": self.token,
+            "owner": self.owner,
+            "lock_key": self.lock_key,
+            "type": self.redis_type,
+            "record": dict(self.record),
         }
 
 
@@ -180,24 +261,38 @@ class NodeRelease:
     """What a forced release did on one node."""
 
     node: str
-    outcome: Literal["released", "not held", "changed", "unread", "error"]
-    token: str | None = None  # released: the token deleted; changed: the newer holder left alone
+    outcome: Literal["released", "not held", "foreign", "changed", "unread", "error"]
+    owner: str | None = None  # released: the owner deleted; changed: the newer owner left alone
     error: str | None = None
+    redis_type: str | None = None  # foreign, changed: what the key is there
 
     def __str__(self) -> str:
         if self.outcome == "released":
-            return f"{self.node}: released (was {self.token})"
+            return f"{self.node}: released (was owner {self.owner})"
         if self.outcome == "not held":
             return f"{self.node}: not held, nothing to do"
+        if self.outcome == "foreign":
+            return f"{self.node}: a Redis {self.redis_type}, not a holder record: left alone"
         if self.outcome == "changed":
-            holder = f"now held by {self.token}" if self.token else "now free"
-            return f"{self.node}: changed since it was read, left alone ({holder})"
+            if self.owner:
+                now = f"now owned by {self.owner}"
+            elif self.redis_type in (None, "none"):
+                now = "now free"
+            else:
+                now = f"now a Redis {self.redis_type}, not a holder record"
+            return f"{self.node}: changed since it was read, left alone ({now})"
         if self.outcome == "unread":
             return f"{self.node}: skipped, it did not answer when the key was read"
         return f"{self.node}: error: {self.error}"
 
 
 # --- reading the nodes -------------------------------------------------------------------------------------------
+
+
+def _has_tag(key: str) -> bool:
+    """True when ``key`` carries a Redis Cluster hash tag (a non-empty ``{...}``, first ``{`` and first ``}``)."""
+    start = key.find("{")
+    return start != -1 and key.find("}", start + 1) > start + 1
 
 
 def _is_fence_key(key: str) -> bool:
@@ -209,13 +304,30 @@ def _is_fence_key(key: str) -> bool:
     return key.startswith("{") and key.endswith("}:fence") and fence_key_for(key[1 : -len("}:fence")]) == key
 
 
-def _fence_key_of(settings: LockSettings, key: str) -> str:
-    """Where a key's fencing counter lives: LockedTask locks share the prefix's counter (so the value shown is an
-    upper bound of the holder's token: later acquisitions of other jobs raise it too); beat claims and plain
-    Redlocks under the prefix have their own (or none)."""
-    if key.startswith(settings.prefix) and not key.startswith(f"{settings.prefix}beat:"):
-        return settings.fence_key
-    return fence_key_for(key)
+def done_marker_of(key: str) -> tuple[str, str] | None:
+    """``(lock key, task id)`` when ``key`` is named as a done marker (``done_key_for(lock key, task id)``).
+
+    >>> done_marker_of("{p:reports.rebuild:ab12}:done:task-7")
+    ('p:reports.rebuild:ab12', 'task-7')
+    >>> done_marker_of("p:reports.rebuild:ab12") is None
+    True
+    """
+    at = key.find(":done:")
+    while at != -1:
+        head, job = key[:at], key[at + len(":done:") :]
+        candidates = []
+        if head.startswith("{"):
+            if head.endswith("}"):
+                candidates.append(head[1:-1])  # an untagged lock key: {KEY}:done:ID
+            candidates.append(head[head.find("}") + 1 :])  # an untagged one with a '}': {n}KEY:done:ID
+        # A tagged one: KEY:done:ID. Last: "{KEY}" and "KEY" have the same marker, and the untagged key is the
+        # one a prefix makes (a lock key that is all hash tag is rare).
+        candidates.append(head)
+        for lock in candidates:
+            if lock and job and done_key_for(lock, job) == key:
+                return lock, job
+        at = key.find(":done:", at + 1)
+    return None
 
 
 def _glob_escape(text: str) -> str:
@@ -223,22 +335,39 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def scan_keys(settings: LockSettings, *, match: str = "*") -> Report[list[str]]:
-    """Every string key under the prefix matching ``match`` (a glob on the part after the prefix), on any node.
+def _patterns(settings: LockSettings, match: str, *, done: bool) -> list[str]:
+    """The SCAN patterns: the prefix, and with ``done`` also where the done markers of those keys live."""
+    base = _glob_escape(settings.prefix) + match
+    patterns = [base]
+    if done:
+        if not match.endswith("*"):  # a tagged key's marker is KEY:done:ID (else already matched by ``base``)
+            patterns.append(base + ":done:*")
+        if not _has_tag(settings.prefix):  # an untagged key's marker is {KEY}:done:ID (or {n}KEY:done:ID)
+            patterns.append("\\{*" + base + "*:done:*")
+    return patterns
+
+
+def scan_keys(settings: LockSettings, *, match: str = "*", done: bool = False) -> Report[list[str]]:
+    """Every key under the prefix matching ``match`` (a glob on the part after the prefix), on any node.
 
     SCAN with MATCH and COUNT, node after node (never KEYS: it would block a busy node). Fencing counters and the
-    stats hash are left out.
+    stats hash are left out, and done markers too unless ``done`` (their own SCAN: under an untagged prefix they
+    are named ``{KEY}:done:ID``, outside the prefix).
     """
     nodes = settings.nodes
-    pattern = _glob_escape(settings.prefix) + match
     stats_key = f"{settings.prefix}stats"
     found: set[str] = set()
     errors: list[NodeError] = []
+    patterns = _patterns(settings, match, done=done)
     for i, client in enumerate(nodes.clients):
         try:
-            for raw in client.scan_iter(match=pattern, count=SCAN_COUNT, _type="string"):
-                key = _text(raw)
-                if key not in (stats_key, settings.fence_key) and not _is_fence_key(key):
+            for pattern in patterns:
+                for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
+                    key = _text(raw)
+                    if key in (stats_key, settings.fence_key) or _is_fence_key(key):
+                        continue
+                    if done_marker_of(key) is not None and not done:
+                        continue
                     found.add(key)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
@@ -248,7 +377,7 @@ def scan_keys(settings: LockSettings, *, match: str = "*") -> Report[list[str]]:
 def read_keys(
     settings: LockSettings, keys: Sequence[str], *, skip: Iterable[int] = ()
 ) -> Report[dict[str, list[NodeState | None]]]:
-    """Each key's state on each node (None for a node that did not answer), read on all nodes at once.
+    """Each key's state on each node (None for a node that did not answer): one script call per node per batch.
 
     ``skip`` are node indices known to be down (they are neither asked nor reported again).
     """
@@ -258,99 +387,143 @@ def read_keys(
     states: dict[str, list[NodeState | None]] = {key: [None] * len(nodes) for key in keys}
     for start in range(0, len(keys), BATCH):
         batch = keys[start : start + BATCH]
-        flat = [k for key in batch for k in (key, _fence_key_of(settings, key))]
         live = [i for i in range(len(nodes)) if i not in down]
         if not live:
             break
-        answers = nodes.run(_READ, flat, (), live)
+        answers = nodes.run(_READ, batch, (MAX_RECORD_FIELDS,), live)
         for i in live:
             answer = answers[i]
             if isinstance(answer, BaseException):
                 errors.append(nodes.error(i, answer))
                 down.add(i)
                 continue
-            for key, (holder, ttl_ms, fence) in zip(batch, answer, strict=True):
-                token = None if holder is None else _text(holder)
-                states[key][i] = NodeState(nodes.names[i], token, int(ttl_ms), int(fence))
+            for key, (redis_type, flat, ttl_ms) in zip(batch, answer, strict=True):
+                states[key][i] = NodeState(nodes.names[i], _text(redis_type), _record(flat), int(ttl_ms))
     if not keys:  # still tell the caller which nodes answer
-        answers = nodes.run(_READ, (), (), [i for i in range(len(nodes)) if i not in down])
+        answers = nodes.run(_READ, (), (MAX_RECORD_FIELDS,), [i for i in range(len(nodes)) if i not in down])
         errors += [nodes.error(i, a) for i, a in enumerate(answers) if isinstance(a, BaseException)]
     return Report(states, tuple(errors), len(nodes), nodes.quorum)
 
 
-def merge(key: str, states: Sequence[NodeState | None], quorum: int) -> LockInfo | None:
-    """The key's merged state, or None when no node holds it.
+def _seconds(ttl_ms: int) -> float:
+    return float("inf") if ttl_ms == -1 else ttl_ms / 1000.0
 
-    The lock's token is the one most nodes hold; its fencing token is the max counter over the nodes that answered.
+
+def merge(key: str, states: Sequence[NodeState | None], quorum: int, *, prefix: str | None = None) -> LockInfo | None:
+    """The key's merged state, or None when no node that answered has it.
+
+    Records are grouped by ``owner``: the lock's holder is the owner most nodes hold, and its fencing token is the
+    max ``fence`` over the records of that owner. A key of a done marker's name holding no record is a done marker;
+    any other key holding no record is foreign.
     """
-    held = [s for s in states if s is not None and s.token is not None]
-    if not held:
-        return None
-    token, count = Counter(s.token for s in held).most_common(1)[0]
-    assert token is not None
-    holding = [s for s in held if s.token == token]
+    answered = [s for s in states if s is not None]
+    records = [s for s in answered if s.owner is not None]
+    if not records:
+        present = [s for s in answered if s.present]
+        if not present:
+            return None
+        longest = max(_seconds(s.ttl_ms) for s in present)
+        marker = done_marker_of(key)
+        is_done = marker is not None and all(s.redis_type == "string" for s in present)
+        return LockInfo(
+            key=key,
+            kind="done" if is_done else "foreign",
+            state="done" if is_done else "foreign",
+            owner=None,
+            nodes=tuple(s.node for s in present),
+            total=len(states),
+            ttl=None if longest == float("inf") else longest,
+            fencing_token=None,
+            task_id=marker[1] if is_done and marker else None,
+            redis_type=Counter(s.redis_type for s in present).most_common(1)[0][0],
+            lock_key=marker[0] if is_done and marker else key,
+            states=tuple(states),
+        )
+    owner, count = Counter(s.owner for s in records).most_common(1)[0]
+    holding = [s for s in records if s.owner == owner]
     # PTTL -1 (no expiry) sorts as "forever".
-    ttls = sorted((float("inf") if s.ttl_ms == -1 else s.ttl_ms / 1000.0 for s in holding), reverse=True)
-    state: Literal["held", "partial"] = "held" if count >= quorum else "partial"
-    remaining = ttls[quorum - 1] if state == "held" else ttls[0]
-    fences = [s.fence for s in states if s is not None]
-    fencing = max(fences) if fences and max(fences) > 0 else None
-    holder = parse_holder(token)
+    ttls = sorted((_seconds(s.ttl_ms) for s in holding), reverse=True)
+    held = count >= quorum
+    remaining = ttls[quorum - 1] if held else ttls[0]
+    fence = max(s.fence for s in holding)
+    record = max(holding, key=lambda s: s.fence).record
+    kind: Literal["task", "beat", "lock"]
+    if "state" in record:
+        kind = "task"
+    elif prefix is not None and key.startswith(f"{prefix}beat:"):
+        kind = "beat"
+    else:
+        kind = "lock"
+    state = "partial"
+    if held:
+        state = _TASK_STATES.get(record["state"], record["state"]) if kind == "task" else "held"
+    at = _int(record.get("at"))
     return LockInfo(
         key=key,
+        kind=kind,
         state=state,
-        token=token,
+        owner=owner,
         nodes=tuple(s.node for s in holding),
         total=len(states),
         ttl=None if remaining == float("inf") else remaining,
-        fencing_token=fencing,
-        task_name=holder.task_name if holder else None,
-        task_id=holder.task_id if holder else None,
-        worker=holder.worker if holder else None,
-        acquired_at=holder.acquired_at if holder else None,
+        fencing_token=fence or None,
+        task_name=record.get("name"),
+        task_id=record.get("job"),
+        worker=record.get("worker"),
+        acquired_at=None if at is None else at / 1000.0,
+        waiting=any(s.record.get("waiting") == "1" for s in holding),
+        lock_key=key,
+        record=record,
         states=tuple(states),
     )
 
 
-def list_locks(settings: LockSettings, *, match: str = "*") -> Report[list[LockInfo]]:
-    """Every lock held (on a quorum, or partially) under the app's prefix, merged across the nodes, by key."""
-    scanned = scan_keys(settings, match=match)
+def list_locks(settings: LockSettings, *, match: str = "*", done: bool = False) -> Report[list[LockInfo]]:
+    """Every key under the app's prefix (locks held on a quorum or partially, foreign keys), merged, by key.
+
+    With ``done``, the done markers of those keys are listed too (kind ``done``).
+    """
+    scanned = scan_keys(settings, match=match, done=done)
     down = [settings.nodes.names.index(e.node) for e in scanned.errors]
     read = read_keys(settings, scanned.value, skip=down)
-    infos = [merge(key, states, settings.nodes.quorum) for key, states in read.value.items()]
+    quorum = settings.nodes.quorum
+    infos = [merge(key, states, quorum, prefix=settings.prefix) for key, states in read.value.items()]
     return Report(
         [i for i in infos if i is not None], scanned.errors + read.errors, len(settings.nodes), settings.nodes.quorum
     )
 
 
 def show_lock(settings: LockSettings, key: str) -> Report[tuple[LockInfo | None, list[NodeState | None]]]:
-    """One key: its merged state (None when no node holds it) and its state on each node."""
+    """One key: its merged state (None when no node has it) and its state on each node."""
     read = read_keys(settings, [key])
     states = read.value[key]
-    return Report((merge(key, states, settings.nodes.quorum), states), read.errors, read.total, read.quorum)
+    info = merge(key, states, settings.nodes.quorum, prefix=settings.prefix)
+    return Report((info, states), read.errors, read.total, read.quorum)
 
 
 def release_lock(settings: LockSettings, key: str, seen: Sequence[NodeState | None]) -> Report[list[NodeRelease]]:
-    """Force-release ``key``: on each node, delete it if it still holds the token ``seen`` there.
+    """Force-release ``key``: on each node, delete its holder record if it still names the owner ``seen`` there.
 
-    Timeline of why the token is compared, not just deleted: the operator reads the key (holder A), looks at it,
+    Timeline of why the owner is compared, not just deleted: the operator reads the key (holder A), looks at it,
     confirms; meanwhile A's lease expires and B acquires. A plain DEL now would delete B's fresh lock and let a third
-    run start beside B; the compare-and-delete finds B's token instead and leaves it alone. The fencing counters are
-    never touched, so fencing tokens keep growing.
+    run start beside B; the compare-and-delete finds B's owner instead and leaves it alone. A key that is not a
+    holder record is never deleted. The fencing counters are never touched, so fencing tokens keep growing.
     """
     nodes = settings.nodes
     out: list[NodeRelease | None] = [None] * len(nodes)
-    by_token: dict[str, list[int]] = {}
+    by_owner: dict[str, list[int]] = {}
     for i, state in enumerate(seen):
         if state is None:
             out[i] = NodeRelease(nodes.names[i], "unread")
-        elif state.token is None:
-            out[i] = NodeRelease(nodes.names[i], "not held")
+        elif state.owner is not None:
+            by_owner.setdefault(state.owner, []).append(i)
+        elif state.present:
+            out[i] = NodeRelease(nodes.names[i], "foreign", redis_type=state.redis_type)
         else:
-            by_token.setdefault(state.token, []).append(i)
+            out[i] = NodeRelease(nodes.names[i], "not held")
     errors: list[NodeError] = []
-    for token, indices in by_token.items():
-        answers = nodes.run(_FORCE_RELEASE, (key,), (token,), indices)
+    for owner, indices in by_owner.items():
+        answers = nodes.run(_FORCE_RELEASE, (key,), (owner,), indices)
         for i in indices:
             answer = answers[i]
             if isinstance(answer, BaseException):
@@ -358,10 +531,10 @@ def release_lock(settings: LockSettings, key: str, seen: Sequence[NodeState | No
                 errors.append(error)
                 out[i] = NodeRelease(nodes.names[i], "error", error=error.error)
             elif int(answer[0]) == RELEASED:
-                out[i] = NodeRelease(nodes.names[i], "released", token=token)
+                out[i] = NodeRelease(nodes.names[i], "released", owner=owner)
             else:
-                now_held = None if answer[1] is None else _text(answer[1])
-                out[i] = NodeRelease(nodes.names[i], "changed", token=now_held)
+                now_owner = None if answer[1] is None else _text(answer[1])
+                out[i] = NodeRelease(nodes.names[i], "changed", owner=now_owner, redis_type=_text(answer[2]))
     unread = [NodeError(r.node, "did not answer when the key was read") for r in out if r and r.outcome == "unread"]
     return Report([r for r in out if r is not None], tuple(unread + errors), len(nodes), nodes.quorum)
 
@@ -411,11 +584,13 @@ def _columns(rows: Sequence[Sequence[str]]) -> str:
 
 
 def format_table(infos: Sequence[LockInfo], now: float) -> str:
-    """An aligned table, one lock a row."""
-    rows = [("KEY", "TASK", "TASK ID", "WORKER", "AGE", "TTL", "FENCE", "NODES", "STATE")]
+    """An aligned table, one key a row."""
+    rows = [("KEY", "STATE", "KIND", "TASK", "TASK ID", "WORKER", "AGE", "TTL", "FENCE", "NODES")]
     rows += [
         (
             i.key,
+            i.state,
+            i.kind,
             i.task_name or "-",
             i.task_id or "-",
             i.worker or "-",
@@ -423,11 +598,21 @@ def format_table(infos: Sequence[LockInfo], now: float) -> str:
             format_duration(i.ttl, none="never"),
             "-" if i.fencing_token is None else str(i.fencing_token),
             f"{len(i.nodes)}/{i.total}",
-            i.state,
         )
         for i in infos
     ]
     return _columns(rows)
+
+
+def _state_line(info: LockInfo, quorum: int) -> str:
+    where = f"on {len(info.nodes)}/{info.total} nodes (quorum {quorum})"
+    if info.state == "partial":
+        what = f"{info.record['state']} record" if info.kind == "task" else f"{info.kind} record"
+        return f"partial: a {what} {where}, no owner has a quorum"
+    if info.kind in ("done", "foreign"):
+        return f"{info.state}: {STATES[info.state]}, present on {len(info.nodes)}/{info.total} nodes"
+    meaning = STATES.get(info.state, f"record state {info.state!r}")
+    return f"{info.state}: {meaning}; {where}"
 
 
 def format_show(key: str, info: LockInfo | None, states: Sequence[NodeState | None], quorum: int, now: float) -> str:
@@ -440,29 +625,39 @@ def format_show(key: str, info: LockInfo | None, states: Sequence[NodeState | No
         if info.acquired_at is not None:
             stamp = dt.datetime.fromtimestamp(info.acquired_at, tz=dt.timezone.utc).isoformat(timespec="seconds")
             when = f"{stamp} ({format_duration(info.age(now))} ago)"
-        fields = [
-            ("key", key),
-            ("state", f"{info.state} on {len(info.nodes)}/{info.total} nodes (quorum {quorum})"),
-            ("task", info.task_name or "-"),
-            ("task id", info.task_id or "-"),
-            ("worker", info.worker or "-"),
-            ("acquired", when),
-            ("ttl", format_duration(info.ttl, none="never")),
-            ("fencing token", "-" if info.fencing_token is None else str(info.fencing_token)),
-            ("token", info.token),
-        ]
+        fields: list[tuple[str, str]] = [("key", key), ("kind", info.kind), ("state", _state_line(info, quorum))]
+        if info.kind == "foreign":
+            fields.append(("type", f"a Redis {info.redis_type}: never released by this command"))
+        elif info.kind == "done":
+            fields += [("lock", info.lock_key or "-"), ("task id", info.task_id or "-")]
+            fields.append(("ttl", format_duration(info.ttl, none="never")))
+        else:
+            fields += [
+                ("task", info.task_name or "-"),
+                ("task id", info.task_id or "-"),
+                ("worker", info.worker or "-"),
+                ("acquired", when),
+                ("ttl", format_duration(info.ttl, none="never")),
+                ("fencing token", "-" if info.fencing_token is None else str(info.fencing_token)),
+                ("owner", info.owner or "-"),
+            ]
+            if info.waiting:
+                fields.append(("waiting", "yes: a redelivered copy of this task id waits for this run"))
         width = max(len(name) for name, _ in fields)
         lines += [f"{name.ljust(width)}  {value}" for name, value in fields]
     lines.append("")
-    rows = [("NODE", "HOLDER TOKEN", "TTL", "FENCE")]
+    rows = [("NODE", "OWNER", "STATE", "FENCE", "TTL")]
     for state in states:
         if state is None:
             continue  # reported as an error line
-        if state.token is None:
-            rows.append((state.node, "(not held)", "-", str(state.fence)))
+        ttl = format_duration(None if state.ttl_ms == -1 else state.ttl_ms / 1000.0, none="never")
+        if state.owner is not None:
+            shown = state.record.get("state", "-")
+            rows.append((state.node, state.owner, shown, str(state.fence) if state.fence else "-", ttl))
+        elif state.present:
+            rows.append((state.node, f"(a Redis {state.redis_type}, no holder record)", "-", "-", ttl))
         else:
-            ttl = None if state.ttl_ms == -1 else state.ttl_ms / 1000.0
-            rows.append((state.node, state.token, format_duration(ttl, none="never"), str(state.fence)))
+            rows.append((state.node, "(not held)", "-", "-", "-"))
     if len(rows) > 1:
         lines.append(_columns(rows))
     return "\n".join(lines)
@@ -522,18 +717,19 @@ def locks(ctx: click.Context, /, **kwargs: Any) -> None:
 @locks.command(name="list", cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (for scripts).")
 @click.option("--match", default="*", show_default=True, help="Glob on the key after the prefix, e.g. 'reports.*'.")
+@click.option("--done", is_flag=True, help="Also list the done markers of finished task ids (not locks).")
 @click.pass_context
-def list_command(ctx: click.Context, *, as_json: bool, match: str) -> None:
-    """Every lock held under the app's prefix, merged across the nodes."""
+def list_command(ctx: click.Context, *, as_json: bool, match: str, done: bool) -> None:
+    """Every lock under the app's prefix, merged across the nodes."""
     settings = _settings(ctx)
-    report = list_locks(settings, match=match)
+    report = list_locks(settings, match=match, done=done)
     now = time.time()
     if as_json:
         ctx.obj.echo(json.dumps([i.to_json(now) for i in report.value], indent=2))
     elif report.value:
         ctx.obj.echo(format_table(report.value, now))
     else:
-        ctx.obj.echo(f"no locks held under {settings.prefix!r}")
+        ctx.obj.echo(f"no {'locks or done markers' if done else 'locks'} under {settings.prefix!r}")
     _finish(ctx, report)
 
 
@@ -548,11 +744,8 @@ def show_command(ctx: click.Context, key: str, *, as_json: bool) -> None:
     info, states = report.value
     now = time.time()
     if as_json:
-        per_node = [
-            {"node": s.node, "token": s.token, "ttl_ms": s.ttl_ms, "fence": s.fence} for s in states if s is not None
-        ]
         lock = None if info is None else info.to_json(now)
-        ctx.obj.echo(json.dumps({"lock": lock, "nodes": per_node}, indent=2))
+        ctx.obj.echo(json.dumps({"lock": lock, "nodes": [s.to_json() for s in states if s is not None]}, indent=2))
     else:
         ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, now))
     _finish(ctx, report)
@@ -567,10 +760,16 @@ def release_command(ctx: click.Context, key: str, *, yes: bool) -> None:
     settings = _settings(ctx)
     seen = show_lock(settings, key)
     info, states = seen.value
-    if not any(s is not None and s.token is not None for s in states):
-        ctx.obj.echo(f"{key}: not held on any node that answered, nothing to release")
-        _finish(ctx, seen)
-        return
+    if not any(s is not None and s.owner is not None for s in states):
+        if info is None:
+            ctx.obj.echo(f"{key}: not held on any node that answered, nothing to release")
+            _finish(ctx, seen)
+            return
+        ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, time.time()))
+        why = "a done marker" if info.kind == "done" else "not a holder record of celery_singleton_lock"
+        ctx.obj.error(f"error: {key} is {why}: not released (this command only deletes locks)")
+        _report_errors(ctx, seen)
+        ctx.exit(1)
     ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, time.time()))
     _report_errors(ctx, seen)
     if not yes and not click.confirm(f"\nForce-release {key} on every node?", default=False):
@@ -579,7 +778,10 @@ def release_command(ctx: click.Context, key: str, *, yes: bool) -> None:
     report = release_lock(settings, key, states)
     outcomes = Counter(r.outcome for r in report.value)
     summary = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
-    logger.warning("forced release of lock %s by %s: %s", key, _who(), summary)
+    holder = f"{info.state} {info.kind}" if info is not None else "unknown"
+    if info is not None and info.task_id:
+        holder += f" {info.task_name or '?'}[{info.task_id}]"
+    logger.warning("forced release of lock %s (%s) by %s: %s", key, holder, _who(), summary)
     for result in report.value:
         ctx.obj.echo(str(result))
     ctx.obj.echo(f"released on {outcomes['released']} of {len(report.value)} node(s)")

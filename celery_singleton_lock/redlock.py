@@ -572,8 +572,8 @@ class Redlock:
 
     ``fence_key`` names the fencing counter (default: one counter per name, ``fence_key_for(name)``, which never
     expires). Many short-lived names (one per order, say) are better served by one counter they share: the keys
-    then stay one, not one per name ever locked, and the tokens still grow strictly per name (and across the names
-    sharing it). With Cluster hash tags it must hash to the same slot as ``name``.
+    then stay one, not one per name ever locked, and the tokens still grow strictly per name (two names acquired at
+    the same moment may get the same token: compare tokens per resource). With Cluster hash tags it must hash to the same slot as ``name``.
     ``fencing=False`` skips the fencing counter (no extra key that outlives the lock; ``fencing_token`` is 0):
     right for many short-lived one-off names, such as one key per scheduled run.
     """

@@ -1,8 +1,9 @@
 """``celery -A app locks ...`` against real throwaway redis-servers.
 
-Locks are written directly with Redlock and LockedTask-shaped holder tokens under a prefix of the test's own; one
-test runs the real ``celery`` program in a subprocess, the others call the click group in-process (CliRunner) or
-the pure functions it is built on.
+Locks are written with Redlock the way the library writes them (holder records: LockedTask-shaped ``state``,
+``job``, ``name``, ``worker``, ``at`` fields; beat claims and plain locks with owner and fence only), under a prefix
+of the test's own; one test runs the real ``celery`` program in a subprocess, the others call the click group
+in-process (CliRunner) or the pure functions it is built on.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -22,13 +27,15 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import Redlock, keys
-from celery_singleton_lock.cli import list_locks, locks, read_stats, release_lock, show_lock
+from celery_singleton_lock import Redlock
+from celery_singleton_lock.cli import done_marker_of, list_locks, locks, read_stats, release_lock, show_lock
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.redlock import fence_key_for
+from celery_singleton_lock.redlock import done_key_for, fence_key_for
 from celery_singleton_lock.testing import RedisServer, free_port
 
 CELERY = str(Path(sys.executable).parent / "celery")
+WORKER = f"{os.getpid()}@{socket.gethostname()}"
+COLUMNS = ["KEY", "STATE", "KIND", "TASK", "TASK ID", "WORKER", "AGE", "TTL", "FENCE", "NODES"]
 
 
 @pytest.fixture
@@ -43,11 +50,26 @@ def make_app(urls: Sequence[str], prefix: str) -> Celery:
     return app
 
 
-def hold(
-    urls: Sequence[str], key: str, task_id: str = "task-1", ttl: float = 30.0, fence_key: str | None = None
+def task_lock(
+    urls: Sequence[str],
+    key: str,
+    task_id: str = "task-1",
+    *,
+    ttl: float = 30.0,
+    state: str = "run",
+    fence_key: str | None = None,
+    fencing: bool = True,
+    at_ms: int | None = None,
 ) -> Redlock:
-    token = keys.holder_token(task_id, "reports.rebuild")
-    lock = Redlock(list(urls), key, ttl=ttl, token=token, fence_key=fence_key)
+    """A Redlock writing the record LockedTask writes (not acquired yet)."""
+    at = str(int(time.time() * 1000) if at_ms is None else at_ms)
+    record = {"state": state, "name": "reports.rebuild", "worker": WORKER, "at": at}
+    return Redlock(list(urls), key, ttl=ttl, job=task_id, record=record, fence_key=fence_key, fencing=fencing)
+
+
+def hold(urls: Sequence[str], key: str, task_id: str = "task-1", **kwargs: Any) -> Redlock:
+    """Acquire ``key`` as a LockedTask run of ``task_id`` would."""
+    lock = task_lock(urls, key, task_id, **kwargs)
     assert lock.acquire(blocking=False)
     return lock
 
@@ -56,15 +78,36 @@ def run(app: Celery, *args: str, stdin: str | None = None) -> Result:
     return CliRunner().invoke(locks, list(args), obj=CLIContext(app=app, no_color=True, workdir=None), input=stdin)
 
 
+def table(result: Result) -> dict[str, dict[str, str]]:
+    """The rows of `locks list` by key, each as column -> value (columns split on two or more spaces)."""
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.splitlines()
+    assert re.split(r" {2,}", header) == COLUMNS
+    starts = [header.index(c) for c in COLUMNS]
+    out: dict[str, dict[str, str]] = {}
+    for row in rows:
+        cells = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        out[cells[0]] = dict(zip(COLUMNS, cells, strict=True))
+    return out
+
+
+def listed(app: Celery, *args: str) -> dict[str, dict[str, Any]]:
+    """`locks list --json` by key."""
+    result = run(app, "list", "--json", *args)
+    assert result.exit_code == 0, result.output
+    return {e["key"]: e for e in json.loads(result.stdout)}
+
+
 @pytest.fixture
 def trio_urls(redis_trio: list[RedisServer]) -> list[str]:
     return [s.url for s in redis_trio]
 
 
 def test_list_json_in_a_real_celery_process(tmp_path: Path, trio_urls: list[str], prefix: str) -> None:
-    """`celery -A app locks list --json` lists a held lock with its task id and fencing token, not its counters."""
+    """`celery -A app locks list --json` lists a running task's lock with its record's fields and own fence."""
     key = f"{prefix}reports.rebuild:abc"
-    lock = hold(trio_urls, key, "task-42", fence_key=f"{prefix}fence")  # as LockedTask: the prefix's counter
+    at_ms = int(time.time() * 1000) - 5000
+    lock = hold(trio_urls, key, "task-42", fence_key=f"{prefix}fence", at_ms=at_ms)  # as LockedTask: the prefix's
     for url in trio_urls[:2]:
         redis.Redis.from_url(url).hincrby(f"{prefix}stats", "acquired", 1)
     (tmp_path / "cli_app.py").write_text(
@@ -84,44 +127,190 @@ def test_list_json_in_a_real_celery_process(tmp_path: Path, trio_urls: list[str]
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    listed = json.loads(proc.stdout)
-    assert [e["key"] for e in listed] == [key]
-    (entry,) = listed
-    assert entry["state"] == "held"
-    assert entry["task_id"] == "task-42"
-    assert entry["task_name"] == "reports.rebuild"
+    entries = json.loads(proc.stdout)
+    assert [e["key"] for e in entries] == [key]  # not the counter, not the stats hash
+    (entry,) = entries
+    assert (entry["kind"], entry["state"]) == ("task", "running")
+    assert (entry["task_id"], entry["task_name"], entry["worker"]) == ("task-42", "reports.rebuild", WORKER)
     assert entry["fencing_token"] == lock.fencing_token
+    assert entry["owner"] == lock.token
     assert entry["holding"] == entry["total"] == 3
-    assert entry["worker"] == f"{os.getpid()}@{keys._HOST}"
+    assert entry["acquired_at"] == at_ms / 1000
+    assert 5 <= entry["age"] < 60
     assert 0 < entry["ttl"] <= 30
+    assert entry["waiting"] is False
+    assert (entry["lock_key"], entry["type"]) == (key, "hash")
+    assert entry["record"]["job"] == "task-42"
+    assert entry["record"]["fence"] == str(lock.fencing_token)
 
 
-def test_table_shows_held_and_partial_locks(trio_urls: list[str], prefix: str) -> None:
-    """The default table shows a quorum-held lock as held and a key on one node only as partial; --match filters."""
-    hold(trio_urls, f"{prefix}reports.rebuild:held", "task-held")
-    hold(trio_urls[:1], f"{prefix}beat:nightly", "task-partial")
+def test_each_lock_shows_its_own_fencing_token(trio_urls: list[str], prefix: str) -> None:
+    """Two jobs sharing the prefix's counter show their own tokens (75 and 76), not the counter's value twice."""
     app = make_app(trio_urls, prefix)
+    settings = settings_for(app)
+    for client in settings.nodes.clients:
+        client.set(settings.fence_key, 74)
+    first = hold(trio_urls, f"{prefix}reports.rebuild:first", "task-a", fence_key=settings.fence_key)
+    second = hold(trio_urls, f"{prefix}reports.rebuild:second", "task-b", fence_key=settings.fence_key)
+    assert (first.fencing_token, second.fencing_token) == (75, 76)
 
-    result = run(app, "list")
-    assert result.exit_code == 0, result.output
-    header, *rows = result.stdout.splitlines()
-    assert header.split() == ["KEY", "TASK", "TASK", "ID", "WORKER", "AGE", "TTL", "FENCE", "NODES", "STATE"]
-    by_key = {row.split()[0]: row.split() for row in rows}
-    assert len(by_key) == 2
-    task, task_id, _, _, _, _, nodes, state = by_key[f"{prefix}reports.rebuild:held"][1:]
-    assert (task, task_id, nodes, state) == ("reports.rebuild", "task-held", "3/3", "held")
-    assert by_key[f"{prefix}beat:nightly"][-2:] == ["1/3", "partial"]
+    rows = table(run(app, "list"))
+    assert rows[first.name]["FENCE"] == "75"
+    assert rows[second.name]["FENCE"] == "76"
+    entries = listed(app)
+    assert entries[first.name]["fencing_token"] == 75
+    assert entries[second.name]["fencing_token"] == 76
 
-    only = run(app, "list", "--match", "beat:*", "--json")
-    assert [e["key"] for e in json.loads(only.stdout)] == [f"{prefix}beat:nightly"]
+
+def test_every_state_is_named(trio_urls: list[str], prefix: str) -> None:
+    """Running, retry hand-over, ending, cooldown, beat claim and plain lock each show their own STATE and KIND."""
+    running = hold(trio_urls, f"{prefix}reports.rebuild:running", "task-run")
+    handed = hold(trio_urls, f"{prefix}reports.rebuild:retry", "task-retry")
+    assert handed.transfer(60, {"state": "retry"})  # what LockedTask does on self.retry()
+    ending = hold(trio_urls, f"{prefix}reports.rebuild:ending", "task-ending", ttl=30, state="ending", fencing=False)
+    cooling = hold(trio_urls, f"{prefix}reports.rebuild:cool", "task-cool")
+    assert cooling.finish(done_for=60, waited_for=60, cooldown=30)
+    beat = Redlock(trio_urls, f"{prefix}beat:nightly:1732252800", ttl=30, fencing=False, token="beat@host:1:ab")
+    assert beat.acquire(blocking=False)
+    plain = Redlock(trio_urls, f"{prefix}invoice:42", ttl=30)
+    assert plain.acquire(blocking=False)
+
+    rows = table(run(make_app(trio_urls, prefix), "list"))
+    assert {k: (r["STATE"], r["KIND"], r["FENCE"], r["NODES"]) for k, r in rows.items()} == {
+        running.name: ("running", "task", str(running.fencing_token), "3/3"),
+        handed.name: ("retry-wait", "task", str(handed.fencing_token), "3/3"),
+        ending.name: ("ending", "task", "-", "3/3"),
+        cooling.name: ("cooldown", "task", str(cooling.fencing_token), "3/3"),
+        beat.name: ("held", "beat", "-", "3/3"),
+        plain.name: ("held", "lock", str(plain.fencing_token), "3/3"),
+    }
+    assert rows[cooling.name]["TASK ID"] == "task-cool"
+    assert rows[beat.name]["TASK ID"] == rows[beat.name]["WORKER"] == rows[beat.name]["AGE"] == "-"
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged-prefix", "tagged-prefix"])
+def test_done_markers_are_not_locks(trio_urls: list[str], prefix: str, tagged: bool) -> None:
+    """A finished run's done marker is never listed as a lock; `--done` lists it as kind done; release refuses it."""
+    if tagged:
+        prefix = f"{{{prefix[:-1]}}}:"  # markers then live under the prefix itself: {p}:KEY:done:ID
+    app = make_app(trio_urls, prefix)
+    lock = hold(trio_urls, f"{prefix}reports.rebuild:finished", "task-done")
+    assert lock.finish(done_for=60, waited_for=60)  # no cooldown: the lock is gone, only the marker is left
+    marker = done_key_for(lock.name, "task-done")
+    assert marker.startswith(prefix) is tagged
+    assert done_marker_of(marker) == (lock.name, "task-done")
+    assert all(c.exists(marker) for c in settings_for(app).nodes.clients)
+
+    assert run(app, "list").stdout.strip() == f"no locks under {prefix!r}"
+    assert listed(app) == {}
+    rows = table(run(app, "list", "--done"))
+    assert {k: (r["STATE"], r["KIND"], r["TASK ID"], r["NODES"]) for k, r in rows.items()} == {
+        marker: ("done", "done", "task-done", "3/3"),
+    }
+    (entry,) = listed(app, "--done", "--match", "reports.rebuild:finished").values()
+    assert (entry["key"], entry["lock_key"], entry["task_id"], entry["owner"]) == (marker, lock.name, "task-done", None)
+
+    shown = run(app, "show", marker)
+    assert "done: this task id finished: a done marker, not a lock" in shown.stdout
+    refused = run(app, "release", marker, "--yes")
+    assert refused.exit_code == 1
+    assert "is a done marker: not released" in refused.stderr
+    assert all(c.exists(marker) for c in settings_for(app).nodes.clients)
+
+
+def test_cooldown_is_listed_once_as_cooling_down(trio_urls: list[str], prefix: str) -> None:
+    """A success with lock_cooldown leaves one row, cooldown (not held), and its done marker is no second row."""
+    app = make_app(trio_urls, prefix)
+    lock = hold(trio_urls, f"{prefix}reports.rebuild:cool", "task-cool")
+    assert lock.finish(done_for=60, waited_for=60, cooldown=30)
+
+    (entry,) = listed(app).values()
+    assert (entry["key"], entry["kind"], entry["state"]) == (lock.name, "task", "cooldown")
+    assert entry["task_id"] == "task-cool"
+    assert entry["owner"] != lock.token  # the finished run gave up its owner token
+    assert entry["fencing_token"] == lock.fencing_token
+    assert 0 < entry["ttl"] <= 30
+    shown = run(app, "show", lock.name).stdout
+    assert "cooldown: the run finished; the lock is kept for the task's lock_cooldown" in shown
+    assert "held by" not in shown
+
+
+def test_partial_and_split_locks_show_as_partial(trio_urls: list[str], prefix: str) -> None:
+    """A record on one node of three, and two owners on one node each, are partial; two of three nodes is held."""
+    app = make_app(trio_urls, prefix)
+    lonely = hold(trio_urls[:1], f"{prefix}reports.rebuild:lonely", "task-lonely")
+    split = f"{prefix}reports.rebuild:split"
+    hold(trio_urls[:1], split, "task-x")
+    hold(trio_urls[1:2], split, "task-y")
+    majority = hold(trio_urls[:2], f"{prefix}reports.rebuild:two", "task-two")
+
+    rows = table(run(app, "list"))
+    assert (rows[lonely.name]["STATE"], rows[lonely.name]["NODES"]) == ("partial", "1/3")
+    assert (rows[split]["STATE"], rows[split]["NODES"]) == ("partial", "1/3")
+    assert (rows[majority.name]["STATE"], rows[majority.name]["NODES"]) == ("running", "2/3")
+    entry = listed(app)[lonely.name]
+    assert (entry["state"], entry["kind"], entry["record"]["state"]) == ("partial", "task", "run")
+    assert "partial: a run record on 1/3 nodes (quorum 2), no owner has a quorum" in run(app, "show", split).stdout
+
+
+def test_keys_that_are_not_holder_records_are_listed_as_foreign(trio_urls: list[str], prefix: str) -> None:
+    """Other tools' keys and old-format string locks under the prefix are listed as foreign, never released."""
+    app = make_app(trio_urls, prefix)
+    clients = settings_for(app).nodes.clients
+    old = f"{prefix}reports.rebuild:old-format"
+    for client in clients[:2]:
+        client.set(old, "1f0a|task-old|42@host|1732253052506|reports.rebuild", px=30_000)
+    clients[2].rpush(f"{prefix}some-list", "x")
+    clients[0].hset(f"{prefix}some-hash", mapping={"a": "1"})  # a hash, but no owner: not a record
+    clients[0].hset(f"{prefix}stats", mapping={"acquired": "1"})  # the workers' counters: not listed
+    clients[0].set(f"{prefix}fence", 9)
+    tagged = hold(trio_urls, f"{prefix}{{tagged}}job:1")  # its counter KEY:fence is under the prefix: not listed
+    assert all(c.exists(fence_key_for(tagged.name)) for c in clients)
+
+    rows = table(run(app, "list"))
+    assert {k: (r["STATE"], r["KIND"], r["NODES"]) for k, r in rows.items()} == {
+        old: ("foreign", "foreign", "2/3"),
+        f"{prefix}some-list": ("foreign", "foreign", "1/3"),
+        f"{prefix}some-hash": ("foreign", "foreign", "1/3"),
+        tagged.name: ("running", "task", "3/3"),
+    }
+    assert listed(app)[old]["type"] == "string"
+    assert "a Redis string: never released by this command" in run(app, "show", old).stdout
+
+    refused = run(app, "release", old, "--yes")
+    assert refused.exit_code == 1
+    assert "not a holder record of celery_singleton_lock: not released" in refused.stderr
+    assert [c.exists(old) for c in clients] == [1, 1, 0]
+
+
+def test_show_names_each_node_and_a_waiting_copy(trio_urls: list[str], prefix: str) -> None:
+    """`show` gives the owner and the record's own fence per node, and says when a redelivered copy waits."""
+    app = make_app(trio_urls, prefix)
+    key = f"{prefix}reports.rebuild:shown"
+    lock = hold(trio_urls, key, "task-shown")
+    twin = task_lock(trio_urls, key, "task-shown")  # the same task id delivered again: refused, marks 'waiting'
+    assert not twin.acquire(blocking=False)
+
+    shown = run(app, "show", key)
+    assert shown.exit_code == 0, shown.output
+    assert "waiting        yes: a redelivered copy of this task id waits for this run" in shown.stdout
+    assert f"fencing token  {lock.fencing_token}" in shown.stdout
+    node_rows = [line.split() for line in shown.stdout.splitlines() if line.startswith("redis://")]
+    assert [row[1:4] for row in node_rows] == [[lock.token, "run", str(lock.fencing_token)]] * 3
+
+    doc = json.loads(run(app, "show", key, "--json").stdout)
+    assert doc["lock"]["waiting"] is True
+    assert [n["owner"] for n in doc["nodes"]] == [lock.token] * 3
+    assert [n["fence"] for n in doc["nodes"]] == [lock.fencing_token] * 3
+    assert {n["type"] for n in doc["nodes"]} == {"hash"}
 
 
 def test_release_yes_frees_every_node_and_logs_who(
     trio_urls: list[str], prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`release KEY --yes` deletes the key on every node, keeps the fencing counters, and logs who did it."""
+    """`release KEY --yes` deletes the record on every node, keeps the fencing counters, and logs who did it."""
     key = f"{prefix}reports.rebuild:stuck"
-    lock = hold(trio_urls, key)
+    lock = hold(trio_urls, key, "task-stuck")
     app = make_app(trio_urls, prefix)
     clients = settings_for(app).nodes.clients
 
@@ -134,12 +323,13 @@ def test_release_yes_frees_every_node_and_logs_who(
     (record,) = [r for r in caplog.records if r.name == "celery_singleton_lock.cli"]
     assert record.levelno == logging.WARNING
     assert key in record.getMessage()
+    assert "task-stuck" in record.getMessage()
     assert f"(pid {os.getpid()})" in record.getMessage()
     assert run(app, "list", "--json").stdout.strip() == "[]"
 
 
 def test_release_leaves_a_newer_holder_alone(trio_urls: list[str], prefix: str) -> None:
-    """A holder that acquired between the read and the release keeps its lock: the delete compares the token."""
+    """A holder that acquired between the read and the release keeps its lock: the delete compares the owner."""
     key = f"{prefix}reports.rebuild:race"
     old = hold(trio_urls, key, "task-old")
     settings = settings_for(make_app(trio_urls, prefix))
@@ -151,8 +341,22 @@ def test_release_leaves_a_newer_holder_alone(trio_urls: list[str], prefix: str) 
 
     report = release_lock(settings, key, seen)
     assert [r.outcome for r in report.value] == ["changed"] * 3
-    assert all(r.token == new.token for r in report.value)
+    assert all(r.owner == new.token for r in report.value)
     assert new.owned()
+
+
+def test_release_leaves_a_record_whose_owner_changed_in_place(trio_urls: list[str], prefix: str) -> None:
+    """A run that finished into a cooldown after the read has a new owner: the release leaves the cooldown alone."""
+    key = f"{prefix}reports.rebuild:finishing"
+    lock = hold(trio_urls, key, "task-finishing")
+    settings = settings_for(make_app(trio_urls, prefix))
+    seen = show_lock(settings, key).value[1]
+    assert lock.finish(done_for=60, waited_for=60, cooldown=30)
+
+    report = release_lock(settings, key, seen)
+    assert [r.outcome for r in report.value] == ["changed"] * 3
+    assert "now owned by" in str(report.value[0])
+    assert listed(make_app(trio_urls, prefix))[key]["state"] == "cooldown"
 
 
 def test_refusing_the_confirmation_keeps_the_lock(redis_node: RedisServer, prefix: str) -> None:
@@ -178,7 +382,7 @@ def test_unreachable_node_is_named_without_its_password(trio_urls: list[str], pr
     assert "task-dead" in result.stdout
     assert f"127.0.0.1:{port}" in result.stderr
     assert "s3cret" not in result.output
-    for args in (("show", key), ("stats",), ("release", key, "--yes")):
+    for args in (("show", key), ("stats",), ("list", "--done"), ("release", key, "--yes")):
         assert "s3cret" not in run(app, *args).output
 
 
@@ -210,9 +414,18 @@ def test_stats_sum_the_hash_over_the_nodes(trio_urls: list[str], prefix: str) ->
     assert json.loads(result.stdout)["acquired"] == 6
 
 
-def test_list_locks_skips_counters_and_other_types(trio_urls: list[str], prefix: str) -> None:
-    """The pure listing ignores fencing counters, the stats hash and non-string keys under the prefix."""
-    hold(trio_urls, f"{prefix}{{tagged}}job:1")  # a hash-tagged key: its counter is KEY:fence, under the prefix
+def test_list_locks_reads_many_keys_in_batches(trio_urls: list[str], prefix: str) -> None:
+    """More keys than one script call reads (BATCH) are all listed, each with its own record."""
     settings = settings_for(make_app(trio_urls, prefix))
-    settings.nodes.clients[0].rpush(f"{prefix}some-list", "x")
-    assert [i.key for i in list_locks(settings).value] == [f"{prefix}{{tagged}}job:1"]
+    names = [f"{prefix}orders:{n:03d}" for n in range(230)]
+    with settings.nodes.clients[0].pipeline(transaction=False) as pipe:
+        for n, name in enumerate(names):
+            pipe.hset(name, mapping={"owner": f"owner-{n}", "fence": str(n)})
+            pipe.pexpire(name, 30_000)
+        pipe.execute()
+    infos = list_locks(settings).value
+    assert [i.key for i in infos] == names
+    assert [(i.owner, i.fencing_token, i.state, i.kind) for i in infos[:2]] == [
+        ("owner-0", None, "partial", "lock"),
+        ("owner-1", 1, "partial", "lock"),
+    ]
