@@ -8,6 +8,7 @@ exists to prevent. The settings are cached on the app; :func:`settings_for` is c
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -33,6 +34,7 @@ DEFAULT_TTL: Final = 60.0
 _PREFIX: Final = "singleton_lock_"
 _CACHE_ATTR: Final = "_singleton_lock_settings"
 _cache_lock = threading.Lock()
+_URL_START: Final = re.compile(r"\s*,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 
 
 @dataclass(frozen=True, repr=False)
@@ -153,7 +155,9 @@ def _urls(conf: Mapping[str, Any]) -> tuple[str, ...]:
             f"(e.g. ['redis://127.0.0.1:6379/0']): the broker {shown} is not Redis, so it cannot hold the locks"
         )
     if isinstance(raw, str):
-        raw = [u.strip() for u in raw.split(",")] if "," in raw else [raw]
+        # Split only where a URL starts: a ',' inside one (a password may have it) stays, and validate_url refuses
+        # a ',' left in a host or db path ("redis://a:1/0,b:2/0"), so a missing scheme is an error, not one node.
+        raw = [u.strip() for u in _URL_START.split(raw)]
     if not isinstance(raw, Sequence) or not raw or not all(isinstance(u, str) for u in raw):
         raise ConfigurationError(
             f"singleton_lock_urls must be a Redis URL or a non-empty list of them, got {type(raw).__name__}"
