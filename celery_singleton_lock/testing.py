@@ -22,7 +22,21 @@ from types import TracebackType
 
 import redis
 
-__all__ = ["CeleryWorker", "RedisServer", "find_redis_server", "free_port", "redis_servers"]
+from .faults import Acquisition, FaultInjector, FaultProxy, History, check_history, run_lock_client
+
+__all__ = [
+    "Acquisition",
+    "CeleryWorker",
+    "FaultInjector",
+    "FaultProxy",
+    "History",
+    "RedisServer",
+    "check_history",
+    "find_redis_server",
+    "free_port",
+    "redis_servers",
+    "run_lock_client",
+]
 
 
 def find_redis_server() -> str:
