@@ -8,6 +8,7 @@ every rule lives here, with no I/O, no Celery and no clock, so the whole table i
 outcome of the acquire          action
 =============================  =====================================================================================
 acquired                        RUN; a redelivery first LOOKs UP the result backend, and is DONE if it says SUCCESS
+                                (unless it took over its own retry's hand-over: that is the retry, it runs)
 done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
 split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
 no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
@@ -17,6 +18,8 @@ held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE i
                                 twin's lease would end (never skipped as its own duplicate, never run beside it)
 held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule; chord members
                                 always): after at most one renewal interval
+held by a record of no job      DEFER after at most one renewal interval (not a LockedTask's record: nothing says
+                                it is another job, so this one is never dropped as its duplicate)
 =============================  =====================================================================================
 """
 
@@ -89,6 +92,10 @@ def decide(f: Facts) -> Decision:
     if f.outcome == "done":
         return Decision(Act.DONE, reason="already succeeded")
     if f.outcome == "acquired":
+        if f.took_over:
+            # We took over our own retry's hand-over: this delivery is that retry, and runs, even if the attempt
+            # before it stored SUCCESS (a body that went on after retry(throw=False) and returned).
+            return Decision(Act.RUN)
         if f.succeeded:
             return Decision(Act.DONE, reason="already succeeded")
         if f.redelivered and f.succeeded is None:
@@ -120,13 +127,17 @@ def decide(f: Facts) -> Decision:
             return Decision(Act.DONE, reason="already succeeded")
         remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
         return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "redelivered")
+    remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
+    if f.holder_job is None:
+        # Not a LockedTask's record (a plain Redlock, a key of another tool, an old format): nothing says it is a
+        # different job, so this one is not dropped as its duplicate: look again after at most one interval.
+        return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "unknown holder")
     policy: DuplicatePolicy = "reschedule" if f.in_chord else f.on_duplicate
     if policy == "fail":
         return Decision(Act.FAIL_DUPLICATE)
     if policy == "reschedule":
         # Look again after one renewal interval at most: a live holder's lease is always ~ttl away (it renews), so
         # waiting for it would let the duplicate run up to a whole ttl after the holder finished.
-        remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
         return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "duplicate")
     return Decision(Act.SKIP)
 

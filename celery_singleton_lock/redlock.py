@@ -58,25 +58,35 @@ ACQUIRE_SCRIPT = """
 -- ARGV[2] - lease in milliseconds
 -- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
 -- ARGV[4] - the owner token of a record we may take over (handed over to us, see TRANSFER_SCRIPT), or ''
--- ARGV[5] - this job's id, or '': a refusal by a holder of the same job marks that record 'waiting'
+-- ARGV[5] - this job's id, or '': a refusal by a holder of the same job marks that record 'waiting' (unless the
+--           record is 'open': handed over for this job to take over, so the refused attempt is the job's own)
 -- ARGV[6..] - field, value pairs of our holder record
 -- returns {ACQUIRED, fencing token (0 without fencing)} when the lease is ours (new, or taken over);
 --         {HELD, holder record as a flat field/value array ({} if the key is not a record), remaining ms};
 --         {DONE} when KEYS[3] exists: this job already finished (nothing is changed)
+-- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
+-- UNDO_SCRIPT can put it back if this attempt fails its quorum.
 if #KEYS > 2 and redis.call('EXISTS', KEYS[3]) == 1 then
   return {2}
 end
-local waiting = false
+local waiting, prev = false, false
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
     return {0, {}, redis.call('PTTL', KEYS[1])}
   end
   local owner = redis.call('HGET', KEYS[1], 'owner')
   if owner ~= ARGV[1] and (ARGV[4] == '' or owner ~= ARGV[4]) then
-    if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'job') == ARGV[5] then
+    if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'job') == ARGV[5]
+        and redis.call('HGET', KEYS[1], 'open') ~= '1' then
       redis.call('HSET', KEYS[1], 'waiting', '1')
     end
     return {0, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
+  end
+  if owner ~= ARGV[1] then
+    local now = redis.call('TIME')
+    local fields = redis.call('HGETALL', KEYS[1])
+    local expires = now[1] * 1000 + math.floor(now[2] / 1000) + redis.call('PTTL', KEYS[1])
+    prev = cjson.encode({fields, expires})
   end
   -- taken over: a copy of the job known to wait for it still waits for us
   waiting = redis.call('HGET', KEYS[1], 'waiting')
@@ -90,8 +100,46 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, unpack(ARGV, 6))
 if waiting then
   redis.call('HSET', KEYS[1], 'waiting', waiting)
 end
+if prev then
+  redis.call('HSET', KEYS[1], '_prev', prev)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {1, fence}
+"""
+
+UNDO_SCRIPT = """
+-- KEYS[1] - lock key (holder record)
+-- ARGV[1] - owner token of a failed attempt
+-- returns 1 when the record was that attempt's: it is deleted, and a record the attempt had taken over is put
+--   back (with its own expiry, if it has not passed); 0 when it was not (left alone)
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+  return 0
+end
+local prev = redis.call('HGET', KEYS[1], '_prev')
+redis.call('DEL', KEYS[1])
+if prev then
+  local p = cjson.decode(prev)
+  local now = redis.call('TIME')
+  local left = p[2] - (now[1] * 1000 + math.floor(now[2] / 1000))
+  if left > 0 and #p[1] > 0 then
+    redis.call('HSET', KEYS[1], unpack(p[1]))
+    redis.call('PEXPIRE', KEYS[1], left)
+  end
+end
+return 1
+"""
+
+REFILL_SCRIPT = """
+-- KEYS[1] - lock key (holder record)
+-- ARGV[1] - owner token
+-- ARGV[2..] - field, value pairs of the owner's record
+-- returns 1 when the record is ours and now has those fields (a node that lost it and was repaired with owner and
+--   fence only), 0 when it is not ours
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
 """
 
 FENCE_SCRIPT = """
@@ -172,19 +220,21 @@ EXTEND_SCRIPT = """
 -- ARGV[3i]   - fencing token of lease i
 -- returns an array, one code per lease: EXTENDED (1) when the record was ours and its expiry is reset;
 --   REPAIRED (2) when the key was missing (node restarted or never reached) and is now a record of ours (owner
---   and fence only), with the counter raised to our fencing token; LOST (0) when someone else holds it
+--   and fence only), with the counter raised to our fencing token; LOST (0) when someone else holds it (or the
+--   key is not a record at all: it must not fail the whole batch)
 local out = {}
 for i = 1, #KEYS / 2 do
   local key, fence = KEYS[2 * i - 1], KEYS[2 * i]
   local token, ms, fencing = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  if redis.call('EXISTS', key) == 0 then
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' then
     redis.call('HSET', key, 'owner', token, 'fence', fencing)
     redis.call('PEXPIRE', key, ms)
     if tonumber(redis.call('GET', fence) or '0') < tonumber(fencing) then
       redis.call('SET', fence, fencing)
     end
     out[i] = 2
-  elseif redis.call('HGET', key, 'owner') == token then
+  elseif kind == 'hash' and redis.call('HGET', key, 'owner') == token then
     redis.call('PEXPIRE', key, ms)
     out[i] = 1
   else
@@ -261,6 +311,8 @@ _TRANSFER = _Script(TRANSFER_SCRIPT)
 _EXTEND = _Script(EXTEND_SCRIPT)
 _STATUS = _Script(STATUS_SCRIPT)
 _FINISH = _Script(FINISH_SCRIPT)
+_UNDO = _Script(UNDO_SCRIPT)
+_REFILL = _Script(REFILL_SCRIPT)
 
 
 def _text(value: object) -> str:
@@ -270,6 +322,16 @@ def _text(value: object) -> str:
 def record_of(flat: Sequence[Any]) -> dict[str, str]:
     """A holder record from a script's flat field/value array (``HGETALL``'s reply in RESP2)."""
     return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+def _merged(records: Iterable[dict[str, str]]) -> dict[str, str]:
+    """One owner's record as several nodes hold it: a node that lost the key and was repaired by a renewal holds
+    only ``owner`` and ``fence`` until it is refilled, so the fuller records' fields win, never the stripped one's."""
+    out: dict[str, str] = {}
+    for record in sorted(records, key=len):
+        out.update(record)
+    out.pop("_prev", None)
+    return out
 
 
 # redis-py >= 7 takes driver_info (None disables CLIENT SETINFO); older ones take lib_name/lib_version.
@@ -310,7 +372,8 @@ def _pack(command: Sequence[str | int]) -> bytes:
     """The RESP encoding of a command of str/int arguments, built once and sent to every node."""
     out = [b"*%d\r\n" % len(command)]
     for arg in command:
-        data = arg.encode() if isinstance(arg, str) else str(arg).encode()
+        # surrogatepass: a JSON message may carry a lone surrogate ("\ud800") in a task id, which strict UTF-8 refuses.
+        data = arg.encode("utf-8", "surrogatepass") if isinstance(arg, str) else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 
@@ -397,8 +460,12 @@ class NodeSet:
                 url = validate_url(item)
                 try:
                     client = _client_for(url, socket_timeout, connect_timeout or socket_timeout)
-                except ValueError as exc:  # redis-py's URL parser: a bad port, db or query option
-                    raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
+                except ValueError:  # validate_url names every problem it knows; redis-py's message may quote a password
+                    raise ConfigurationError(
+                        f"invalid Redis URL {redact_url(url)!r}: redis-py refused it (its message is not shown, as it "
+                        "may quote the password): check the port, the db and the query options against "
+                        "'redis://127.0.0.1:6379/0?socket_timeout=0.5'"
+                    ) from None
             name = _describe(client)
             if name in names:
                 raise ConfigurationError(f"Redis node {name} is listed twice: Redlock needs independent nodes")
@@ -542,6 +609,7 @@ class _Lease:
     fence: int
     deadline: float  # monotonic; the lock is ours until then under Redlock's assumptions
     renewable: bool = True  # False once handed over (transfer): the marker is never extended
+    fields: tuple[str, ...] = ()  # the record's fields (field, value, ...) besides owner and fence, for a refill
 
 
 class Redlock:
@@ -573,7 +641,8 @@ class Redlock:
     ``fence_key`` names the fencing counter (default: one counter per name, ``fence_key_for(name)``, which never
     expires). Many short-lived names (one per order, say) are better served by one counter they share: the keys
     then stay one, not one per name ever locked, and the tokens still grow strictly per name (two names acquired at
-    the same moment may get the same token: compare tokens per resource). With Cluster hash tags it must hash to the same slot as ``name``.
+    the same moment may get the same token: compare tokens per resource). With Cluster hash tags it must hash to
+    the same slot as ``name``.
     ``fencing=False`` skips the fencing counter (no extra key that outlives the lock; ``fencing_token`` is 0):
     right for many short-lived one-off names, such as one key per scheduled run.
     """
@@ -709,7 +778,7 @@ class Redlock:
             _ACQUIRE,
             self._keys,
             (token, ttl_ms, self._fencing, self.replaces or "", self.job or "", *self._fields),
-            undo_on_timeout=(_RELEASE, (self.name,), (token,)),
+            undo_on_timeout=(_UNDO, (self.name,), (token,)),
         )
         fences: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
@@ -741,14 +810,15 @@ class Redlock:
             # Under Redlock's assumptions the lease is ours until start + ttl - drift on our clock.
             deadline = start + self.ttl - self._drift()
             if confirmed >= nodes.quorum and deadline > self._clock():
-                self._lease = _Lease(token, ttl_ms, fence, deadline)
+                self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields)
                 self._fence = fence
                 self._reset_failure()
                 return True
-        # Failed: undo where we set the key. A node that timed out got the undo already, on the same connection
-        # (see NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
+        # Failed: undo where we set the key, putting back a record we took over (a retry's hand-over that another
+        # delivery must still find). A node that timed out got the undo already, on the same connection (see
+        # NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
         if fences:
-            nodes.run(_RELEASE, (self.name,), (token,), fences)
+            nodes.run(_UNDO, (self.name,), (token,), fences)
         self._reset_failure()
         self.node_errors = tuple(errors)
         self.done = done
@@ -761,7 +831,7 @@ class Redlock:
             holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]
             self.held_by = holder
             self.held_for = max(ms for h, ms, _ in holders if h == holder) / 1000.0
-            self.holder_record = next(r for h, _, r in holders if h == holder)
+            self.holder_record = _merged(r for h, _, r in holders if h == holder)
         self.contended = count >= nodes.quorum
         self.split = refused and not self.contended
         return False
@@ -826,6 +896,11 @@ class Redlock:
             lock = locks[i]
             lease = lock._lease
             assert lease is not None
+            repaired = [j for j, a in enumerate(answers) if not isinstance(a, BaseException) and a[n] == REPAIRED]
+            if repaired and lease.fields:
+                # A node that lost the key (restarted) now holds owner and fence only: give it the whole record
+                # back, or a reader there (a redelivery, the CLI) could not tell whose job holds it.
+                nodes.run(_REFILL, (lock.name,), (lease.token, *lease.fields), repaired)
             votes = sum(1 for a in answers if not isinstance(a, BaseException) and a[n] == EXTENDED)
             # A node that answered LOST (someone else holds it) or REPAIRED (it had lost our key) no longer holds
             # our lease; one that did not answer may still hold it.
@@ -900,13 +975,21 @@ class Redlock:
                 return False
             start = self._clock()
             token = self._new_token()
-            fields = [x for kv in (record or {}).items() for x in kv]
-            answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000), *fields))
+            changes = [x for kv in (record or {}).items() for x in kv]
+            answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000), *changes))
+            current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
             moved = sum(1 for a in answers if a == 1)
             held = moved >= self.nodes.quorum and lease.deadline > self._clock()
             # The instance keeps the handed-over token, so release() can still cancel the hand-over.
             self._lease = (
-                _Lease(token, int(ttl * 1000), lease.fence, start + ttl - self._drift(), renewable=renewable)
+                _Lease(
+                    token,
+                    int(ttl * 1000),
+                    lease.fence,
+                    start + ttl - self._drift(),
+                    renewable=renewable,
+                    fields=tuple(x for kv in current.items() for x in kv),
+                )
                 if held
                 else None
             )
@@ -937,7 +1020,7 @@ class Redlock:
         owner, count = owners.most_common(1)[0]
         if count < self.nodes.quorum:
             return None
-        return next(r for r in records if r.get("owner", "") == owner)
+        return _merged(r for r in records if r.get("owner", "") == owner)
 
     def __enter__(self) -> Redlock:
         if self.acquire(blocking=True, timeout=self.timeout):

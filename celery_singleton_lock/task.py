@@ -47,10 +47,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
-from billiard.exceptions import TimeLimitExceeded
 from celery import Task, bootsteps
 from celery.exceptions import Retry
 from celery.signals import worker_process_shutdown
+from celery.worker.request import Request
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
@@ -65,8 +65,17 @@ __all__ = ["LockedTask", "Skipped"]
 logger = logging.getLogger("celery_singleton_lock.task")
 
 _END_LEASE = 1.0
-#: The holder record's ``worker`` field: this process.
-_WORKER = f"{os.getpid()}@{socket.gethostname()}"
+_HOST = socket.gethostname()
+#: The holder record's ``worker`` field: this process (a prefork child, not the parent that imported us).
+_worker = f"{os.getpid()}@{_HOST}"
+
+
+def _after_fork() -> None:
+    global _worker  # noqa: PLW0603 - one per process
+    _worker = f"{os.getpid()}@{_HOST}"
+
+
+os.register_at_fork(after_in_child=_after_fork)
 # apply_async options under which the enqueue check stands aside: the message must go out as asked.
 _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
 _ATTEMPT_HEADER = "singleton_lock_attempt"
@@ -97,6 +106,8 @@ class _Run:
     retrying: bool = False
     handed_over: bool = False
     entered: bool = False
+    redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
+    handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,28 @@ def _flush_stats_at_exit(**_: Any) -> None:
         logger.debug("flushing lock counters at exit failed", exc_info=True)
 
 
+class LockedRequest(Request):  # type: ignore[misc]
+    """The worker's request for a LockedTask: after a hard time limit, end the killed run's lease within ~1 s.
+
+    Celery handles a hard time limit in the worker's main process (``Request.on_timeout``), where this request
+    knows the pool child that ran the task (``worker_pid``); ``after_return`` there is given no request, so it
+    could not tell the killed run from another delivery of the same task id. A SIGKILLed or OOM-killed child gets
+    no such call: its lease simply runs out, within ttl. A task that names its own ``Request`` class must subclass
+    this one.
+    """
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:  # noqa: FBT001 - Celery's signature
+        super().on_timeout(soft, timeout)
+        task = self.task
+        if soft or not isinstance(task, LockedTask) or not self.worker_pid:
+            return
+        try:
+            key = task.lock_key_for(*(self.args or ()), **(self.kwargs or {}))
+            task._end_lease_of(self.id, key, f"{self.worker_pid}@{_HOST}")  # noqa: SLF001
+        except Exception:
+            logger.exception("could not end the lease of %s[%s]", task.name, self.id)
+
+
 class LockedTask(Task):  # type: ignore[misc]
     """A task that runs at most once at a time per (task name, arguments).
 
@@ -200,6 +233,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_on_unavailable: ClassVar[UnavailablePolicy | None] = None
     lock_enqueue_check: ClassVar[bool] = False
     lock_cooldown: ClassVar[float] = 0.0
+    Request = "celery_singleton_lock.task:LockedRequest"
 
     _lock_options: _Options | None = None
 
@@ -328,6 +362,7 @@ class LockedTask(Task):  # type: ignore[misc]
         redelivered = bool(
             getattr(request, _REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered")
         )
+        run.redelivered = redelivered
         if acquired and not redelivered:
             # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
             self._hold(run, lock, task_id)
@@ -431,9 +466,8 @@ class LockedTask(Task):  # type: ignore[misc]
             raise LockUnavailableError(run.key, node_errors=[str(e) for e in lock.node_errors])
         elif act is Act.DEFER and decision.reason == "unavailable":
             self._unavailable(run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
-        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote"):
-            headers = {_REDELIVERY_HEADER: 1} if decision.reason == "redelivered" else {}
-            self._defer(run, decision.countdown, decision.reason, headers)
+        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "unknown holder"):
+            self._defer(run, decision.countdown, decision.reason, {})
         else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
             self._duplicate(run, decision, facts)
 
@@ -445,7 +479,7 @@ class LockedTask(Task):  # type: ignore[misc]
             ttl=options.ttl,
             fence_key=settings.fence_key,
             job=task_id,
-            record={"state": RUNNING, "name": self.name, "worker": _WORKER, "at": str(int(time.time() * 1000))},
+            record={"state": RUNNING, "name": self.name, "worker": _worker, "at": str(int(time.time() * 1000))},
         )
 
     def _hold(self, run: _Run, lock: Redlock, task_id: str) -> None:
@@ -530,6 +564,11 @@ class LockedTask(Task):  # type: ignore[misc]
                 if reason == "unavailable"
                 else DuplicateTaskError(run.key, task_name=self.name, holder_task_id=request.id)
             )
+        if run.redelivered or reason == "redelivered":
+            # Another copy of this message may exist (or will: the broker's own redelivery): the copy sent here
+            # keeps saying so, so that when it runs it asks whether the job already succeeded, and its success
+            # keeps the job's done marker for the whole window.
+            headers = {**headers, _REDELIVERY_HEADER: 1}
         merged = {**(request.headers or {}), **headers}
         self.signature_from_request(request, countdown=countdown, headers=merged).apply_async()
         signals.lock_waiting.send(sender=self, key=run.key, task_id=request.id, countdown=countdown, reason=reason)
@@ -567,7 +606,10 @@ class LockedTask(Task):  # type: ignore[misc]
             return result
         finally:
             # Before the tracer stores the result: a caller who waits for it and re-enqueues is never skipped.
-            if not run.handed_over:
+            if run.handover_ttl is not None and not run.handed_over:
+                # retry(throw=False) sent the retry and the body went on: only now is the job the retry's.
+                self._hand_over(run, run.handover_ttl)
+            elif not run.handed_over:
                 self._release(run, done=succeeded)
             elif not run.retrying and not succeeded:
                 self._release(run)  # the retry was never sent (max retries exceeded, publish failed): cancel it
@@ -592,7 +634,9 @@ class LockedTask(Task):  # type: ignore[misc]
             if done:
                 options = self._options()
                 held = lock.finish(
-                    done_for=options.done_window_short,
+                    # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
+                    # the other copy can start late, so the marker lasts the whole window.
+                    done_for=options.done_window if run.redelivered else options.done_window_short,
                     waited_for=options.done_window,
                     cooldown=float(self.lock_cooldown),
                 )
@@ -633,10 +677,14 @@ class LockedTask(Task):  # type: ignore[misc]
             delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
         else:
             delay = float(countdown if countdown is not None else self.default_retry_delay or 0)
-        if run.lease is not None:
-            watchdog().unregister(run.lease)
-            run.lease = None
-        run.handed_over = run.lock.transfer(delay + self._options().ttl, {"state": HANDOVER})
+        lease_for = delay + self._options().ttl
+        if not throw:
+            # The body goes on after a retry(throw=False): keep the lock (renewed) until it ends, then hand over in
+            # __call__. Handing over now would let the retry take the lock and run beside the rest of this body.
+            result = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+            run.handover_ttl = lease_for
+            return result
+        self._hand_over(run, lease_for)
         try:
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         except Retry:
@@ -645,6 +693,17 @@ class LockedTask(Task):  # type: ignore[misc]
             self._take_back(run)
             raise
 
+    def _hand_over(self, run: _Run, ttl: float) -> None:
+        """Reserve the lock for the next delivery of this task id (the retry), which takes it over atomically.
+
+        The record is marked ``open``: the retry's own first acquire, refused by it, does not mark it ``waiting``.
+        """
+        if run.lease is not None:
+            watchdog().unregister(run.lease)
+            run.lease = None
+        if run.lock is not None:
+            run.handed_over = run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
+
     def _take_back(self, run: _Run) -> None:
         """The retry was not sent: the hand-over becomes this run's renewed lock again (or the lock is lost)."""
         lock = run.lock
@@ -652,34 +711,23 @@ class LockedTask(Task):  # type: ignore[misc]
         if lock is None:
             return
         options = self._options()
-        if lock.transfer(options.ttl, {"state": RUNNING}, renewable=True):
+        if lock.transfer(options.ttl, {"state": RUNNING, "open": ""}, renewable=True):
             run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, self.request.id))
         else:
             # Expired meanwhile, or too few nodes answered: this run no longer holds its lock; say so like a loss.
             run.lease = Lease(lock, options.interval, lost=True, reason="retry not sent; hand-over not taken back")
             self._on_lost(self.request.id, run.lease, run.lease.reason)
 
-    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        """In the worker's main process after a hard time limit: end the killed run's lease soon.
-
-        Celery calls after_return in the main process only for a hard time limit (celery/worker/request.py:569),
-        not for a child lost to SIGKILL or OOM (WorkerLostError): that run's lease simply runs out, within ttl.
-        """
-        super().after_return(status, retval, task_id, args, kwargs, einfo)
-        if isinstance(retval, TimeLimitExceeded) and task_id:
-            try:
-                self._end_lease_of(task_id, self.lock_key_for(*(args or ()), **(kwargs or {})))
-            except Exception:
-                logger.exception("could not end the lease of %s[%s]", self.name, task_id)
-
-    def _end_lease_of(self, task_id: str, key: str) -> None:
+    def _end_lease_of(self, task_id: str, key: str, worker: str) -> None:
         """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.
 
-        Capping the lease's expiry alone is not enough: Celery calls after_return (celery/worker/request.py:569)
-        BEFORE billiard kills the child (SIGTERM, then SIGKILL 0.1 s later: billiard/pool.py:755-779), and the
-        child's watchdog can renew in between, back to a full ttl. Taking the lock over (the retry hand-over's
-        mechanism) replaces the owner token, so the dying run's renewals and release no longer match; the record
-        names the same task id (state ``ending``), so a redelivery of it waits ~1 s instead of a ttl.
+        Called in the worker's main process after a hard time limit (see :class:`LockedRequest`), which Celery
+        handles there BEFORE billiard kills the child (SIGTERM, then SIGKILL 0.1 s later: billiard/pool.py:755-779):
+        capping the lease's expiry alone is not enough, since the child's watchdog can renew in between, back to a
+        full ttl. Taking the lock over replaces the owner token, so the dying run's renewals and release no longer
+        match; the record names the same task id (state ``ending``), so a redelivery of it waits ~1 s, not a ttl.
+        Only a record written by the killed child (``worker``, its pid and host) is taken over: another delivery
+        of the same task id (a retry, a redelivered twin) may hold the lock by now, and must keep it.
         """
         lock = Redlock(
             self._options().settings.nodes,
@@ -687,13 +735,13 @@ class LockedTask(Task):  # type: ignore[misc]
             ttl=_END_LEASE,
             fencing=False,
             job=task_id,
-            record={"state": ENDING, "name": self.name, "worker": _WORKER, "at": str(int(time.time() * 1000))},
+            record={"state": ENDING, "name": self.name, "worker": worker, "at": str(int(time.time() * 1000))},
         )
         if lock.acquire(blocking=False):  # nobody held it any more: nothing to end
             lock.release()
             return
         record = lock.holder_record or {}
-        if lock.contended and record.get("job") == task_id:
+        if lock.contended and record.get("job") == task_id and record.get("worker") == worker:
             lock.replaces = lock.held_by
             lock.acquire(blocking=False)  # ours for _END_LEASE seconds, then it expires: never extended
 

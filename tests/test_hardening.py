@@ -188,3 +188,107 @@ def test_a_failed_write_returns_the_connection_to_a_caller_s_pool(redis_node: Re
     assert lock.node_errors
     assert lock.acquire(blocking=False), lock.node_errors
     assert lock.release()
+
+
+# -- found by the adversarial review of the holder record (each failed on the commit that introduced the record) --
+
+
+def test_a_repaired_node_gets_the_whole_record_back(fresh_trio: list[RedisServer], name: str) -> None:
+    """A node that lost its data is repaired by the next renewal with the whole holder record, not just owner and
+    fence; and a reader merges one owner's records across nodes, so a stripped record never hides the job (a retry
+    or redelivery of the same task id used to read 'held by task None' and be skipped as a duplicate)."""
+    urls = [s.url for s in fresh_trio]
+    lock = Redlock(urls, name, ttl=5, job="task-7", record={"state": "run", "name": "t"})
+    assert lock.acquire(blocking=False)
+    fresh_trio[0].restart()
+    assert lock.extend()
+    assert fresh_trio[0].client().hget(name, "job") == b"task-7"
+    fresh_trio[1].client().hdel(name, "job", "state", "name")  # a record stripped some other way
+    seen = Redlock(urls, name, ttl=5, job="task-7")
+    assert not seen.acquire(blocking=False)
+    assert seen.holder_record is not None
+    assert seen.holder_record["job"] == "task-7"
+    assert Redlock(urls, name).holder() == seen.holder_record
+    assert lock.release()
+
+
+def test_a_failed_take_over_puts_the_hand_over_back(fresh_trio: list[RedisServer], name: str) -> None:
+    """A take-over of a retry's hand-over that fails its quorum (one node unreachable, one paused) undoes itself by
+    putting the hand-over back, also on the paused node when it wakes: a different job then cannot take the
+    reservation's place (the undo used to delete it)."""
+    urls = [s.url for s in fresh_trio]
+    run = Redlock(urls, name, ttl=10, job="X", record={"state": "run"})
+    assert run.acquire(blocking=False)
+    assert run.transfer(10, {"state": "retry", "open": "1"})
+    handover = run.token
+    dead = "redis://127.0.0.1:1/0"  # nothing listens on port 1: refused at once
+    retry = Redlock([urls[0], dead, urls[2]], name, ttl=10, job="X", socket_timeout=0.2)
+    retry.replaces = handover
+    fresh_trio[2].pause()
+    try:
+        assert not retry.acquire(blocking=False)
+    finally:
+        fresh_trio[2].resume()
+    deadline = time.monotonic() + 5
+    owners: list[bytes | None] = []
+    while time.monotonic() < deadline:  # the paused node runs the queued undo when it wakes
+        owners = [s.client().hget(name, "owner") for s in fresh_trio]
+        if owners == [handover.encode()] * 3:
+            break
+        time.sleep(0.02)
+    assert owners == [handover.encode()] * 3
+    assert fresh_trio[0].client().hget(name, "state") == b"retry"
+    assert not Redlock(urls, name, ttl=5, job="Y").acquire(blocking=False)
+
+
+def test_a_job_s_own_retry_does_not_mark_its_hand_over_waiting(redis_node: RedisServer, name: str) -> None:
+    """The retry's first acquire is refused by its own hand-over (open for it): that is not a copy waiting for a
+    twin, so the record is not marked 'waiting' (every retried job used to keep its done marker for an hour)."""
+    run = Redlock(redis_node.url, name, ttl=5, job="X", record={"state": "run"})
+    assert run.acquire(blocking=False)
+    assert run.transfer(5, {"state": "retry", "open": "1"})
+    assert not Redlock(redis_node.url, name, ttl=5, job="X").acquire(blocking=False)
+    assert redis_node.client().hget(name, "waiting") is None
+    run.transfer(5, {"state": "run", "open": ""}, renewable=True)
+    assert not Redlock(redis_node.url, name, ttl=5, job="X").acquire(blocking=False)
+    assert redis_node.client().hget(name, "waiting") == b"1"
+    run.release()
+
+
+def test_a_key_that_is_not_a_record_fails_only_its_own_renewal(redis_node: RedisServer, name: str) -> None:
+    """A batched renewal with one lock whose key was overwritten by a string (another tool, an old version) answers
+    'lost' for that lock alone; the others in the batch are extended (the whole batch used to fail)."""
+    nodes = NodeSet([redis_node.url])
+    good, bad = Redlock(nodes, name, ttl=5), Redlock(nodes, name + ":b", ttl=5)
+    assert good.acquire(blocking=False) and bad.acquire(blocking=False)
+    redis_node.client().set(name + ":b", "not a record", px=5000)
+    assert Redlock.nodes_extend([good, bad]) == [True, False]
+    assert good.release()
+
+
+def test_a_task_id_with_a_lone_surrogate_runs(app: Celery) -> None:
+    """A JSON message can carry a lone surrogate in its task id ('\\ud800'): the lock is taken and released as for
+    any id (it used to fail the task with UnicodeEncodeError)."""
+
+    @app.task(base=LockedTask)
+    def job(n: int) -> int:
+        return n
+
+    assert job.apply(args=(1,), task_id="id-\ud800").get() == 1
+
+
+def test_a_hard_time_limit_ends_only_the_killed_run_s_lease(app: Celery, redis_node: RedisServer) -> None:
+    """After a hard time limit the main process takes over only a record the killed child wrote (its pid): another
+    delivery of the same task id (a retry, a redelivered twin) that holds the lock by now keeps it."""
+
+    @app.task(base=LockedTask)
+    def job(n: int) -> None: ...
+
+    key = job.lock_key_for(3)
+    twin = Redlock(app.conf.singleton_lock_urls, key, ttl=10, job="X", record={"state": "run", "worker": "111@h"})
+    assert twin.acquire(blocking=False)
+    job._end_lease_of("X", key, "222@h")  # the killed child was 222
+    assert redis_node.client().hget(key, "owner") == twin.token.encode()
+    job._end_lease_of("X", key, "111@h")
+    assert redis_node.client().hget(key, "state") == b"ending"
+    assert 0 < redis_node.client().pttl(key) <= 1000

@@ -23,6 +23,7 @@ import pytest
 import redis
 from celery.exceptions import TaskRevokedError
 
+from celery_singleton_lock.redlock import done_key_for
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
 
 APPS = Path(__file__).parent / "apps"
@@ -212,6 +213,38 @@ def test_a_retry_that_gives_up_leaves_no_reservation(cluster: Cluster) -> None:
     assert app.give_up.delay(k).get(timeout=20) == "gave up"
     assert app.give_up.delay(k).get(timeout=20) == "gave up"
     assert len(cluster.runs(k)) == 2
+
+
+def test_retry_without_throw_hands_over_only_when_the_body_ends(cluster: Cluster) -> None:
+    """retry(countdown=0, throw=False) sends the retry at once while the body goes on: the retry runs only after
+    the first attempt's body ended, never beside it."""
+    app = cluster.app_module()
+    k = key()
+    app.no_throw.delay(k, 1.5)
+    runs = cluster.wait_runs(k, 2, 30)
+    assert len(runs) == 2
+    assert overlapping(runs) == []
+
+
+def test_done_marker_window_follows_the_delivery(cluster: Cluster) -> None:
+    """A plain success keeps its done marker for the short window; a retried job too (its own retry is not a copy
+    waiting for it); a redelivered copy's success keeps it for the whole window (another copy of its message may
+    still come: the original of a visibility-timeout restore)."""
+    app = cluster.app_module()
+    lock_client = redis.Redis.from_url(cluster.env["CSL_LOCK_URLS"].split(",")[0])
+    plain, retried, redelivered = key(), key(), key()
+    r1 = app.work.delay(plain)
+    r2 = app.flaky.delay(retried, 1, 0.2)
+    r3 = app.work.apply_async((redelivered,), headers={"singleton_lock_waited": 1})
+    for r in (r1, r2, r3):
+        r.get(timeout=30)
+
+    def marker_ttl(task: Any, k: str, task_id: str) -> int:
+        return int(lock_client.pttl(done_key_for(task.lock_key_for(k), task_id)))
+
+    assert 0 < marker_ttl(app.work, plain, r1.id) <= 60_000
+    assert 0 < int(lock_client.pttl(done_key_for(app.flaky.lock_key_for(retried, 1, 0.2), r2.id))) <= 60_000
+    assert marker_ttl(app.work, redelivered, r3.id) > 3_600_000
 
 
 def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -> None:

@@ -204,3 +204,14 @@ def give_up(self: Any, key: str) -> str:
         raise self.retry(countdown=5)
     except self.MaxRetriesExceededError:
         return "gave up"
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"])
+def no_throw(self: Any, key: str, rest: float) -> int:
+    """retry(throw=False) on the first attempt, then go on for ``rest`` seconds: the retry must not run meanwhile."""
+    if self.request.retries == 0:
+        self.retry(countdown=0, throw=False)
+        _run(self, key, rest)
+        return 0
+    _run(self, key, 0.05)
+    return self.request.retries
