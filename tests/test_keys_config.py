@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.config import DEFAULT_TTL, LockSettings, settings_for, settings_from
 from celery_singleton_lock.errors import ConfigurationError, LockError, UnserializableArgumentsError
-from celery_singleton_lock.keys import canonical, holder_token, lock_key, parse_holder
+from celery_singleton_lock.keys import canonical, lock_key
 
 DEAD_URL = "redis://127.0.0.1:1/0"  # never contacted: settings and keys do no I/O
 
@@ -43,7 +43,7 @@ def key(*args: Any, **kwargs: Any) -> str:
 def test_positional_keyword_and_default_calls_share_one_key() -> None:
     """f(1), f(1, 'current'), f(account_id=1) and f(month='current', account_id=1) are one job."""
     assert key(1) == key(1, "current") == key(account_id=1) == key(month="current", account_id=1)
-    assert key(1).startswith("p:reports.rebuild:")
+    assert key(1).startswith("p:reports.rebuild:v2:")
 
 
 def test_different_arguments_give_different_keys() -> None:
@@ -136,10 +136,10 @@ class Point:
     [
         (object(), "an argument of type object has no canonical form"),
         (lambda: 1, "an argument of type function has no canonical form"),
-        ({(1, 2): "tuple key"}, "keys must be str"),
-        ({1: "a", "b": 2}, "not supported between"),
+        ({(1, 2): "tuple key"}, "a dict key of type tuple has no canonical form"),
+        ({1: "a", "1": 2}, "both sent as the dict key '1' by JSON"),
     ],
-    ids=["object", "function", "tuple-key", "mixed-keys"],
+    ids=["object", "function", "tuple-key", "keys-json-would-merge"],
 )
 def test_unserialisable_arguments_raise_a_clear_error(value: object, says: str) -> None:
     """An argument with no canonical form raises UnserializableArgumentsError saying what and how to fix it."""
@@ -159,19 +159,21 @@ def test_circular_argument_is_a_clear_error() -> None:
     """A self-containing list raises UnserializableArgumentsError, not a RecursionError or ValueError."""
     loop: list[Any] = []
     loop.append(loop)
-    with pytest.raises(UnserializableArgumentsError, match="Circular reference"):
+    with pytest.raises(UnserializableArgumentsError, match="contain themselves"):
         key(loop)
 
 
 def test_non_json_types_have_one_fixed_form() -> None:
-    """UUID, datetime, Decimal, set, bytes, Enum and dataclass arguments give stable keys; sets ignore order."""
+    """UUID, datetime, Decimal, set, bytes, Enum and dataclass arguments give stable keys of their own type."""
+    # Sets ignore order and equal Decimals are one job; the full rule: docs/keys.md and tests/test_keys_v2.py.
     u = uuid.UUID("12345678-1234-5678-1234-567812345678")
     when = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
     values = [u, when, decimal.Decimal("1.10"), {"b", "a"}, b"\x00\xff", Color.RED, Point(1, 2), dt.timedelta(1)]
     assert [key(v) for v in values] == [key(v) for v in values]
-    assert canonical({"b", "a", "c"}) == canonical({"c", "a", "b"}) == '["a","b","c"]'
-    assert canonical(Point(1, 2)) == '{"x":1,"y":2}'
-    assert key(decimal.Decimal("1.10")) != key(decimal.Decimal("1.1"))
+    assert len({key(v) for v in values}) == len(values)
+    assert canonical({"b", "a", "c"}) == canonical({"c", "a", "b"}) == "<s1:as1:bs1:c>"
+    assert canonical(Point(1, 2)) == f"@dataclass:{len(__name__) + 6}:{__name__}.Point{{1:xi1;1:yi2;}}"
+    assert key(decimal.Decimal("1.10")) == key(decimal.Decimal("1.1"))
 
 
 def test_lone_surrogate_argument_gets_a_key() -> None:
@@ -180,11 +182,11 @@ def test_lone_surrogate_argument_gets_a_key() -> None:
 
 
 def test_key_length_is_bounded_for_huge_arguments() -> None:
-    """Megabytes of arguments still give a key of prefix + name + ':' + 32 hex digits."""
+    """Megabytes of arguments still give a key of prefix + name + ':v2:' + 32 hex digits."""
     huge = key("x" * 1_000_000, "y" * 100_000)
     many = key(list(range(100_000)))
     for k in (huge, many, key(1)):
-        assert len(k) == len("p:reports.rebuild:") + 32
+        assert len(k) == len("p:reports.rebuild:v2:") + 32
     assert huge != key("x" * 999_999, "y" * 100_000)
 
 
@@ -328,12 +330,3 @@ def test_settings_are_read_once_and_cached_on_the_app(app: Celery) -> None:
     assert isinstance(first, LockSettings)
     assert settings_for(app) is first
     assert first.urls == (DEAD_URL,)
-
-
-def test_holder_token_round_trips_a_task_id_containing_the_separator() -> None:
-    """A task id with '|' in it (apply_async takes any string) is read back whole, so a redelivery or a retry of
-    it is recognised as the same job."""
-    holder = parse_holder(holder_token("order|7|x", "shop.charge"))
-    assert holder is not None
-    assert holder.task_id == "order|7|x"
-    assert holder.task_name == "shop.charge"
