@@ -7,19 +7,22 @@ every rule lives here, with no I/O, no Celery and no clock, so the whole table i
 =============================  =====================================================================================
 outcome of the acquire          action
 =============================  =====================================================================================
-acquired                        RUN; a redelivery first LOOKs UP the result backend, and is DONE if it says SUCCESS
-                                (unless it took over its own retry's hand-over: that is the retry, it runs)
+acquired                        RUN; a redelivered first attempt LOOKs UP the result backend, DONE if it says SUCCESS
+                                (a retry never asks: the backend's SUCCESS may be its predecessor's, after
+                                retry(throw=False); for a retry the done marker alone says "finished")
 done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
 split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
 no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
 held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once)
 held by this task id, cooldown  DONE: it finished and is cooling down
+held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
 held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if SUCCESS, else DEFER until the
                                 twin's lease would end (never skipped as its own duplicate, never run beside it)
 held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule; chord members
                                 always): after at most one renewal interval
 held by a record of no job      DEFER after at most one renewal interval (not a LockedTask's record: nothing says
-                                it is another job, so this one is never dropped as its duplicate)
+                                it is another job, so this one is never dropped as its duplicate), up to
+                                ``max_retries`` times, then FAIL_UNAVAILABLE
 =============================  =====================================================================================
 """
 
@@ -64,7 +67,9 @@ class Facts:
     holder_state: str | None = None  #: the holder record's state (RUNNING, HANDOVER, ENDING, COOLDOWN, ...)
     holder_remaining: float | None = None  #: seconds left on the holder's lease
     redelivered: bool = False  #: the broker says so, or we re-sent it to wait for its twin
-    succeeded: bool | None = None  #: the result backend says SUCCESS for this id; None: not looked up yet
+    retries: int = 0  #: this delivery's ``request.retries``
+    holder_try: int | None = None  #: the holder record's ``try`` (its delivery's retries), None: unknown
+    succeeded: bool | None = None  #: the result backend says SUCCESS for this id; None: not looked up (yet)
     in_chord: bool = False
     on_duplicate: DuplicatePolicy = "skip"
     on_unavailable: UnavailablePolicy = "retry"
@@ -91,14 +96,17 @@ def decide(f: Facts) -> Decision:
     """The action for a delivery with these facts (see the module's table)."""
     if f.outcome == "done":
         return Decision(Act.DONE, reason="already succeeded")
+    # The result backend speaks for a task id's FIRST attempt only: a body that went on after retry(throw=False)
+    # and returned stored SUCCESS for the id while its retry is still to run. A retry's only proof of an earlier
+    # success is the done marker (outcome "done", checked in the acquire itself).
+    succeeded = f.succeeded if f.retries == 0 else False
     if f.outcome == "acquired":
-        if f.took_over:
-            # We took over our own retry's hand-over: this delivery is that retry, and runs, even if the attempt
-            # before it stored SUCCESS (a body that went on after retry(throw=False) and returned).
+        if f.took_over or f.retries > 0:
+            # Our own retry's hand-over taken over, or a retry that found the lock free: it runs.
             return Decision(Act.RUN)
-        if f.succeeded:
+        if succeeded:
             return Decision(Act.DONE, reason="already succeeded")
-        if f.redelivered and f.succeeded is None:
+        if f.redelivered and succeeded is None:
             return Decision(Act.LOOK_UP)
         return Decision(Act.RUN)
     if f.outcome == "split":
@@ -113,24 +121,32 @@ def decide(f: Facts) -> Decision:
         delay = min(f.retry_max_delay, f.retry_delay * 2**f.attempt)
         return _defer(f, delay * (0.5 + 0.5 * f.jitter), "unavailable")
     # Held.
+    remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
     if f.holder_job == f.task_id:
         if f.holder_state == HANDOVER and not f.took_over:
             return Decision(Act.TAKE_OVER)
         if f.holder_state == COOLDOWN:
             return Decision(Act.DONE, reason="already succeeded")
-        # The same job, held by an earlier delivery (acks_late after a crash, a visibility-timeout redelivery, a
-        # retry that started before its hand-over landed): look again when its lease would end (a dead holder stops
-        # renewing, so at most a ttl away), unless it succeeded meanwhile.
-        if f.succeeded is None:
+        if f.holder_try is not None and f.holder_try < f.retries:
+            # The attempt before this retry still holds the lock: it sent this retry and is ending (unwinding its
+            # body, or going on after retry(throw=False)); it hands over when its body ends. Look again soon.
+            if f.split_retries < SPLIT_RETRIES:
+                return Decision(Act.RETRY_NOW)
+            return _defer(f, min(remaining, f.interval, 1.0) + 0.05 + 0.2 * f.jitter, "predecessor")
+        # The same job, held by another delivery of it (acks_late after a crash, a visibility-timeout redelivery):
+        # look again when its lease would end (a dead holder stops renewing, so at most a ttl away), unless it
+        # succeeded meanwhile.
+        if succeeded is None:
             return Decision(Act.LOOK_UP)
-        if f.succeeded:
+        if succeeded:
             return Decision(Act.DONE, reason="already succeeded")
-        remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
         return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "redelivered")
-    remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
     if f.holder_job is None:
         # Not a LockedTask's record (a plain Redlock, a key of another tool, an old format): nothing says it is a
-        # different job, so this one is not dropped as its duplicate: look again after at most one interval.
+        # different job, so this one is not dropped as its duplicate: look again after at most one interval, as
+        # often as an outage allows (singleton_lock_max_retries).
+        if f.max_retries is not None and f.attempt + 1 > f.max_retries:
+            return Decision(Act.FAIL_UNAVAILABLE, reason="unknown holder")
         return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "unknown holder")
     policy: DuplicatePolicy = "reschedule" if f.in_chord else f.on_duplicate
     if policy == "fail":

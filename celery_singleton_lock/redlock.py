@@ -84,7 +84,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   if owner ~= ARGV[1] then
     local now = redis.call('TIME')
-    local fields = redis.call('HGETALL', KEYS[1])
+    local all, fields = redis.call('HGETALL', KEYS[1]), {}
+    for i = 1, #all, 2 do
+      if all[i] ~= '_prev' then  -- one level: an undo restores only the record it replaced
+        fields[#fields + 1] = all[i]
+        fields[#fields + 1] = all[i + 1]
+      end
+    end
     local expires = now[1] * 1000 + math.floor(now[2] / 1000) + redis.call('PTTL', KEYS[1])
     prev = cjson.encode({fields, expires})
   end
@@ -168,6 +174,7 @@ TRANSFER_SCRIPT = """
 -- returns 1 when the record was ours and now names the new owner, 0 when it was not ours (left alone)
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'owner', ARGV[2], unpack(ARGV, 4))
+  redis.call('HDEL', KEYS[1], '_prev')  -- the take-over that wrote it succeeded long ago: nothing to undo
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return 1
 end

@@ -80,6 +80,8 @@ os.register_at_fork(after_in_child=_after_fork)
 _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
 _ATTEMPT_HEADER = "singleton_lock_attempt"
 _REDELIVERY_HEADER = "singleton_lock_waited"
+# A retry is a new attempt: it inherits neither (see LockedTask.retry).
+_OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER})
 _SUCCESS = "SUCCESS"
 
 
@@ -103,7 +105,6 @@ class _Run:
     lock: Redlock | None = None
     lease: Lease | None = None
     outcome: Skipped | None = None
-    retrying: bool = False
     handed_over: bool = False
     entered: bool = False
     redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
@@ -378,8 +379,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 facts = dataclasses.replace(facts, succeeded=self._already_succeeded(task_id))
                 continue
             if act is Act.RETRY_NOW:
-                # Contenders that arrived together split the nodes and nobody got a quorum: try again after a
-                # jittered pause (Redlock's rule), instead of skipping every one of them as the others' duplicate.
+                # Contenders that arrived together split the nodes and nobody got a quorum (or the attempt that
+                # sent this retry is still ending): try again after a jittered pause (Redlock's rule for a split),
+                # instead of skipping every contender as the others' duplicate, or waiting a whole interval.
                 time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
                 acquired = lock.acquire(blocking=False)
                 facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
@@ -430,6 +432,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 holder_job=record.get("job"),
                 holder_state=record.get("state"),
                 holder_remaining=lock.held_for,
+                holder_try=int(record["try"]) if record.get("try", "").isdigit() else None,
                 jitter=random.random(),  # noqa: S311
             )
         settings = options.settings
@@ -440,6 +443,8 @@ class LockedTask(Task):  # type: ignore[misc]
             holder_state=record.get("state"),
             holder_remaining=lock.held_for,
             redelivered=redelivered,
+            retries=int(request.retries or 0),
+            holder_try=int(record["try"]) if record.get("try", "").isdigit() else None,
             in_chord=bool(request.chord),
             on_duplicate=options.on_duplicate,
             on_unavailable=options.on_unavailable,
@@ -463,10 +468,13 @@ class LockedTask(Task):  # type: ignore[misc]
             self._unavailable(run, lock, task_id, options, "run")
         elif act is Act.FAIL_UNAVAILABLE:
             self._unavailable(run, lock, task_id, options, "fail")
-            raise LockUnavailableError(run.key, node_errors=[str(e) for e in lock.node_errors])
+            errors = [str(e) for e in lock.node_errors] or [f"held by {lock.held_by!r}, a record of no task"]
+            raise LockUnavailableError(run.key, node_errors=errors)
         elif act is Act.DEFER and decision.reason == "unavailable":
             self._unavailable(run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
-        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "unknown holder"):
+        elif act is Act.DEFER and decision.reason == "unknown holder":
+            self._defer(run, decision.countdown, decision.reason, {_ATTEMPT_HEADER: facts.attempt + 1})
+        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "predecessor"):
             self._defer(run, decision.countdown, decision.reason, {})
         else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
             self._duplicate(run, decision, facts)
@@ -479,7 +487,13 @@ class LockedTask(Task):  # type: ignore[misc]
             ttl=options.ttl,
             fence_key=settings.fence_key,
             job=task_id,
-            record={"state": RUNNING, "name": self.name, "worker": _worker, "at": str(int(time.time() * 1000))},
+            record={
+                "state": RUNNING,
+                "name": self.name,
+                "worker": _worker,
+                "at": str(int(time.time() * 1000)),
+                "try": str(self.request.retries or 0),
+            },
         )
 
     def _hold(self, run: _Run, lock: Redlock, task_id: str) -> None:
@@ -599,20 +613,15 @@ class LockedTask(Task):  # type: ignore[misc]
         try:
             result = self.run(*args, **kwargs)
             succeeded = True
-        except Retry:
-            run.retrying = True
-            raise
-        else:
-            return result
         finally:
             # Before the tracer stores the result: a caller who waits for it and re-enqueues is never skipped.
-            if run.handover_ttl is not None and not run.handed_over:
-                # retry(throw=False) sent the retry and the body went on: only now is the job the retry's.
+            if run.handover_ttl is not None:
+                # self.retry() sent the retry: now that the body has ended (unwound, or returned after
+                # retry(throw=False)), the job is the retry's. Not before: the body was still inside the job.
                 self._hand_over(run, run.handover_ttl)
-            elif not run.handed_over:
+            else:
                 self._release(run, done=succeeded)
-            elif not run.retrying and not succeeded:
-                self._release(run)  # the retry was never sent (max retries exceeded, publish failed): cancel it
+        return result
 
     # -- exits -------------------------------------------------------------------------------------------------
 
@@ -661,12 +670,14 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> Any:
         """Celery's retry, keeping the job protected until the retry runs.
 
-        Before the retry message is sent, the lock is handed over to the next delivery of this task id (the
-        retry) with a lease covering the countdown plus ttl: a different duplicate sent meanwhile is skipped, and
-        the retry takes the lock over atomically. Handing over first matters: the retry can start on another
-        worker before this delivery's own cleanup has run. When Celery sends nothing after all (max retries
-        exceeded, the exception re-raised, the publish failed), the hand-over is taken back at once, and this
-        run holds and renews its lock as before: whatever the body does next, nothing is left reserved.
+        This run keeps its lock (renewed) until its body ends, however it ends (``raise self.retry()`` unwinding
+        through ``with`` blocks, or a body going on after ``retry(throw=False)``); then the lock is handed over to
+        the next delivery of this task id (the retry), with a lease covering the countdown plus ttl: a different
+        duplicate sent meanwhile is skipped, and the retry takes the lock over atomically. A retry that arrives
+        while this body is still ending sees its predecessor (the record's ``try``) and looks again shortly. When
+        Celery sends nothing after all (max retries exceeded, the exception re-raised, the publish failed),
+        nothing is handed over. The retry does not inherit this delivery's lock headers (its outage attempts, its
+        redelivery mark): it is a new attempt.
         """
         run: _Run | None = self.request.__dict__.get("_singleton_lock")
         if run is None or run.lock is None or self.request.is_eager:
@@ -677,21 +688,19 @@ class LockedTask(Task):  # type: ignore[misc]
             delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
         else:
             delay = float(countdown if countdown is not None else self.default_retry_delay or 0)
-        lease_for = delay + self._options().ttl
-        if not throw:
-            # The body goes on after a retry(throw=False): keep the lock (renewed) until it ends, then hand over in
-            # __call__. Handing over now would let the retry take the lock and run beside the rest of this body.
-            result = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
-            run.handover_ttl = lease_for
-            return result
-        self._hand_over(run, lease_for)
+        headers = options.get("headers", self.request.headers) or {}
+        options["headers"] = {
+            k: v for k, v in headers.items() if k not in _OWN_HEADERS and not str(k).startswith("x-death")
+        }
+        # Anything but Retry raised (MaxRetriesExceededError, the exception re-raised, Reject for a failed
+        # publish): nothing was sent, nothing is handed over.
         try:
-            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+            sent = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         except Retry:
+            run.handover_ttl = delay + self._options().ttl
             raise
-        except BaseException:
-            self._take_back(run)
-            raise
+        run.handover_ttl = delay + self._options().ttl  # throw=False: sent, and the body goes on
+        return sent
 
     def _hand_over(self, run: _Run, ttl: float) -> None:
         """Reserve the lock for the next delivery of this task id (the retry), which takes it over atomically.
@@ -703,20 +712,6 @@ class LockedTask(Task):  # type: ignore[misc]
             run.lease = None
         if run.lock is not None:
             run.handed_over = run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
-
-    def _take_back(self, run: _Run) -> None:
-        """The retry was not sent: the hand-over becomes this run's renewed lock again (or the lock is lost)."""
-        lock = run.lock
-        run.handed_over = False
-        if lock is None:
-            return
-        options = self._options()
-        if lock.transfer(options.ttl, {"state": RUNNING, "open": ""}, renewable=True):
-            run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, self.request.id))
-        else:
-            # Expired meanwhile, or too few nodes answered: this run no longer holds its lock; say so like a loss.
-            run.lease = Lease(lock, options.interval, lost=True, reason="retry not sent; hand-over not taken back")
-            self._on_lost(self.request.id, run.lease, run.lease.reason)
 
     def _end_lease_of(self, task_id: str, key: str, worker: str) -> None:
         """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Iterator
 from typing import get_args
 
 import pytest
@@ -15,6 +17,7 @@ from celery_singleton_lock.decision import (
     RUNNING,
     SPLIT_RETRIES,
     Act,
+    Decision,
     Facts,
     Outcome,
     decide,
@@ -25,151 +28,133 @@ STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, None)
 HOLDERS = (ME, OTHER, None)
 
 
-def every_fact() -> list[Facts]:
-    """The full product of the facts that change a decision (about 100,000 combinations)."""
-    out = []
+def every_fact() -> Iterator[Facts]:
+    """The full product of the facts that change a decision (about a million combinations, generated lazily)."""
     for (
         outcome,
         holder,
         state,
         redelivered,
         succeeded,
-        chord,
-        dup,
+        (chord, dup),
         unav,
         split,
         took,
-        attempt,
-        maxr,
+        (attempt, maxr),
         remaining,
         cap,
+        retries,
+        holder_try,
     ) in itertools.product(
         get_args(Outcome),
         HOLDERS,
         STATES,
         (False, True),
         (None, False, True),
-        (False, True),
-        get_args(DuplicatePolicy),
+        [(False, d) for d in get_args(DuplicatePolicy)] + [(True, "skip")],
         get_args(UnavailablePolicy),
         (0, SPLIT_RETRIES),
         (False, True),
-        (0, 5),
-        (None, 3),
-        (None, 0.4, 50.0),
+        ((0, None), (5, 3)),
+        (None, 50.0),
         (None, 30.0),
+        (0, 1),
+        (None, 0, 1),
     ):
-        out.append(
-            Facts(
-                outcome=outcome,
-                task_id=ME,
-                holder_job=holder,
-                holder_state=state,
-                holder_remaining=remaining,
-                redelivered=redelivered,
-                succeeded=succeeded,
-                in_chord=chord,
-                on_duplicate=dup,
-                on_unavailable=unav,
-                split_retries=split,
-                took_over=took,
-                attempt=attempt,
-                max_retries=maxr,
-                ttl=60.0,
-                interval=20.0,
-                max_countdown=cap,
-                jitter=0.999,
-            )
+        yield Facts(
+            outcome=outcome,
+            task_id=ME,
+            holder_job=holder,
+            holder_state=state,
+            holder_remaining=remaining,
+            redelivered=redelivered,
+            retries=retries,
+            holder_try=holder_try,
+            succeeded=succeeded,
+            in_chord=chord,
+            on_duplicate=dup,
+            on_unavailable=unav,
+            split_retries=split,
+            took_over=took,
+            attempt=attempt,
+            max_retries=maxr,
+            ttl=60.0,
+            interval=20.0,
+            max_countdown=cap,
+            jitter=0.999,
         )
-    return out
 
 
-FACTS = every_fact()
-
-
-def test_the_body_runs_only_under_the_lock_and_never_after_a_success() -> None:
-    """RUN only when the lock was acquired, never when the result backend says this id succeeded, and a redelivery
-    is looked up first; RUN_UNGUARDED only with no quorum and the 'run' policy."""
-    for f in FACTS:
-        act = decide(f).act
-        if act is Act.RUN:
-            assert f.outcome == "acquired", f
-            # ... and after a success only as the retry that took over its own hand-over
-            assert not f.succeeded or f.took_over, f
-            assert not (f.redelivered and f.succeeded is None and not f.took_over), f
-        if act is Act.RUN_UNGUARDED:
-            assert f.outcome == "unavailable" and f.on_unavailable == "run", f
-
-
-def test_a_delivery_is_never_skipped_as_its_own_duplicate() -> None:
-    """A holder with this very task id (a redelivery's twin, our retry's hand-over), or a record naming no job
-    (a repaired node's partial record, another tool's key), never makes it a duplicate."""
-    for f in FACTS:
-        if f.outcome == "held" and f.holder_job in (ME, None):
-            assert decide(f).act not in (Act.SKIP, Act.FAIL_DUPLICATE), f
-
-
-def test_a_split_vote_or_an_outage_is_never_a_duplicate() -> None:
-    """Split votes are retried or re-sent; no quorum follows the outage policy; neither is skipped or run."""
-    for f in FACTS:
-        act = decide(f).act
-        if f.outcome == "split":
-            assert act in (Act.RETRY_NOW, Act.DEFER), f
-            assert (act is Act.RETRY_NOW) == (f.split_retries < SPLIT_RETRIES), f
-        if f.outcome == "unavailable":
-            assert act in (Act.DEFER, Act.FAIL_UNAVAILABLE, Act.RUN_UNGUARDED), f
-
-
-def test_a_done_job_is_never_run_again() -> None:
-    """The job's done marker, a cooldown record of this id, or SUCCESS in the backend: DONE, nothing else."""
-    for f in FACTS:
-        act = decide(f).act
-        if f.outcome == "done" or (f.outcome == "held" and f.holder_job == ME and f.holder_state == COOLDOWN):
-            assert act is Act.DONE, f
-        if act is Act.DONE:
-            assert f.outcome == "done" or f.succeeded or f.holder_state == COOLDOWN, f
-            assert not (f.outcome == "acquired" and f.took_over), f
-
-
-def test_a_re_sent_copy_waits_a_bounded_positive_time() -> None:
-    """Every DEFER has a countdown > 0, within the broker's cap; a redelivery waits out its twin's lease (or the
-    cap), a rescheduled duplicate at most one renewal interval."""
-    for f in FACTS:
-        d = decide(f)
-        if d.act is not Act.DEFER:
-            continue
-        assert d.countdown > 0, f
+def check(f: Facts, d: Decision) -> None:
+    """Every guarantee the decision must keep, for one combination of facts."""
+    act = d.act
+    known_success = f.succeeded and f.retries == 0  # the backend speaks for a first attempt only
+    # The body runs only under the lock, and never after a known success (but our own retry's hand-over runs).
+    if act is Act.RUN:
+        assert f.outcome == "acquired"
+        assert not known_success or f.took_over
+        assert not (f.redelivered and f.retries == 0 and f.succeeded is None and not f.took_over)
+    if act is Act.RUN_UNGUARDED:
+        assert f.outcome == "unavailable" and f.on_unavailable == "run"
+    # Never skipped as its own duplicate, nor as the duplicate of a record that names no job.
+    if f.outcome == "held" and f.holder_job in (ME, None):
+        assert act not in (Act.SKIP, Act.FAIL_DUPLICATE)
+    # A split vote is retried or re-sent; no quorum follows the outage policy.
+    if f.outcome == "split":
+        assert act in (Act.RETRY_NOW, Act.DEFER)
+        assert (act is Act.RETRY_NOW) == (f.split_retries < SPLIT_RETRIES)
+    if f.outcome == "unavailable":
+        assert act in (Act.DEFER, Act.FAIL_UNAVAILABLE, Act.RUN_UNGUARDED)
+    # A done job is never run again; DONE only on proof of a success.
+    if f.outcome == "done" or (f.outcome == "held" and f.holder_job == ME and f.holder_state == COOLDOWN):
+        assert act is Act.DONE
+    if act is Act.DONE:
+        assert f.outcome == "done" or known_success or f.holder_state == COOLDOWN
+    # The backend is asked about a first attempt only, and once.
+    if act is Act.LOOK_UP:
+        assert f.retries == 0 and f.succeeded is None
+    # The attempt that sent this retry is never waited for a whole ttl.
+    if f.outcome == "held" and f.holder_job == ME and f.holder_try is not None and f.holder_try < f.retries:
+        if f.holder_state != COOLDOWN and (f.holder_state != HANDOVER or f.took_over):
+            assert act in (Act.RETRY_NOW, Act.DEFER)
+            assert d.countdown <= 1.25
+    # Every re-send waits a bounded, positive time within the broker's cap.
+    if act is Act.DEFER:
+        assert d.countdown > 0
         if f.max_countdown is not None:
-            assert d.countdown <= f.max_countdown, f
+            assert d.countdown <= f.max_countdown
         remaining = f.holder_remaining or f.ttl
         if d.reason == "redelivered":
-            assert d.countdown >= min(remaining, f.max_countdown or remaining), f
+            assert d.countdown >= min(remaining, f.max_countdown or remaining)
         if d.reason in ("duplicate", "unknown holder"):
-            assert d.countdown <= f.interval + 0.25, f
-
-
-def test_duplicates_follow_the_policy_and_chords_always_wait() -> None:
-    """Held by another job: skip / fail / reschedule as configured; a chord member always reschedules."""
-    for f in FACTS:
-        if f.outcome != "held" or f.holder_job in (ME, None):
-            continue
-        d = decide(f)
+            assert d.countdown <= f.interval + 0.25
+    # Duplicates follow the policy; chord members always wait.
+    if f.outcome == "held" and f.holder_job == OTHER:
         expected = "reschedule" if f.in_chord else f.on_duplicate
-        assert {"skip": Act.SKIP, "fail": Act.FAIL_DUPLICATE, "reschedule": Act.DEFER}[expected] is d.act, f
+        assert {"skip": Act.SKIP, "fail": Act.FAIL_DUPLICATE, "reschedule": Act.DEFER}[expected] is act
+    # Acting on LOOK_UP / TAKE_OVER changes the facts so that no delivery loops.
+    if act is Act.LOOK_UP:
+        for answer in (False, True):
+            assert decide(dataclasses.replace(f, succeeded=answer)).act is not Act.LOOK_UP
+    if act is Act.TAKE_OVER:
+        assert not f.took_over
+        assert decide(dataclasses.replace(f, took_over=True)).act is not Act.TAKE_OVER
 
 
-def test_every_combination_settles_in_a_few_steps() -> None:
-    """Acting on LOOK_UP / RETRY_NOW / TAKE_OVER changes the facts so that no delivery loops: after a look-up the
-    decision never asks again, and a take-over is tried once."""
-    for f in FACTS:
+def test_every_combination_of_facts_keeps_every_guarantee() -> None:
+    """About a million combinations of facts: the body runs only under the lock and never after a known success;
+    a delivery is never its own duplicate; splits and outages are never skips; done jobs are never re-run; the
+    backend is asked only about first attempts; re-sends wait a bounded time; duplicates follow the policy; and
+    acting on a look-up or a take-over always settles."""
+    count = 0
+    for f in every_fact():
         d = decide(f)
-        if d.act is Act.LOOK_UP:
-            for answer in (False, True):
-                again = decide(Facts(**{**f.__dict__, "succeeded": answer}))
-                assert again.act is not Act.LOOK_UP, f
-        if d.act is Act.TAKE_OVER:
-            assert not f.took_over, f
-            assert decide(Facts(**{**f.__dict__, "took_over": True})).act is not Act.TAKE_OVER, f
+        try:
+            check(f, d)
+        except AssertionError:
+            pytest.fail(f"{d} for {f}")
+        count += 1
+    assert count > 1_000_000
 
 
 @pytest.mark.parametrize(
@@ -180,6 +165,15 @@ def test_every_combination_settles_in_a_few_steps() -> None:
         (Facts("acquired", ME, redelivered=True, succeeded=True), Act.DONE, "already succeeded"),
         (Facts("acquired", ME, redelivered=True, succeeded=False), Act.RUN, ""),
         (Facts("acquired", ME, redelivered=True, succeeded=True, took_over=True), Act.RUN, ""),
+        (Facts("acquired", ME, redelivered=True, retries=2), Act.RUN, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=RUNNING, holder_try=0, retries=1), Act.RETRY_NOW, ""),
+        (
+            Facts("held", ME, holder_job=ME, holder_try=0, retries=1, split_retries=SPLIT_RETRIES),
+            Act.DEFER,
+            "predecessor",
+        ),
+        (Facts("held", ME, holder_job=ME, holder_try=1, retries=1, succeeded=None), Act.DEFER, "redelivered"),
+        (Facts("held", ME, holder_job=None, attempt=3, max_retries=3), Act.FAIL_UNAVAILABLE, ""),
         (Facts("done", ME), Act.DONE, "already succeeded"),
         (Facts("split", ME), Act.RETRY_NOW, ""),
         (Facts("split", ME, split_retries=SPLIT_RETRIES), Act.DEFER, "split vote"),

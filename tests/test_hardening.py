@@ -292,3 +292,18 @@ def test_a_hard_time_limit_ends_only_the_killed_run_s_lease(app: Celery, redis_n
     job._end_lease_of("X", key, "111@h")
     assert redis_node.client().hget(key, "state") == b"ending"
     assert 0 < redis_node.client().pttl(key) <= 1000
+
+
+def test_the_undo_snapshot_does_not_grow_with_retries(redis_node: RedisServer, name: str) -> None:
+    """Hand-over and take-over thirty times (a job retried thirty times): the taken-over record kept for an undo
+    stays one level deep (it used to nest and double every retry, stalling the node after ~20)."""
+    holder = Redlock(redis_node.url, name, ttl=10, job="X", record={"state": "run"})
+    assert holder.acquire(blocking=False)
+    for _ in range(30):
+        assert holder.transfer(10, {"state": "retry", "open": "1"})
+        retry = Redlock(redis_node.url, name, ttl=10, job="X", record={"state": "run"})
+        retry.replaces = holder.token
+        assert retry.acquire(blocking=False)
+        holder = retry
+    assert redis_node.client().memory_usage(name) < 2048
+    assert holder.release()

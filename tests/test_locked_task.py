@@ -215,15 +215,46 @@ def test_a_retry_that_gives_up_leaves_no_reservation(cluster: Cluster) -> None:
     assert len(cluster.runs(k)) == 2
 
 
-def test_retry_without_throw_hands_over_only_when_the_body_ends(cluster: Cluster) -> None:
-    """retry(countdown=0, throw=False) sends the retry at once while the body goes on: the retry runs only after
-    the first attempt's body ended, never beside it."""
+@pytest.mark.parametrize("rest", [1.5, 0.05])
+def test_retry_without_throw_hands_over_only_when_the_body_ends(cluster: Cluster, rest: float) -> None:
+    """retry(countdown=0, throw=False) sends the retry at once while the body goes on (long or short): the retry
+    runs after the first attempt's body ended, never beside it, and is never dropped because that body's return
+    stored SUCCESS for the task id."""
     app = cluster.app_module()
     k = key()
-    app.no_throw.delay(k, 1.5)
+    app.no_throw.delay(k, rest)
     runs = cluster.wait_runs(k, 2, 30)
     assert len(runs) == 2
     assert overlapping(runs) == []
+
+
+def test_polling_with_retry_without_throw_runs_every_attempt(cluster: Cluster) -> None:
+    """A job that polls with retry(throw=False) (each attempt sends the next and goes on) runs every attempt, one
+    at a time: a later attempt is not taken for a copy of a finished job."""
+    app = cluster.app_module()
+    k = key()
+    app.poll_no_throw.delay(k, 3, 0.3)
+    runs = cluster.wait_runs(k, 4 + 3, 40)  # 4 attempts; the first 3 also record their 'rest'
+    assert len(runs) == 7
+    assert overlapping(runs) == []
+
+
+def test_raise_retry_hands_over_only_after_the_body_unwound(cluster: Cluster) -> None:
+    """raise self.retry() inside a with-block whose exit takes 0.5 s: the retry enters its own section only after
+    the first attempt's exit ran (it used to start beside the unwinding body)."""
+    app = cluster.app_module()
+    k = key()
+    assert app.retry_in_section.delay(k).get(timeout=30) == 1
+    runs = cluster.wait_runs(k, 2, 10)
+    assert len(runs) == 2
+    assert overlapping(runs) == []
+
+
+def test_a_retry_is_a_new_attempt_for_the_lock_headers(cluster: Cluster) -> None:
+    """A retry inherits neither the outage attempt count nor the redelivery mark of the delivery that sent it."""
+    app = cluster.app_module()
+    result = app.header_probe.apply_async((key(),), headers={"singleton_lock_attempt": 4, "singleton_lock_waited": 1})
+    assert result.get(timeout=30) == [None, None]
 
 
 def test_done_marker_window_follows_the_delivery(cluster: Cluster) -> None:

@@ -215,3 +215,44 @@ def no_throw(self: Any, key: str, rest: float) -> int:
         return 0
     _run(self, key, 0.05)
     return self.request.retries
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=None)
+def poll_no_throw(self: Any, key: str, until: int, rest: float) -> int:
+    """Poll with retry(throw=False): every attempt but the last sends its retry and goes on for ``rest`` s."""
+    _run(self, key, 0.01)
+    if self.request.retries < until:
+        self.retry(countdown=0, throw=False)
+        _run(self, key, rest)
+    return self.request.retries
+
+
+class _Section:
+    """A critical section whose exit takes a while (a transaction's rollback, a flush): recorded as one run."""
+
+    def __init__(self, task: Any, key: str) -> None:
+        self.task, self.key = task, key
+
+    def __enter__(self) -> None:
+        self.start = time.time()
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.5)
+        record.rpush("runs", json.dumps([self.key, self.task.request.id, os.getpid(), self.start, time.time()]))
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=1)
+def retry_in_section(self: Any, key: str) -> int:
+    """raise self.retry() inside a with-block whose exit takes 0.5 s: the retry must not enter before it ends."""
+    with _Section(self, key):
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+    return self.request.retries
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=1)
+def header_probe(self: Any, key: str) -> list[Any]:
+    """Retry once; the retry reports which of our lock headers it inherited."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return [self.request.get("singleton_lock_attempt"), self.request.get("singleton_lock_waited")]
