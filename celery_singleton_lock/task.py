@@ -50,6 +50,7 @@ from typing import Any, ClassVar, cast
 from celery import Task, bootsteps
 from celery.exceptions import Retry
 from celery.signals import worker_process_shutdown
+from celery.states import READY_STATES
 from celery.worker.request import Request
 
 from . import signals
@@ -463,6 +464,7 @@ class LockedTask(Task):  # type: ignore[misc]
         act = decision.act
         task_id = facts.task_id
         if act is Act.DONE:
+            self._settle_done(task_id, run.key)
             self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
         elif act is Act.RUN_UNGUARDED:
             self._unavailable(run, lock, task_id, options, "run")
@@ -478,6 +480,30 @@ class LockedTask(Task):  # type: ignore[misc]
             self._defer(run, decision.countdown, decision.reason, {})
         else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
             self._duplicate(run, decision, facts)
+
+    def _settle_done(self, task_id: str, key: str) -> None:
+        """A copy of a finished job stops: make sure whoever waits on the task id learns something.
+
+        The done marker is written in the release round trip, before the tracer stores the result: a run killed in
+        between (a pool child SIGKILLed, a node slow to answer the release) finished the job but stored nothing, and
+        its redelivered copy stops here. Its caller would wait forever, and so would every caller of a duplicate
+        skipped in its favour. So when the backend holds no final state for the id, store REVOKED saying so. A
+        SUCCESS stored a moment later by a live twin wins (result backends never overwrite SUCCESS).
+        """
+        request = self.request
+        if request.is_eager or self.ignore_result or request.ignore_result:
+            return
+        try:
+            if self.backend.get_state(task_id) in READY_STATES:
+                return
+            self.backend.mark_as_revoked(
+                task_id,
+                f"{self.name}[{task_id}] already succeeded (lock {key}), but the run that succeeded stored no result: "
+                "it was killed after the job finished",
+                request=None,
+            )
+        except Exception:  # no usable result backend: nobody can wait on it either
+            logger.debug("cannot settle the state of %s", task_id, exc_info=True)
 
     def _new_lock(self, key: str, task_id: str, options: _Options) -> Redlock:
         settings = options.settings

@@ -23,7 +23,7 @@ import pytest
 import redis
 from celery.exceptions import TaskRevokedError
 
-from celery_singleton_lock.redlock import done_key_for
+from celery_singleton_lock.redlock import Redlock, done_key_for
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
 
 APPS = Path(__file__).parent / "apps"
@@ -276,6 +276,22 @@ def test_done_marker_window_follows_the_delivery(cluster: Cluster) -> None:
     assert 0 < marker_ttl(app.work, plain, r1.id) <= 60_000
     assert 0 < int(lock_client.pttl(done_key_for(app.flaky.lock_key_for(retried, 1, 0.2), r2.id))) <= 60_000
     assert marker_ttl(app.work, redelivered, r3.id) > 3_600_000
+
+
+def test_a_finished_job_whose_result_was_never_stored_does_not_leave_its_caller_waiting(cluster: Cluster) -> None:
+    """A run killed after its release wrote the done marker but before Celery stored SUCCESS finished the job and
+    stored nothing: its redelivered copy stops on the marker and stores REVOKED saying so, instead of leaving the
+    task id PENDING forever (found by the soak)."""
+    app = cluster.app_module()
+    k = key()
+    task_id = f"finished-{uuid.uuid4().hex[:8]}"
+    killed_run = Redlock(cluster.env["CSL_LOCK_URLS"].split(","), app.work.lock_key_for(k), ttl=5, job=task_id)
+    assert killed_run.acquire(blocking=False)
+    killed_run.finish(done_for=60, waited_for=60)  # ... and the process died before storing its result
+    result = app.work.apply_async((k,), task_id=task_id)
+    with pytest.raises(TaskRevokedError, match="already succeeded"):
+        result.get(timeout=20)
+    assert cluster.runs(k) == []
 
 
 def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -> None:
