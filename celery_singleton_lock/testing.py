@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 import redis
@@ -36,7 +36,23 @@ __all__ = [
     "free_port",
     "redis_servers",
     "run_lock_client",
+    "wait_for",
 ]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true: at most ``timeout`` seconds and ``timeout / interval + 1`` tries.
+
+    Returns its last answer, so ``assert wait_for(...)`` fails with the condition still false.
+    """
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / interval) + 1):
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return predicate()
 
 
 def find_redis_server() -> str:

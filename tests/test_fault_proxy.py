@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -18,21 +18,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock.faults import FaultProxy
-from celery_singleton_lock.testing import RedisServer, free_port
+from celery_singleton_lock.testing import RedisServer, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.01) -> bool:
-    """Poll ``predicate``: at most ``timeout`` seconds and ``timeout / interval + 1`` tries."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    return predicate()
 
 
 def client(url: str, timeout: float = 2.0) -> redis.Redis:

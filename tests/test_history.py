@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -37,23 +37,11 @@ from celery_singleton_lock.faults import (
     run_lock_client,
 )
 from celery_singleton_lock.redlock import Redlock
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import RedisServer, wait_for
 
 SOAK_SECONDS = float(os.environ.get("CSL_SOAK_SECONDS", "8"))
 SOAK_SEED = int(os.environ.get("CSL_SOAK_SEED", "0"))  # another schedule of faults and client choices
 ST = 0.3  # socket timeout of the locks in the regression tests: a held node times out after it
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.01) -> bool:
-    """Poll ``predicate``: at most ``timeout`` seconds and ``timeout / interval + 1`` tries."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    return predicate()
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import multiprocessing
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -28,7 +28,7 @@ from celery_singleton_lock.errors import (
     LockUnavailableError,
 )
 from celery_singleton_lock.redlock import NodeSet, Redlock, fence_key_for, redact_url
-from celery_singleton_lock.testing import RedisServer, free_port
+from celery_singleton_lock.testing import RedisServer, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(90)  # a hung fan-out fails its test instead of stalling the run
 
@@ -38,18 +38,6 @@ MARGIN = 2.5  # seconds added to a bound so a loaded 2-core machine does not fai
 
 def urls_of(servers: Sequence[RedisServer]) -> list[str]:
     return [s.url for s in servers]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.02) -> bool:
-    """Poll ``predicate`` until it is true: at most ``timeout`` seconds and ``timeout / interval + 1`` tries."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    return predicate()
 
 
 # Python 3.12+ warns when forking while any thread runs (e.g. another test's renewal watchdog) and warnings are errors
