@@ -1,16 +1,25 @@
-"""What every benchmark records about the machine it ran on (shared by bench_lock.py and bench_task.py)."""
+"""What every benchmark records about the machine and the code it ran on, and the clocks they all read.
+
+Shared by bench_lock.py, bench_hotpath.py, bench_task.py and profile_task.py.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.metadata
 import os
 import platform
+import resource
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery_singleton_lock.testing import find_redis_server
+from celery_singleton_lock.testing import RedisServer, find_redis_server, redis_servers
 
 
 def version(dist: str) -> str:
@@ -32,8 +41,40 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def code_identity() -> dict[str, str]:
+    """The commit, and a hash of the package's sources as they are on disk (they may differ from the commit)."""
+    package = os.path.join(ROOT, "celery_singleton_lock")
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(package)):
+        if name.endswith(".py"):
+            with open(os.path.join(package, name), "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+    try:
+        head = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--", "celery_singleton_lock"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        head, dirty = "unknown", ""
+    return {
+        "git_head": head or "unknown",
+        "package_modified": str(bool(dirty)),
+        "package_sha256": digest.hexdigest()[:12],
+    }
+
+
 def environment(*dists: str) -> dict[str, Any]:
-    """Date, machine, Python, redis-server, redis-py and hiredis, plus the versions of ``dists``."""
+    """Date, machine, Python, redis-server, redis-py and hiredis, the versions of ``dists``, and the code's identity
+    (git HEAD, whether the package differs from it, a hash of its sources)."""
     binary = find_redis_server()
     try:
         server = subprocess.run(
@@ -51,4 +92,93 @@ def environment(*dists: str) -> dict[str, Any]:
         "redis_py": version("redis"),
         "hiredis": version("hiredis"),
         **{dist.replace("-", "_"): version(dist) for dist in dists},
+        **code_identity(),
     }
+
+
+def percentile(sorted_values: list[int] | list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return float(sorted_values[index])
+
+
+# --- clocks ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuStamp:
+    """This process's CPU clocks at one moment: ``cpu`` (``time.process_time``, ns resolution, all threads) and the
+    user/system split of ``getrusage`` (the kernel splits its precise total by tick samples: good over a second or
+    more, not over one call)."""
+
+    cpu: float
+    user: float
+    system: float
+
+    @staticmethod
+    def now() -> CpuStamp:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return CpuStamp(time.process_time(), usage.ru_utime, usage.ru_stime)
+
+    def __sub__(self, other: CpuStamp) -> CpuStamp:
+        return CpuStamp(self.cpu - other.cpu, self.user - other.user, self.system - other.system)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time of another process's main thread: ``/proc/<pid>/schedstat`` (ns), else utime+stime of
+    ``/proc/<pid>/stat`` (clock ticks). For redis-server the main thread is where commands and scripts run."""
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- CPU placement --------------------------------------------------------------------------------------------------
+
+PIN_MODES = ("split", "same", "none")
+PIN_HELP = (
+    "CPU placement: 'split' (default) = this client on one CPU, the redis-servers on another: every round trip "
+    "wakes the other CPU, as a reply from another host would, and the figures are steady; 'same' = client and "
+    "servers share one CPU: no cross-CPU wake-ups, the cheapest round trips, so the client's own Python work weighs "
+    "the most; 'none' = the scheduler decides, and on this VM it flips between the two (bimodal figures)"
+)
+
+
+@contextlib.contextmanager
+def pinned_servers(count: int, pin: str) -> Iterator[list[RedisServer]]:
+    """``redis_servers(count)``, with this process and the servers placed on CPUs as ``pin`` says (see PIN_HELP).
+
+    The servers inherit the affinity they are started with (every thread of theirs); threads this process starts
+    later inherit the client's. The original affinity is restored on exit.
+    """
+    if pin not in PIN_MODES:
+        raise ValueError(f"pin must be one of {PIN_MODES}, got {pin!r}")
+    original = os.sched_getaffinity(0)
+    cpus = sorted(original)
+    if pin == "split" and len(cpus) < 2:
+        pin = "same"
+    try:
+        if pin == "split":
+            os.sched_setaffinity(0, {cpus[1]})
+        elif pin == "same":
+            os.sched_setaffinity(0, {cpus[0]})
+        with redis_servers(count) as servers:
+            if pin == "split":
+                os.sched_setaffinity(0, {cpus[0]})
+            yield servers
+    finally:
+        os.sched_setaffinity(0, original)
+
+
+def placement(servers: list[RedisServer]) -> dict[str, Any]:
+    """Where this process and the servers may run (CPU sets), for the record."""
+    out: dict[str, Any] = {"client_cpus": sorted(os.sched_getaffinity(0))}
+    with contextlib.suppress(OSError):
+        out["server_cpus"] = sorted({c for s in servers if s.process for c in os.sched_getaffinity(s.process.pid)})
+    return out

@@ -28,10 +28,14 @@ from typing import Any
 
 import redis
 from celery import Celery, signals
-from celery_once import QueueOnce
-from celery_singleton import Singleton
 
 from celery_singleton_lock import LockedTask
+
+try:  # the peers are only needed by bench_task.py (the `bench` extra); profile_task.py runs without them
+    from celery_once import QueueOnce
+    from celery_singleton import Singleton
+except ImportError:  # pragma: no cover - depends on the extras installed
+    QueueOnce = Singleton = None
 
 LOCK_URLS = os.environ["BENCH_LOCK_URLS"].split(",")
 N = int(os.environ.get("BENCH_N", "0"))
@@ -63,14 +67,15 @@ def locked(i: int) -> None:
     """No-op, LockedTask (the lock key hashes ``i``: every call is a distinct job)."""
 
 
-@app.task(base=QueueOnce, name="bench.once", once={"graceful": True})
-def once(i: int) -> None:
-    """No-op, celery-once ``QueueOnce``."""
+if QueueOnce is not None and Singleton is not None:
 
+    @app.task(base=QueueOnce, name="bench.once", once={"graceful": True})
+    def once(i: int) -> None:
+        """No-op, celery-once ``QueueOnce``."""
 
-@app.task(base=Singleton, name="bench.singleton")
-def singleton(i: int) -> None:
-    """No-op, celery-singleton ``Singleton``."""
+    @app.task(base=Singleton, name="bench.singleton")
+    def singleton(i: int) -> None:
+        """No-op, celery-singleton ``Singleton``."""
 
 
 @app.task(name="bench.plain_stored", ignore_result=False)

@@ -19,6 +19,9 @@ use server 0. The machine is usually shared, so the contenders are interleaved: 
 the median over rounds of each round's cycles/s, p50 and p99. Ratios are medians of per-round *paired* ratios
 (contender vs floor, or vs our 1-node, measured in the same round), which cancels slow drifts in background load.
 
+The per-cycle client CPU, the floors written on redis-py's low-level ``Connection`` and the skip path's refused
+acquire are measured by ``bench_hotpath.py``.
+
     python benchmarks/bench_lock.py                      # ~2.5 min: 8 rounds x 2 s x 7 contenders
     python benchmarks/bench_lock.py --seconds 1 --rounds 5 --json /tmp/bench.json
 """
@@ -80,14 +83,6 @@ class Result:
     cycles_per_s_max: float = 0.0
     ratio_to_floor: float = 0.0  # median over rounds of (cycles/s / floor's cycles/s in the same round)
     p50_ratio_to_ours_1: float = 0.0  # median over rounds of (p50 / our 1-node p50 in the same round)
-
-
-def percentile(sorted_values: list[int], q: float) -> float:
-    """Nearest-rank percentile of an already sorted list."""
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return float(sorted_values[index])
 
 
 def run_slice(cycle: Callable[[], None], seconds: float, max_cycles: int) -> tuple[int, float, list[int]]:
@@ -239,10 +234,17 @@ def main(argv: list[str] | None = None) -> int:
             (OURS_1, make_ours(urls[0], f"bench:ours1:{suffix}")),
             (OURS_3, make_ours(urls, f"bench:ours3:{suffix}")),
             ("redis-py Lock", make_redis_py(plain[0], f"bench:redispy:{suffix}")),
-            ("python-redis-lock", make_python_redis_lock(plain[0], f"bench:prl:{suffix}")),
-            ("pottery Redlock 1-node", make_pottery(plain[:1], f"bench:pottery1:{suffix}")),
-            ("pottery Redlock 3-node", make_pottery(plain, f"bench:pottery3:{suffix}")),
         ]
+        peers: list[tuple[str, Callable[[], Callable[[], None]]]] = [
+            ("python-redis-lock", lambda: make_python_redis_lock(plain[0], f"bench:prl:{suffix}")),
+            ("pottery Redlock 1-node", lambda: make_pottery(plain[:1], f"bench:pottery1:{suffix}")),
+            ("pottery Redlock 3-node", lambda: make_pottery(plain, f"bench:pottery3:{suffix}")),
+        ]
+        for name, make in peers:
+            try:
+                contenders.append((name, make()))
+            except ImportError as exc:  # the `bench` extra is not installed
+                print(f"# {name}: left out ({exc}; pip install -e '.[bench]')", file=sys.stderr)
         results = {name: Result(name) for name, _ in contenders}
 
         for name, cycle in contenders:  # connections, script caches, thread pools, code paths
@@ -259,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                     cycles=count,
                     seconds=elapsed,
                     cycles_per_s=count / elapsed,
-                    p50_us=percentile(latencies, 0.50) / 1000,
-                    p99_us=percentile(latencies, 0.99) / 1000,
+                    p50_us=_common.percentile(latencies, 0.50) / 1000,
+                    p99_us=_common.percentile(latencies, 0.99) / 1000,
                 )
                 results[name].samples.append(sample)
                 print(
