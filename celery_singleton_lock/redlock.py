@@ -62,7 +62,9 @@ ACQUIRE_SCRIPT = """
 --           record is 'open': handed over for this job to take over, so the refused attempt is the job's own)
 -- ARGV[6..] - field, value pairs of our holder record
 -- returns {ACQUIRED, fencing token (0 without fencing)} when the lease is ours (new, or taken over);
---         {HELD, holder record as a flat field/value array ({} if the key is not a record), remaining ms};
+--         {HELD, the holder's owner, job, state, try and worker fields, each as '<length>:<value>' ('' for a key
+--          that is not a record), remaining ms}: one bulk string, not the whole record (a refusal is a duplicate's
+--          hot path, and parsing a reply costs per element);
 --         {DONE} when KEYS[3] exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
@@ -72,15 +74,20 @@ end
 local waiting, prev = false, false
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
-    return {0, {}, redis.call('PTTL', KEYS[1])}
+    return {0, '', redis.call('PTTL', KEYS[1])}
   end
   local owner = redis.call('HGET', KEYS[1], 'owner')
   if owner ~= ARGV[1] and (ARGV[4] == '' or owner ~= ARGV[4]) then
-    if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'job') == ARGV[5]
-        and redis.call('HGET', KEYS[1], 'open') ~= '1' then
+    local brief = redis.call('HMGET', KEYS[1], 'owner', 'job', 'state', 'try', 'worker', 'open')
+    if ARGV[5] ~= '' and brief[2] == ARGV[5] and brief[6] ~= '1' then
       redis.call('HSET', KEYS[1], 'waiting', '1')
     end
-    return {0, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
+    local out = {}
+    for i = 1, 5 do
+      local v = brief[i] or ''
+      out[i] = #v .. ':' .. v
+    end
+    return {0, table.concat(out), redis.call('PTTL', KEYS[1])}
   end
   if owner ~= ARGV[1] then
     local now = redis.call('TIME')
@@ -331,6 +338,28 @@ def record_of(flat: Sequence[Any]) -> dict[str, str]:
     return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
 
 
+_BRIEF_FIELDS = ("owner", "job", "state", "try", "worker")
+
+
+def _brief(blob: bytes | str) -> dict[str, str]:
+    """The fields of a refused acquire's answer: ``<length>:<value>`` each, in ``_BRIEF_FIELDS`` order (empty
+    values, i.e. missing fields, are left out). Lengths are in bytes, so values may hold any character."""
+    data = blob.encode("utf-8", "surrogatepass") if isinstance(blob, str) else blob
+    out: dict[str, str] = {}
+    if not data:
+        return out
+    i = 0
+    for name in _BRIEF_FIELDS:
+        colon = data.index(b":", i)
+        end = colon + 1 + int(data[i:colon])
+        if end > colon + 1:
+            out[name] = data[colon + 1 : end].decode("utf-8", "surrogatepass")
+        i = end
+        if i >= len(data):
+            break
+    return out
+
+
 def _merged(records: Iterable[dict[str, str]]) -> dict[str, str]:
     """One owner's record as several nodes hold it: a node that lost the key and was repaired by a renewal holds
     only ``owner`` and ``fence`` until it is refilled, so the fuller records' fields win, never the stripped one's."""
@@ -376,13 +405,18 @@ def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redi
 
 
 def _pack(command: Sequence[str | int]) -> bytes:
-    """The RESP encoding of a command of str/int arguments, built once and sent to every node."""
-    out = [b"*%d\r\n" % len(command)]
+    """The RESP encoding of a command of str/int arguments, built once and sent to every node.
+
+    Built as one str and encoded once (a task's acquire has ~20 arguments: a bytes format per argument cost about
+    a quarter more). A RESP length counts bytes: only an argument that is not ASCII needs its own encode for it.
+    surrogatepass: a JSON message may carry a lone surrogate ("\ud800") in a task id, which strict UTF-8 refuses.
+    """
+    parts = [f"*{len(command)}\r\n"]
     for arg in command:
-        # surrogatepass: a JSON message may carry a lone surrogate ("\ud800") in a task id, which strict UTF-8 refuses.
-        data = arg.encode("utf-8", "surrogatepass") if isinstance(arg, str) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+        text = arg if isinstance(arg, str) else str(arg)
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        parts.append(f"${size}\r\n{text}\r\n")
+    return "".join(parts).encode("utf-8", "surrogatepass")
 
 
 # Idle connections of the pools we built from URLs, per process. Checking a connection out of redis-py's pool costs
@@ -712,7 +746,8 @@ class Redlock:
         self.split = False
         #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
         self.done = False
-        #: After a failed attempt: the owner token and record of the holder most nodes reported, and its
+        #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that
+        #: a decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its
         #: remaining lease (s).
         self.held_by: str | None = None
         self.holder_record: dict[str, str] | None = None
@@ -799,7 +834,7 @@ class Redlock:
             elif answer[0] == DONE:
                 done = True
             else:
-                record = record_of(answer[1])
+                record = _brief(answer[1])
                 holders.append((record.get("owner", ""), int(answer[2]), record))
         if len(fences) >= nodes.quorum and not done:
             fence = max(fences.values())

@@ -208,7 +208,10 @@ def test_a_repaired_node_gets_the_whole_record_back(fresh_trio: list[RedisServer
     assert not seen.acquire(blocking=False)
     assert seen.holder_record is not None
     assert seen.holder_record["job"] == "task-7"
-    assert Redlock(urls, name).holder() == seen.holder_record
+    whole = Redlock(urls, name).holder()
+    assert whole is not None
+    assert seen.holder_record.items() <= whole.items()  # a refusal answers the fields a decision needs
+    assert whole["job"] == "task-7"
     assert lock.release()
 
 
