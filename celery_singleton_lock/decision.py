@@ -13,7 +13,7 @@ acquired                        RUN; a redelivered first attempt LOOKs UP the re
 done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
 split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
 no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
-held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once)
+held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once; only by a later try)
 held by this task id, cooldown  DONE: it finished and is cooling down
 held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
 held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if SUCCESS, else DEFER until the
@@ -123,7 +123,9 @@ def decide(f: Facts) -> Decision:
     # Held.
     remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
     if f.holder_job == f.task_id:
-        if f.holder_state == HANDOVER and not f.took_over:
+        if f.holder_state == HANDOVER and not f.took_over and (f.holder_try is None or f.retries > f.holder_try):
+            # Only a later attempt takes a hand-over: a redelivered copy of the attempt that handed over (or of an
+            # earlier one) would run that attempt again and fork the retry chain.
             return Decision(Act.TAKE_OVER)
         if f.holder_state == COOLDOWN:
             return Decision(Act.DONE, reason="already succeeded")

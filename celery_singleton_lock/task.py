@@ -81,8 +81,11 @@ os.register_at_fork(after_in_child=_after_fork)
 _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
 _ATTEMPT_HEADER = "singleton_lock_attempt"
 _REDELIVERY_HEADER = "singleton_lock_waited"
-# A retry is a new attempt: it inherits neither (see LockedTask.retry).
-_OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER})
+_SETTLE_HEADER = "singleton_lock_settle"
+# A retry is a new attempt: it inherits none of these (see LockedTask.retry).
+_OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER, _SETTLE_HEADER})
+#: Seconds a copy that found its job done, but no result stored, waits before saying so (see _settle_done).
+SETTLE_GRACE = 10.0
 _SUCCESS = "SUCCESS"
 
 
@@ -151,6 +154,12 @@ def _visibility_timeout(app: Any) -> float | None:
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
             return float(value)
     return None
+
+
+def _try_of(record: dict[str, str]) -> int | None:
+    """The holder record's ``try`` (its delivery's retries), None when absent or not a plain decimal number."""
+    value = record.get("try", "")
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
@@ -433,7 +442,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 holder_job=record.get("job"),
                 holder_state=record.get("state"),
                 holder_remaining=lock.held_for,
-                holder_try=int(record["try"]) if record.get("try", "").isdigit() else None,
+                holder_try=_try_of(record),
                 jitter=random.random(),  # noqa: S311
             )
         settings = options.settings
@@ -445,7 +454,7 @@ class LockedTask(Task):  # type: ignore[misc]
             holder_remaining=lock.held_for,
             redelivered=redelivered,
             retries=int(request.retries or 0),
-            holder_try=int(record["try"]) if record.get("try", "").isdigit() else None,
+            holder_try=_try_of(record),
             in_chord=bool(request.chord),
             on_duplicate=options.on_duplicate,
             on_unavailable=options.on_unavailable,
@@ -464,8 +473,8 @@ class LockedTask(Task):  # type: ignore[misc]
         act = decision.act
         task_id = facts.task_id
         if act is Act.DONE:
-            self._settle_done(task_id, run.key)
-            self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
+            if not self._settle_done(run, task_id):
+                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
         elif act is Act.RUN_UNGUARDED:
             self._unavailable(run, lock, task_id, options, "run")
         elif act is Act.FAIL_UNAVAILABLE:
@@ -481,29 +490,36 @@ class LockedTask(Task):  # type: ignore[misc]
         else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
             self._duplicate(run, decision, facts)
 
-    def _settle_done(self, task_id: str, key: str) -> None:
+    def _settle_done(self, run: _Run, task_id: str) -> bool:
         """A copy of a finished job stops: make sure whoever waits on the task id learns something.
 
         The done marker is written in the release round trip, before the tracer stores the result: a run killed in
         between (a pool child SIGKILLed, a node slow to answer the release) finished the job but stored nothing, and
         its redelivered copy stops here. Its caller would wait forever, and so would every caller of a duplicate
-        skipped in its favour. So when the backend holds no final state for the id, store REVOKED saying so. A
-        SUCCESS stored a moment later by a live twin wins (result backends never overwrite SUCCESS).
+        skipped in its favour. But a live twin may be just about to store its SUCCESS (the same gap, seen from the
+        other side), and REVOKED stored first would reach a waiter before it (the Redis backend publishes every
+        state) or even overwrite it (the backend's read-then-set is not atomic). So when the backend holds no final
+        state, this copy is re-sent once, SETTLE_GRACE s later, and only that second look stores REVOKED, if the
+        state is still not final then. True when this copy was re-sent (it has its outcome already).
         """
         request = self.request
         if request.is_eager or self.ignore_result or request.ignore_result:
-            return
+            return False
         try:
             if self.backend.get_state(task_id) in READY_STATES:
-                return
+                return False
+            if not getattr(request, _SETTLE_HEADER, None):
+                self._defer(run, SETTLE_GRACE, "settling", {_SETTLE_HEADER: 1})
+                return True
             self.backend.mark_as_revoked(
                 task_id,
-                f"{self.name}[{task_id}] already succeeded (lock {key}), but the run that succeeded stored no result: "
-                "it was killed after the job finished",
+                f"{self.name}[{task_id}] already succeeded (lock {run.key}), but the run that succeeded stored no "
+                "result: it was killed after the job finished",
                 request=None,
             )
         except Exception:  # no usable result backend: nobody can wait on it either
             logger.debug("cannot settle the state of %s", task_id, exc_info=True)
+        return False
 
     def _new_lock(self, key: str, task_id: str, options: _Options) -> Redlock:
         settings = options.settings
@@ -671,7 +687,11 @@ class LockedTask(Task):  # type: ignore[misc]
                 held = lock.finish(
                     # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
                     # the other copy can start late, so the marker lasts the whole window.
-                    done_for=options.done_window if run.redelivered else options.done_window_short,
+                    # A retry's marker too: for a retry the marker is the only proof of its success (it never asks
+                    # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
+                    done_for=options.done_window
+                    if run.redelivered or self.request.retries
+                    else options.done_window_short,
                     waited_for=options.done_window,
                     cooldown=float(self.lock_cooldown),
                 )

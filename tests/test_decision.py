@@ -137,6 +137,7 @@ def check(f: Facts, d: Decision) -> None:
         for answer in (False, True):
             assert decide(dataclasses.replace(f, succeeded=answer)).act is not Act.LOOK_UP
     if act is Act.TAKE_OVER:
+        assert f.holder_try is None or f.retries > f.holder_try  # only a later attempt takes a hand-over
         assert not f.took_over
         assert decide(dataclasses.replace(f, took_over=True)).act is not Act.TAKE_OVER
 
@@ -182,6 +183,8 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("unavailable", ME, on_unavailable="run"), Act.RUN_UNGUARDED, ""),
         (Facts("unavailable", ME, attempt=3, max_retries=3), Act.FAIL_UNAVAILABLE, ""),
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, holder_try=0, retries=1), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, holder_try=0, retries=0), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, took_over=True), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=COOLDOWN), Act.DONE, "already succeeded"),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING), Act.LOOK_UP, ""),

@@ -310,3 +310,14 @@ def test_the_undo_snapshot_does_not_grow_with_retries(redis_node: RedisServer, n
         holder = retry
     assert redis_node.client().memory_usage(name) < 2048
     assert holder.release()
+
+
+def test_an_odd_try_field_is_an_unknown_try() -> None:
+    """A record's 'try' that is not a plain decimal number (another tool's record, '²' counts as a digit to
+    str.isdigit) is unknown, never an error in before_start."""
+    from celery_singleton_lock.task import _try_of  # noqa: PLC0415
+
+    assert _try_of({"try": "3"}) == 3
+    assert _try_of({"try": "\u00b2"}) is None
+    assert _try_of({"try": ""}) is None
+    assert _try_of({}) is None

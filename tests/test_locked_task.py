@@ -24,6 +24,7 @@ import redis
 from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock.redlock import Redlock, done_key_for
+from celery_singleton_lock.task import SETTLE_GRACE
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
 
 APPS = Path(__file__).parent / "apps"
@@ -258,8 +259,8 @@ def test_a_retry_is_a_new_attempt_for_the_lock_headers(cluster: Cluster) -> None
 
 
 def test_done_marker_window_follows_the_delivery(cluster: Cluster) -> None:
-    """A plain success keeps its done marker for the short window; a retried job too (its own retry is not a copy
-    waiting for it); a redelivered copy's success keeps it for the whole window (another copy of its message may
+    """A plain success keeps its done marker for the short window; a retried job's and a redelivered copy's success
+    keep it for the whole window (a retry never asks the backend, and another copy of a redelivered message may
     still come: the original of a visibility-timeout restore)."""
     app = cluster.app_module()
     lock_client = redis.Redis.from_url(cluster.env["CSL_LOCK_URLS"].split(",")[0])
@@ -274,7 +275,8 @@ def test_done_marker_window_follows_the_delivery(cluster: Cluster) -> None:
         return int(lock_client.pttl(done_key_for(task.lock_key_for(k), task_id)))
 
     assert 0 < marker_ttl(app.work, plain, r1.id) <= 60_000
-    assert 0 < int(lock_client.pttl(done_key_for(app.flaky.lock_key_for(retried, 1, 0.2), r2.id))) <= 60_000
+    # a retry's marker is its only proof of success (it never asks the backend): the whole window
+    assert int(lock_client.pttl(done_key_for(app.flaky.lock_key_for(retried, 1, 0.2), r2.id))) > 3_600_000
     assert marker_ttl(app.work, redelivered, r3.id) > 3_600_000
 
 
@@ -292,6 +294,25 @@ def test_a_finished_job_whose_result_was_never_stored_does_not_leave_its_caller_
     with pytest.raises(TaskRevokedError, match="already succeeded"):
         result.get(timeout=20)
     assert cluster.runs(k) == []
+
+
+def test_a_copy_that_finds_its_job_done_waits_for_the_twin_s_result(cluster: Cluster) -> None:
+    """A copy that stops on the done marker while the twin that wrote it has not stored its SUCCESS yet (the gap
+    between the release and the result store) does not store REVOKED at once: it looks again after a grace, and
+    the caller gets the twin's result (REVOKED used to reach the waiter first, and could overwrite the SUCCESS)."""
+    app = cluster.app_module()
+    k = key()
+    task_id = f"twin-{uuid.uuid4().hex[:8]}"
+    twin = Redlock(cluster.env["CSL_LOCK_URLS"].split(","), app.work.lock_key_for(k), ttl=5, job=task_id)
+    assert twin.acquire(blocking=False)
+    twin.finish(done_for=60, waited_for=60)  # the twin released; its SUCCESS is stored a moment later:
+    result = app.work.apply_async((k,), task_id=task_id)
+    time.sleep(1.5)  # the copy ran, found the marker and no result: it must not have said REVOKED
+    assert result.state == "PENDING"
+    app.work.backend.mark_as_done(task_id, "the twin's result")
+    assert result.get(timeout=30) == "the twin's result"
+    time.sleep(SETTLE_GRACE + 2)  # the copy's second look found SUCCESS and left it alone
+    assert app.work.AsyncResult(task_id).state == "SUCCESS"
 
 
 def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -> None:
