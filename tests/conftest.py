@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from celery import Celery
 
 from celery_singleton_lock.testing import RedisServer, redis_servers
 
@@ -50,6 +51,17 @@ def fresh_node() -> Iterator[RedisServer]:
     """One server of this test's own, free to fault."""
     with redis_servers(1) as servers:
         yield servers[0]
+
+
+@pytest.fixture
+def app(redis_node: RedisServer) -> Iterator[Celery]:
+    """A Celery app of this test's own (memory broker, no result backend) locking on the shared node under a
+    prefix no other test uses: LockedTask through Celery's tracer in this process (``apply()``)."""
+    app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = [redis_node.url]
+    app.conf.singleton_lock_prefix = f"eager-{uuid.uuid4().hex[:8]}:"
+    yield app
+    app.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,15 +19,6 @@ from celery_singleton_lock.errors import DuplicateTaskError
 from celery_singleton_lock.redlock import NodeSet, Redlock, done_key_for
 from celery_singleton_lock.task import DONE_MARGIN, _visibility_timeout
 from celery_singleton_lock.testing import RedisServer
-
-
-@pytest.fixture
-def app(redis_node: RedisServer) -> Iterator[Celery]:
-    app = Celery(f"hard-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
-    app.conf.singleton_lock_urls = [redis_node.url]
-    app.conf.singleton_lock_prefix = f"hard-{uuid.uuid4().hex[:8]}:"
-    yield app
-    app.close()
 
 
 @pytest.mark.parametrize("holder_id", ["nightly|done|1", "|done|", "done", "x|retry|y", "a|b|c|d|123|e"])

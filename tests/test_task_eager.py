@@ -6,8 +6,6 @@ No worker and no result backend: what these tests see is decided by the lock alo
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,15 +14,6 @@ from celery import Celery
 from celery_singleton_lock import ConfigurationError, LockedTask, Skipped
 from celery_singleton_lock.redlock import done_key_for
 from celery_singleton_lock.testing import RedisServer
-
-
-@pytest.fixture
-def app(redis_node: RedisServer) -> Iterator[Celery]:
-    app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
-    app.conf.singleton_lock_urls = [redis_node.url]
-    app.conf.singleton_lock_prefix = f"eager-{uuid.uuid4().hex[:8]}:"
-    yield app
-    app.close()
 
 
 def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celery, redis_node: RedisServer) -> None:
