@@ -109,7 +109,6 @@ class _Run:
     lock: Redlock | None = None
     lease: Lease | None = None
     outcome: Skipped | None = None
-    handed_over: bool = False
     entered: bool = False
     redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
     handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
@@ -757,7 +756,8 @@ class LockedTask(Task):  # type: ignore[misc]
             watchdog().unregister(run.lease)
             run.lease = None
         if run.lock is not None:
-            run.handed_over = run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
+            # Not handed over (the lease had run out, too few nodes answered): the retry finds the lock free.
+            run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
 
     def _end_lease_of(self, task_id: str, key: str, worker: str) -> None:
         """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.
