@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import resource
@@ -182,3 +183,9 @@ def placement(servers: list[RedisServer]) -> dict[str, Any]:
     with contextlib.suppress(OSError):
         out["server_cpus"] = sorted({c for s in servers if s.process for c in os.sched_getaffinity(s.process.pid)})
     return out
+
+
+def write_json(path: str, env: dict[str, Any], args: Any, **results: Any) -> None:
+    """Write a run's record: its environment, command line and parsed arguments, then the script's own results."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"environment": env, "argv": sys.argv, "args": vars(args), **results}, f, indent=2)

@@ -419,19 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     if leftovers:
         print(f"# ERROR: lock keys left behind: {leftovers}", file=sys.stderr)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "argv": sys.argv,
-                    "args": vars(args),
-                    "server_features": {"set_nx_get": nx_get, "delex": delex},
-                    "results": [asdict(r) for r in ordered],
-                    "leftover_keys": [key.decode() for key in leftovers],
-                },
-                f,
-                indent=2,
-            )
+        _common.write_json(
+            args.json,
+            env,
+            args,
+            server_features={"set_nx_get": nx_get, "delex": delex},
+            results=[asdict(r) for r in ordered],
+            leftover_keys=[key.decode() for key in leftovers],
+        )
     return 1 if leftovers else 0
 
 

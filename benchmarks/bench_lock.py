@@ -301,19 +301,14 @@ def main(argv: list[str] | None = None) -> int:
         "per-round paired ratios"
     )
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "argv": sys.argv,
-                    "args": vars(args),
-                    "results": [asdict(r) for r in ordered],
-                    "leftover_keys": [k.decode() for k in failures],
-                    "pottery_stray_keys": [k.decode() for k in strays],
-                },
-                f,
-                indent=2,
-            )
+        _common.write_json(
+            args.json,
+            env,
+            args,
+            results=[asdict(r) for r in ordered],
+            leftover_keys=[k.decode() for k in failures],
+            pottery_stray_keys=[k.decode() for k in strays],
+        )
     return 1 if failures else 0
 
 

@@ -574,18 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     if storm is not None:
         print("\n" + storm_text(storm))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "argv": sys.argv,
-                    "args": vars(args),
-                    "results": [asdict(r) for r in ordered],
-                    "storm": storm,
-                },
-                f,
-                indent=2,
-            )
+        _common.write_json(args.json, env, args, results=[asdict(r) for r in ordered], storm=storm)
     failed = any(r.failures for r in ordered) or (storm is not None and storm["overlapping_runs"])
     return 1 if failed else 0
 

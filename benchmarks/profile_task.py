@@ -662,17 +662,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n" + callgrind_report(urls, args.callgrind_calls, args.top))
         bench.close()
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "argv": sys.argv,
-                    "args": vars(args),
-                    "samples": {k: [vars(s) for s in v] for k, v in samples.items()},
-                },
-                f,
-                indent=2,
-            )
+        _common.write_json(args.json, env, args, samples={k: [vars(s) for s in v] for k, v in samples.items()})
     return 0
 
 
