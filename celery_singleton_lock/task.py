@@ -433,27 +433,24 @@ class LockedTask(Task):  # type: ignore[misc]
         else:
             outcome = "held"
         record = lock.holder_record or {}
-        request = self.request
+        # What this attempt saw; everything else about the delivery stays as it was in ``previous``.
+        seen: dict[str, Any] = {
+            "outcome": outcome,
+            "holder_job": record.get("job"),
+            "holder_state": record.get("state"),
+            "holder_remaining": lock.held_for,
+            "holder_try": _try_of(record),
+            "jitter": random.random(),  # noqa: S311 - jitter, not crypto
+        }
         if previous is not None:
-            return dataclasses.replace(
-                previous,
-                outcome=outcome,
-                holder_job=record.get("job"),
-                holder_state=record.get("state"),
-                holder_remaining=lock.held_for,
-                holder_try=_try_of(record),
-                jitter=random.random(),  # noqa: S311
-            )
+            return dataclasses.replace(previous, **seen)
+        request = self.request
         settings = options.settings
         return Facts(
-            outcome=outcome,
+            **seen,
             task_id=task_id,
-            holder_job=record.get("job"),
-            holder_state=record.get("state"),
-            holder_remaining=lock.held_for,
             redelivered=redelivered,
             retries=int(request.retries or 0),
-            holder_try=_try_of(record),
             in_chord=bool(request.chord),
             on_duplicate=options.on_duplicate,
             on_unavailable=options.on_unavailable,
@@ -464,7 +461,6 @@ class LockedTask(Task):  # type: ignore[misc]
             retry_delay=settings.retry_delay,
             retry_max_delay=settings.retry_max_delay,
             max_countdown=options.max_countdown,
-            jitter=random.random(),  # noqa: S311 - jitter, not crypto
         )
 
     def _carry_out(self, run: _Run, decision: Decision, facts: Facts, lock: Redlock, options: _Options) -> None:
