@@ -735,12 +735,13 @@ class LockedTask(Task):  # type: ignore[misc]
         }
         # Anything but Retry raised (MaxRetriesExceededError, the exception re-raised, Reject for a failed
         # publish): nothing was sent, nothing is handed over.
+        lease_for = delay + self._options().ttl
         try:
             sent = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         except Retry:
-            run.handover_ttl = delay + self._options().ttl
+            run.handover_ttl = lease_for
             raise
-        run.handover_ttl = delay + self._options().ttl  # throw=False: sent, and the body goes on
+        run.handover_ttl = lease_for  # throw=False: sent, and the body goes on
         return sent
 
     def _hand_over(self, run: _Run, ttl: float) -> None:
