@@ -39,6 +39,7 @@ import datetime as dt
 import functools
 import inspect
 import logging
+import math
 import os
 import random
 import socket
@@ -61,7 +62,7 @@ from .keys import custom_key, lock_key
 from .redlock import Redlock
 from .renewal import Lease, flush_stats, watchdog
 
-__all__ = ["LockedTask", "Skipped"]
+__all__ = ["SKIP_MARK", "LockedRequest", "LockedTask", "Skipped", "parse_skipped"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -89,16 +90,69 @@ SETTLE_GRACE = 10.0
 _SUCCESS = "SUCCESS"
 
 
+#: How a Skipped's repr begins: what a worker's main process (which sees only the repr) and the log filter look for.
+SKIP_MARK = "<celery_singleton_lock.Skipped "
+_KIND_EVENT = {"duplicate": "task-revoked", "done": "task-revoked", "deferred": "task-retried"}
+
+
 @dataclass(frozen=True)
 class Skipped:
-    """What ``__call__`` returns for a delivery that did not run the body (duplicate, or deferred)."""
+    """What ``__call__`` returns for a delivery that did not run the body.
+
+    ``kind`` is ``"duplicate"`` (skipped: another job holds the lock), ``"done"`` (a copy of a job that already
+    succeeded) or ``"deferred"`` (re-sent to run later: reschedule, a redelivery waiting for its twin, an outage
+    back-off, a split vote). Celery's events report the first two as ``task-revoked`` and a re-send as
+    ``task-retried``, never as ``task-succeeded``; the worker's log line says what happened instead of "succeeded".
+    """
 
     reason: str
     key: str
     holder_task_id: str | None
+    kind: str = "duplicate"
 
     def __repr__(self) -> str:
-        return f"<Skipped: {self.reason}>"
+        # The main process parses this (see LockedRequest.send_event): kind, then the holder's id with its length
+        # (a task id may hold any character), then the reason. Celery truncates a long repr at its end.
+        holder = self.holder_task_id or ""
+        return f"{SKIP_MARK}{self.kind} {len(holder)}:{holder} {self.reason}>"
+
+
+def parse_skipped(text: str) -> tuple[str, str | None, str] | None:
+    """``(kind, holder task id, reason)`` from a :class:`Skipped` repr (what the worker's main process sees)."""
+    if not text.startswith(SKIP_MARK):
+        return None
+    kind, _, rest = text[len(SKIP_MARK) :].partition(" ")
+    size, colon, rest = rest.partition(":")
+    if kind not in _KIND_EVENT or not colon or not size.isdigit() or len(rest) < int(size):
+        return None
+    holder, reason = rest[: int(size)], rest[int(size) + 1 :]
+    return kind, holder or None, reason.removesuffix(">")
+
+
+class _SkipLogFilter(logging.Filter):
+    """Rewrite Celery's "Task x[id] succeeded in ...: <Skipped ...>" line to say what happened instead."""
+
+    _SAYS: ClassVar[dict[str, str]] = {
+        "duplicate": "skipped duplicate",
+        "done": "skipped: already done",
+        "deferred": "deferred",
+    }
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = record.args
+        if isinstance(data, dict):
+            value = data.get("return_value")
+            if isinstance(value, str) and value.startswith(SKIP_MARK):
+                parsed = parse_skipped(value)
+                if parsed is not None:
+                    kind, _, reason = parsed
+                    record.msg = "Task %(name)s[%(id)s] " + self._SAYS[kind] + " in %(runtime)ss: %(reason)s"
+                    record.args = {**data, "reason": reason}
+        return True
+
+
+# Celery's tracer logs a task's success through this logger (celery/app/trace.py, LOG_SUCCESS).
+logging.getLogger("celery.app.trace").addFilter(_SkipLogFilter())
 
 
 @dataclass
@@ -127,6 +181,7 @@ class _Options:
     max_countdown: float | None  # half the broker's visibility timeout, if it has one
     done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
     done_window_short: float  # ... and when none is
+    whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
 
 
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
@@ -155,6 +210,21 @@ def _visibility_timeout(app: Any) -> float | None:
     return None
 
 
+def _native_delayed_delivery(app: Any) -> bool:
+    """True when Celery sends countdowns through RabbitMQ's native delayed delivery (quorum queues, Celery 5.5+).
+
+    Celery then rounds a countdown down to whole seconds, and kombu raises ValueError for one below 1 s.
+    """
+    try:
+        from celery.utils.quorum_queues import detect_quorum_queues  # noqa: PLC0415 - Celery >= 5.5 only
+
+        driver = app.connection_for_write().transport.driver_type
+        return bool(detect_quorum_queues(app, driver)[0])
+    except Exception:  # older Celery, or a transport we cannot inspect: no native delayed delivery
+        logger.debug("cannot tell whether quorum queues are used", exc_info=True)
+        return False
+
+
 def _try_of(record: dict[str, str]) -> int | None:
     """The holder record's ``try`` (its delivery's retries), None when absent or not a plain decimal number."""
     value = record.get("try", "")
@@ -167,7 +237,14 @@ class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
     name = "celery_singleton_lock.settings"
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
-        settings = settings_for(parent.app)  # raises ConfigurationError with what to change
+        try:
+            settings = settings_for(parent.app)
+        except ConfigurationError as exc:
+            # One line saying what to change, printed by click as "Error: ..." with exit status 1 (as the CLI does),
+            # not a traceback through Celery's bootsteps.
+            import click  # noqa: PLC0415 - Celery's CLI dependency, needed only here
+
+            raise click.ClickException(f"celery_singleton_lock: {exc}") from None
         logger.info("celery_singleton_lock: %s", settings.describe())
         super().__init__(parent, **kwargs)
 
@@ -190,6 +267,28 @@ class LockedRequest(Request):  # type: ignore[misc]
     no such call: its lease simply runs out, within ttl. A task that names its own ``Request`` class must subclass
     this one.
     """
+
+    def send_event(self, type_: str, **fields: Any) -> None:
+        """Report a delivery that returned a :class:`Skipped` marker as what it was, not as a success.
+
+        The pool child's tracer hands the main process only the repr of the return value, and the main process
+        sends ``task-succeeded`` from there (``Request.on_success``): a skip becomes ``task-revoked`` (REVOKED in
+        Flower and ``celery events``) and a re-send ``task-retried`` (RETRY, until the re-sent copy's own events),
+        each with ``reason``, ``holder`` (the holder's task id, when there is one) and ``lock_skip`` (the kind).
+        """
+        if type_ == "task-succeeded":
+            result = fields.get("result")
+            if isinstance(result, str) and result.startswith(SKIP_MARK):
+                parsed = parse_skipped(result)
+                if parsed is not None:
+                    kind, holder, reason = parsed
+                    extra = {"reason": reason, "holder": holder, "lock_skip": kind}
+                    if kind == "deferred":
+                        fields = {"exception": reason, "traceback": "", **extra}
+                    else:
+                        fields = {"terminated": False, "signum": None, "expired": False, **extra}
+                    type_ = _KIND_EVENT[kind]
+        super().send_event(type_, **fields)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:  # noqa: FBT001 - Celery's signature
         super().on_timeout(soft, timeout)
@@ -300,6 +399,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 max_countdown=visibility / 2 if visibility else None,
                 done_window=max(2 * ttl, visibility or 0.0) + DONE_MARGIN,
                 done_window_short=max(2 * ttl, 60.0),
+                whole_seconds=_native_delayed_delivery(self.app),
             )
             self._lock_options = options
         return options
@@ -469,7 +569,7 @@ class LockedTask(Task):  # type: ignore[misc]
         task_id = facts.task_id
         if act is Act.DONE:
             if not self._settle_done(run, task_id):
-                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id))
+                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id, "done"))
         elif act is Act.RUN_UNGUARDED:
             self._unavailable(run, lock, task_id, options, "run")
         elif act is Act.FAIL_UNAVAILABLE:
@@ -560,11 +660,13 @@ class LockedTask(Task):  # type: ignore[misc]
             held = f"task {holder_id} finished; cooling down until {until.isoformat(timespec='seconds')}"
         else:
             held = f"held by task {holder_id}"
-        logger.info("Task %s[%s] is a duplicate: lock %s %s (%s)", self.name, task_id, run.key, held, policy)
+        # Celery's own line for this delivery says "skipped duplicate" or "deferred" with the same words (see
+        # _SkipLogFilter): one INFO line per skip, not two.
+        logger.debug("Task %s[%s] is a duplicate: lock %s %s (%s)", self.name, task_id, run.key, held, policy)
         if policy == "fail":
             raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
         if policy == "reschedule":
-            self._defer(run, decision.countdown, "duplicate", {})
+            self._defer(run, decision.countdown, "duplicate", {}, f"lock {run.key} {held}", holder_id)
             return
         reason = f"duplicate of {self.name} skipped: lock {run.key} {held}"
         # Storing REVOKED costs a read and a write on the result backend, most of a skip's cost: only for a caller
@@ -606,7 +708,15 @@ class LockedTask(Task):  # type: ignore[misc]
             )
             self._defer(run, countdown, "unavailable", {_ATTEMPT_HEADER: attempt})
 
-    def _defer(self, run: _Run, countdown: float, reason: str, headers: dict[str, Any]) -> None:
+    def _defer(
+        self,
+        run: _Run,
+        countdown: float,
+        reason: str,
+        headers: dict[str, Any],
+        detail: str = "",
+        holder_id: str | None = None,
+    ) -> None:
         """Re-send this delivery (same task id, same options) to run after ``countdown`` s; this one does not run."""
         request = self.request
         if request.is_eager:
@@ -620,13 +730,18 @@ class LockedTask(Task):  # type: ignore[misc]
             # keeps saying so, so that when it runs it asks whether the job already succeeded, and its success
             # keeps the job's done marker for the whole window.
             headers = {**headers, _REDELIVERY_HEADER: 1}
-        merged = {**(request.headers or {}), **headers}
+        # RabbitMQ's x-death headers are dropped from the copy (as Celery does for retry()): RabbitMQ < 4.0.1 drops a
+        # message it sees cycling through dead-lettering, and quorum queues' delayed delivery dead-letters.
+        merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
+        merged.update(headers)
+        if self._options().whole_seconds:
+            # Native delayed delivery (quorum queues) takes whole seconds, and kombu refuses a countdown below 1 s.
+            countdown = float(max(1, math.ceil(countdown)))
         self.signature_from_request(request, countdown=countdown, headers=merged).apply_async()
         signals.lock_waiting.send(sender=self, key=run.key, task_id=request.id, countdown=countdown, reason=reason)
-        logger.info(
-            "Task %s[%s] re-sent to run in %.1fs (%s): lock %s", self.name, request.id, countdown, reason, run.key
-        )
-        self._skip_quietly(run, Skipped(f"re-sent to run in {countdown:.1f}s ({reason})", run.key, None))
+        said = f"re-sent to run in {countdown:.1f}s ({reason})" + (f": {detail}" if detail else "")
+        logger.debug("Task %s[%s] %s: lock %s", self.name, request.id, said, run.key)
+        self._skip_quietly(run, Skipped(said, run.key, holder_id, "deferred"))
 
     def _skip_quietly(self, run: _Run, outcome: Skipped) -> None:
         """Make the tracer store nothing and dispatch nothing for this delivery (see the module docstring)."""
