@@ -42,17 +42,29 @@ class Cluster:
     """One module's servers and workers, and the client-side app (``locked_app`` imported with their env)."""
 
     def __init__(
-        self, broker: RedisServer, locks: list[RedisServer], tmp: Path, *, ttl: float, password: str | None = None
+        self,
+        broker: RedisServer,
+        locks: list[RedisServer],
+        tmp: Path,
+        *,
+        ttl: float,
+        password: str | None = None,
+        broker_url: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``broker`` holds the results and the run records, and is the broker unless ``broker_url`` names another
+        (RabbitMQ); ``env`` adds to the workers' and the client's environment."""
         self.broker, self.locks, self.tmp, self.ttl, self.password = broker, locks, tmp, ttl, password
         auth = f":{password}@" if password else ""
         self.lock_urls = [f"redis://{auth}127.0.0.1:{s.port}/0" for s in locks]
         base = broker.url.rsplit("/", 1)[0]
         self.env = {
-            "CSL_BROKER": broker.url,
+            "CSL_BROKER": broker_url or broker.url,
+            "CSL_BACKEND": base + "/1",
             "CSL_LOCK_URLS": ",".join(self.lock_urls),
             "CSL_RECORD": base + "/2",
             "CSL_TTL": str(ttl),
+            **(env or {}),
         }
         self.record = redis.Redis.from_url(self.env["CSL_RECORD"])
         self.results = redis.Redis.from_url(base + "/1")
@@ -73,9 +85,10 @@ class Cluster:
         pool: str = "prefork",
         concurrency: int = 2,
         env: dict[str, str] | None = None,
+        extra: list[str] | None = None,
     ) -> CeleryWorker:
         """Start a worker (killed at module teardown at the latest); ``env`` overrides the cluster's env."""
-        extra = ["-Q", queues] if queues else []
+        extra = (["-Q", queues] if queues else []) + (extra or [])
         worker = CeleryWorker(
             "locked_app",
             name,
@@ -205,10 +218,17 @@ def _chunks(items: list[str], size: int) -> Iterator[tuple[str, ...]]:
 
 
 @contextlib.contextmanager
-def cluster(tmp: Path, *, ttl: float, password: str | None = None) -> Iterator[Cluster]:
+def cluster(
+    tmp: Path,
+    *,
+    ttl: float,
+    password: str | None = None,
+    broker_url: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Cluster]:
     """A broker and three lock nodes; every server and worker is killed on exit, even after a failure."""
     with redis_servers(4) as servers:
-        c = Cluster(servers[0], servers[1:], tmp, ttl=ttl, password=password)
+        c = Cluster(servers[0], servers[1:], tmp, ttl=ttl, password=password, broker_url=broker_url, env=env)
         try:
             yield c
         finally:

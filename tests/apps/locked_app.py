@@ -1,8 +1,9 @@
 """The Celery app the LockedTask tests run in real worker processes.
 
 Configured from the environment (the test writes it): CSL_BROKER, CSL_LOCK_URLS (comma-separated), CSL_RECORD
-(a Redis URL where runs are recorded), CSL_TTL; optionally CSL_PREFIX, CSL_VISIBILITY (seconds) and
-CSL_MAX_TASKS_PER_CHILD. Every run records ``[key, task_id, pid, start, end]`` so the test
+(a Redis URL where runs are recorded), CSL_TTL; optionally CSL_BACKEND (default: db 1 of a Redis broker),
+CSL_QUEUE_TYPE (``quorum`` on RabbitMQ), CSL_PREFIX, CSL_VISIBILITY (seconds) and CSL_MAX_TASKS_PER_CHILD.
+Every run records ``[key, task_id, pid, start, end]`` so the test
 can check, after the fact, that no two runs of one key overlapped in time.
 """
 
@@ -20,7 +21,8 @@ from kombu.utils.json import register_type
 
 from celery_singleton_lock import LockedTask
 
-app = Celery("locked_app", broker=os.environ["CSL_BROKER"], backend=os.environ["CSL_BROKER"].rsplit("/", 1)[0] + "/1")
+BROKER = os.environ["CSL_BROKER"]
+app = Celery("locked_app", broker=BROKER, backend=os.environ.get("CSL_BACKEND") or BROKER.rsplit("/", 1)[0] + "/1")
 app.conf.update(
     singleton_lock_urls=os.environ["CSL_LOCK_URLS"].split(","),
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "5")),
@@ -31,15 +33,20 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
-    broker_transport_options={
+    result_expires=600,
+    worker_max_tasks_per_child=int(os.environ.get("CSL_MAX_TASKS_PER_CHILD", "0")) or None,
+)
+if BROKER.startswith("redis"):
+    app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ.get("CSL_VISIBILITY", "3600")),
         # With a short visibility timeout, sweep for unacked messages every second (kombu's default sweep is every
         # unacked_restore_interval * unacked_restore_throttle = 100 s), so a redelivery happens in bounded time.
         **({"unacked_restore_interval": 1, "unacked_restore_throttle": 1} if "CSL_VISIBILITY" in os.environ else {}),
-    },
-    result_expires=600,
-    worker_max_tasks_per_child=int(os.environ.get("CSL_MAX_TASKS_PER_CHILD", "0")) or None,
-)
+    }
+if os.environ.get("CSL_QUEUE_TYPE") == "quorum":
+    # RabbitMQ quorum queues as Celery 5.5+ documents them: countdowns go through native delayed delivery, which
+    # needs a topic exchange (a direct one only gets a warning, and ETA copies then wait in the worker).
+    app.conf.update(task_default_queue_type="quorum", task_default_exchange_type="topic")
 record = redis.Redis.from_url(os.environ["CSL_RECORD"])
 
 
@@ -256,3 +263,11 @@ def header_probe(self: Any, key: str) -> list[Any]:
     if self.request.retries == 0:
         raise self.retry(countdown=0)
     return [self.request.get("singleton_lock_attempt"), self.request.get("singleton_lock_waited")]
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
+def deaths_seen(self: Any, key: str, duration: float) -> int:
+    """Like ``work_later``; returns how many dead-letterings RabbitMQ recorded in this delivery's x-death header."""
+    _run(self, key, duration)
+    deaths = (self.request.headers or {}).get("x-death") or []
+    return sum(int(d.get("count", 1)) for d in deaths)
