@@ -246,7 +246,22 @@ class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
 
             raise click.ClickException(f"celery_singleton_lock: {exc}") from None
         logger.info("celery_singleton_lock: %s", settings.describe())
+        _warn_about_broker(parent.app)
         super().__init__(parent, **kwargs)
+
+
+def _warn_about_broker(app: Any) -> None:
+    """Log, once at worker start, each broker setting that weakens a guarantee (the doctor's Celery-side checks)."""
+    try:
+        from .doctor import broker_findings  # noqa: PLC0415 - the doctor imports this module
+
+        findings = broker_findings(app)
+    except Exception:  # a check that cannot run must never stop the worker
+        logger.debug("broker checks failed", exc_info=True)
+        return
+    for finding in findings:
+        if finding.level in ("error", "warning"):
+            logger.warning("celery_singleton_lock: %s: %s; %s", finding.subject, finding.message, finding.fix)
 
 
 @worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]

@@ -12,19 +12,23 @@ queues a countdown goes through native delayed delivery, in whole seconds, refus
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 import rabbitmq
 from celery.events.state import State
 from celery.exceptions import TaskRevokedError
-from worker_cluster import Cluster, cluster, new_key, overlapping, polling
+from worker_cluster import APPS, Cluster, cluster, new_key, overlapping, polling
+
+from celery_singleton_lock.testing import CeleryWorker, RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -287,3 +291,27 @@ def test_a_copy_re_sent_twice_carries_no_earlier_x_death(rc: Cluster) -> None:
     resends = logs(rc).count(f"deaths_seen[{later[1].id}] deferred in")
     assert resends >= 2, "the last copy was not re-sent twice: the test proved nothing"
     assert all(d <= 1 for d in deaths), deaths
+
+
+def test_quorum_queues_with_a_direct_exchange_are_named_at_worker_start(
+    tmp_path: Path, redis_node: RedisServer
+) -> None:
+    """Celery only warns per message that native delayed delivery cannot use a direct exchange (each countdown copy
+    then holds a prefetch slot): the worker says so once at start, naming the queue and what to set."""
+    with rabbitmq.vhost() as url:
+        conf = {"singleton_lock_urls": [redis_node.url], "task_default_queue_type": "quorum"}
+        worker = CeleryWorker(
+            "config_app",
+            "direct",
+            cwd=str(APPS),
+            log_path=str(tmp_path / "direct.log"),
+            concurrency=1,
+            env={"CSL_BROKER": url, "CSL_CONF": json.dumps(conf)},
+        )
+        try:
+            worker.start(timeout=60)
+        finally:
+            worker.kill()
+    lines = [line for line in worker.log().splitlines() if "queue celery" in line and "direct exchange" in line]
+    assert len(lines) == 1, worker.log()
+    assert "task_default_exchange_type = 'topic'" in lines[0]
