@@ -13,6 +13,7 @@ acquired                        RUN; a redelivered first attempt LOOKs UP the re
 done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
 split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
 no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
+held by this task id, queued    TAKE_OVER the reservation ``lock_scope="queue"`` made at ``apply_async`` (a first try)
 held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once; only by a later try)
 held by this task id, cooldown  DONE: it finished and is cooling down
 held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
@@ -34,14 +35,14 @@ from typing import Literal
 
 from .config import DuplicatePolicy, UnavailablePolicy
 
-__all__ = ["SPLIT_RETRIES", "Act", "Decision", "Facts", "Outcome", "decide"]
+__all__ = ["COOLDOWN", "ENDING", "HANDOVER", "QUEUED", "RUNNING", "SPLIT_RETRIES", "Act", "Decision", "Facts", "Outcome", "decide"]
 
 Outcome = Literal["acquired", "held", "done", "split", "unavailable"]
 
 #: Immediate retries of a split vote before the delivery is re-sent instead.
 SPLIT_RETRIES = 3
 # States of a holder record that LockedTask writes (``state`` field).
-RUNNING, HANDOVER, ENDING, COOLDOWN = "run", "retry", "ending", "cooldown"
+RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED = "run", "retry", "ending", "cooldown", "queued"
 
 
 class Act(enum.Enum):
@@ -123,6 +124,9 @@ def decide(f: Facts) -> Decision:
     # Held.
     remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
     if f.holder_job == f.task_id:
+        if f.holder_state == QUEUED and not f.took_over and f.retries == 0:
+            # The reservation apply_async made for this very message (lock_scope="queue"): this delivery is the job.
+            return Decision(Act.TAKE_OVER)
         if f.holder_state == HANDOVER and not f.took_over and (f.holder_try is None or f.retries > f.holder_try):
             # Only a later attempt takes a hand-over: a redelivered copy of the attempt that handed over (or of an
             # earlier one) would run that attempt again and fork the retry chain.

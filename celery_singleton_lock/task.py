@@ -50,13 +50,14 @@ from typing import Any, ClassVar, cast
 
 from celery import Task, bootsteps
 from celery.exceptions import Retry
-from celery.signals import worker_process_shutdown
+from celery.signals import task_revoked, worker_process_shutdown
 from celery.states import READY_STATES
+from celery.utils import uuid
 from celery.worker.request import Request
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
-from .decision import COOLDOWN, ENDING, HANDOVER, RUNNING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
+from .decision import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
 from .keys import custom_key, lock_key
 from .redlock import Redlock
@@ -85,6 +86,11 @@ _REDELIVERY_HEADER = "singleton_lock_waited"
 _SETTLE_HEADER = "singleton_lock_settle"
 # A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 _OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER, _SETTLE_HEADER})
+#: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
+DEFAULT_QUEUE_TTL = 600.0
+_SCOPES = ("run", "queue")
+# apply_async options whose messages are reserved at the worker only (a chord counts its members' own ids).
+_GROUPED = frozenset({"chord", "group_id", "chain"})
 #: Seconds a copy that found its job done, but no result stored, waits before saying so (see _settle_done).
 SETTLE_GRACE = 10.0
 _SUCCESS = "SUCCESS"
@@ -225,6 +231,43 @@ def _native_delayed_delivery(app: Any) -> bool:
         return False
 
 
+def _delay_of(options: dict[str, Any]) -> float:
+    """Seconds until a message sent with these options is due (its countdown or ETA), 0 when due now."""
+    countdown, eta = options.get("countdown"), options.get("eta")
+    if eta is not None:
+        if isinstance(eta, str):
+            eta = dt.datetime.fromisoformat(eta)
+        aware = eta if eta.tzinfo is not None else eta.replace(tzinfo=dt.timezone.utc)
+        return max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
+    return max(0.0, float(countdown or 0))
+
+
+def _expires_in(expires: Any) -> float | None:
+    """Seconds until a message with this ``expires`` option expires (None: it does not)."""
+    if expires is None:
+        return None
+    if isinstance(expires, dt.datetime):
+        aware = expires if expires.tzinfo is not None else expires.replace(tzinfo=dt.timezone.utc)
+        return (aware - dt.datetime.now(dt.timezone.utc)).total_seconds()
+    if isinstance(expires, str):
+        return _expires_in(dt.datetime.fromisoformat(expires))
+    return float(expires)
+
+
+@task_revoked.connect(weak=False)  # type: ignore[untyped-decorator]
+def _free_revoked_reservation(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A worker met a revoked or expired message of a queue-scope job: free the job's reservation at once."""
+    # Celery sends the task as sender and the delivery's Context as request (whose "task" is only a name).
+    task = sender
+    if not isinstance(task, LockedTask) or task.lock_scope != "queue" or request is None:
+        return
+    try:
+        key = task.lock_key_for(*(request.args or ()), **(request.kwargs or {}))
+        task._free_reservation(request.id, key)  # noqa: SLF001
+    except Exception:  # the reservation still ends with its lease
+        logger.warning("could not free the reservation of %s[%s]", task.name, request.id, exc_info=True)
+
+
 def _try_of(record: dict[str, str]) -> int | None:
     """The holder record's ``try`` (its delivery's retries), None when absent or not a plain decimal number."""
     value = record.get("try", "")
@@ -346,6 +389,18 @@ class LockedTask(Task):  # type: ignore[misc]
         the finished run ("at most once per cooldown", sidekiq's until_expired, celery-once's hold-until-timeout).
         A failure never holds the lock.
 
+    ``lock_scope``
+        ``"run"`` (default): the job is locked while it runs: never two at once. ``"queue"``: the job is also
+        reserved from ``apply_async``/``delay`` until it runs (through countdown, ETA and queue wait): a duplicate
+        call meanwhile publishes nothing and returns the *queued or running job's* ``AsyncResult`` (or raises
+        DuplicateTaskError under ``lock_on_duplicate="fail"``). The worker that runs the message takes the
+        reservation over as the same task id. Group, chain and chord members are reserved at the worker only.
+    ``lock_queue_ttl``
+        queue scope: how long a reservation waits for its message to start, beyond its countdown/ETA (default
+        600 s). Too short, and a backlog longer than that lets a second copy be published (the worker's run-time
+        check still never runs two at once); too long, and a message lost by the broker blocks the job for that
+        long (``revoke_queued`` frees it at once).
+
     Inside the body, ``self.lock_held()`` (no I/O) says whether the lock is still ours, ``self.check_lock()``
     raises :class:`LockLostError` if not, and ``self.fencing_token`` is this run's fencing token.
     """
@@ -357,6 +412,8 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_on_unavailable: ClassVar[UnavailablePolicy | None] = None
     lock_enqueue_check: ClassVar[bool] = False
     lock_cooldown: ClassVar[float] = 0.0
+    lock_scope: ClassVar[str] = "run"
+    lock_queue_ttl: ClassVar[float] = DEFAULT_QUEUE_TTL
     Request = "celery_singleton_lock.task:LockedRequest"
 
     _lock_options: _Options | None = None
@@ -377,6 +434,9 @@ class LockedTask(Task):  # type: ignore[misc]
             )
         if cls.lock_ttl is not None:
             check_ttl(cls.lock_ttl, f"lock_ttl of {cls.name}")
+        if cls.lock_scope not in _SCOPES:
+            raise ConfigurationError(f"lock_scope of {cls.name} must be 'run' or 'queue', got {cls.lock_scope!r}")
+        check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {cls.name}")
         if cls.lock_on_duplicate is not None:
             check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {cls.name}")
         if cls.lock_on_unavailable is not None:
@@ -441,7 +501,34 @@ class LockedTask(Task):  # type: ignore[misc]
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
-        """Celery's apply_async; with ``lock_enqueue_check``, a call whose job is running returns that run."""
+        """Celery's apply_async; with ``lock_scope="queue"`` a call whose job is queued or running returns that job
+        (see :meth:`_reserve`); with ``lock_enqueue_check``, a call whose job is running returns that run."""
+        if (
+            self.lock_scope == "queue"
+            and not self.app.conf.task_always_eager
+            and not _GROUPED.intersection(options)
+            # A re-send of the delivery running here (self.retry(), a deferred copy): it is the job already.
+            and not (task_id is not None and task_id == self.request.id)
+        ):
+            task_id = task_id or uuid()
+            existing, lock = self._reserve(args or (), kwargs or {}, task_id, options)
+            if existing is not None:
+                return existing
+            try:
+                return super().apply_async(
+                    args,
+                    kwargs,
+                    task_id=task_id,
+                    producer=producer,
+                    link=link,
+                    link_error=link_error,
+                    shadow=shadow,
+                    **options,
+                )
+            except BaseException:
+                if lock is not None:  # nothing was sent: nothing may stay reserved
+                    lock.release()
+                raise
         if self.lock_enqueue_check and not (
             link or link_error or self.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
         ):
@@ -451,6 +538,91 @@ class LockedTask(Task):  # type: ignore[misc]
         return super().apply_async(
             args, kwargs, task_id=task_id, producer=producer, link=link, link_error=link_error, shadow=shadow, **options
         )
+
+    def _reserve(self, args: Any, kwargs: Any, task_id: str, options: dict[str, Any]) -> tuple[Any, Redlock | None]:
+        """Queue scope: reserve this call's job for ``task_id`` before it is published.
+
+        Returns ``(existing, None)`` when the job is already queued, running, being retried or cooling down (its
+        ``AsyncResult``: nothing is to be sent), and ``(None, lock)`` when this call reserved it (``lock`` is
+        released if the publish fails). When Redis cannot tell (no quorum, a split that persists, an unknown
+        holder), ``(None, None)``: the message is sent, and the worker's run-time check is the guard.
+        """
+        key = self.lock_key_for(*args, **kwargs)
+        options_ = self._options()
+        wait = _delay_of(options)
+        lease = wait + float(self.lock_queue_ttl)
+        expires = _expires_in(options.get("expires"))
+        if expires is not None:  # a message that expires unseen frees its job when it would have expired
+            lease = min(lease, max(expires, 0.0) + 1.0)
+        lock = Redlock(
+            options_.settings.nodes,
+            key,
+            ttl=max(lease, 0.01),
+            fencing=False,
+            job=task_id,
+            record={
+                "state": QUEUED,
+                "name": self.name,
+                "worker": _worker,
+                "at": str(int(time.time() * 1000)),
+                "open": "1",
+            },
+        )
+        try:
+            for _ in range(SPLIT_RETRIES + 1):  # contenders that split the nodes try again after a jittered pause
+                if lock.acquire(blocking=False):
+                    return None, lock
+                if not lock.split:
+                    break
+                time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+        except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
+            logger.warning(
+                "%s: could not reserve lock %s; sending (checked at the worker)", self.name, key, exc_info=True
+            )
+            return None, None
+        if lock.done:  # this very task id already succeeded
+            return self.AsyncResult(task_id), None
+        record = lock.holder_record or {}
+        holder = record.get("job")
+        if not lock.contended or holder is None or record.get("state") == ENDING:
+            return None, None
+        if holder == task_id:  # sent again with its own id while queued or running: one message is enough
+            return self.AsyncResult(task_id), None
+        policy = options_.on_duplicate
+        if policy == "reschedule":  # it runs after the holder: sent, and rescheduled by the worker
+            return None, None
+        signals.duplicate_skipped.send(sender=self, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
+        if policy == "fail":
+            raise DuplicateTaskError(key, task_name=self.name, holder_task_id=holder)
+        logger.debug(
+            "%s not sent: the same job is %s as task %s (lock %s)", self.name, record.get("state"), holder, key
+        )
+        return self.AsyncResult(holder), None
+
+    def revoke_queued(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
+        """Revoke a queue-scope job's message and free its reservation now (``args``/``kwargs``: the call's).
+
+        ``AsyncResult.revoke()`` alone frees the reservation only when a worker meets the revoked message (at its
+        countdown, or when it reaches the front of the queue). True when a reservation was freed; False when there
+        was none (a worker had taken the job over already: it runs, or ran).
+        """
+        self.app.control.revoke(task_id)
+        return self._free_reservation(task_id, self.lock_key_for(*args, **kwargs))
+
+    def _free_reservation(self, task_id: str, key: str) -> bool:
+        """Delete the queue-scope reservation of ``task_id`` on ``key``, if it is still one (not yet taken over)."""
+        lock = Redlock(self._options().settings.nodes, key, ttl=_END_LEASE, fencing=False, job=task_id)
+        if lock.acquire(blocking=False):  # nothing held it
+            lock.release()
+            return False
+        record = lock.holder_record or {}
+        if not (lock.contended and record.get("job") == task_id and record.get("state") == QUEUED):
+            return False
+        lock.replaces = lock.held_by  # atomic: only if the reservation's owner still holds it
+        if lock.acquire(blocking=False):
+            lock.release()
+            return True
+        return False
 
     def _running_run(self, args: Any, kwargs: Any, task_id: str | None) -> Any:
         """The AsyncResult of the run holding this call's lock right now, or None (also when Redis cannot tell).

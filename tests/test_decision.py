@@ -14,6 +14,7 @@ from celery_singleton_lock.decision import (
     COOLDOWN,
     ENDING,
     HANDOVER,
+    QUEUED,
     RUNNING,
     SPLIT_RETRIES,
     Act,
@@ -24,7 +25,7 @@ from celery_singleton_lock.decision import (
 )
 
 ME, OTHER = "task-1", "task-2"
-STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, None)
+STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, None)
 HOLDERS = (ME, OTHER, None)
 
 
@@ -137,7 +138,12 @@ def check(f: Facts, d: Decision) -> None:
         for answer in (False, True):
             assert decide(dataclasses.replace(f, succeeded=answer)).act is not Act.LOOK_UP
     if act is Act.TAKE_OVER:
-        assert f.holder_try is None or f.retries > f.holder_try  # only a later attempt takes a hand-over
+        assert f.holder_job == ME
+        if f.holder_state == QUEUED:  # the queue-scope reservation of this message: taken by its first attempt
+            assert f.retries == 0
+        else:  # only a later attempt takes a hand-over
+            assert f.holder_state == HANDOVER
+            assert f.holder_try is None or f.retries > f.holder_try
         assert not f.took_over
         assert decide(dataclasses.replace(f, took_over=True)).act is not Act.TAKE_OVER
 
@@ -187,6 +193,10 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, holder_try=0, retries=0), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, took_over=True), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=COOLDOWN), Act.DONE, "already succeeded"),
+        (Facts("held", ME, holder_job=ME, holder_state=QUEUED), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=QUEUED, redelivered=True), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=QUEUED, took_over=True), Act.LOOK_UP, ""),
+        (Facts("held", ME, holder_job=OTHER, holder_state=QUEUED), Act.SKIP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING, succeeded=False), Act.DEFER, "redelivered"),
         (Facts("held", ME, holder_job=ME, holder_state=ENDING, succeeded=True), Act.DONE, "already succeeded"),

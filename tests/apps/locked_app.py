@@ -271,3 +271,33 @@ def deaths_seen(self: Any, key: str, duration: float) -> int:
     _run(self, key, duration)
     deaths = (self.request.headers or {}).get("x-death") or []
     return sum(int(d.get("count", 1)) for d in deaths)
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
+def q_work(self: Any, key: str, duration: float = 0.0, note: Any = None) -> str:
+    """Queue scope: reserved at delay() until it runs."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_on_duplicate="fail")
+def q_fail(self: Any, key: str, duration: float = 0.0) -> str:
+    """Queue scope; a duplicate delay() raises DuplicateTaskError."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", max_retries=3)
+def q_flaky(self: Any, key: str, failures: int, countdown: float) -> int:
+    """Queue scope; retry ``failures`` times with ``countdown``, then succeed."""
+    _run(self, key, 0.1)
+    if self.request.retries < failures:
+        raise self.retry(countdown=countdown)
+    return self.request.retries
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_cooldown=4.0)
+def q_charge(self: Any, key: str) -> str:
+    """Queue scope with a cooldown: a second click within 4 s of the charge gets the charge's result."""
+    _run(self, key, 0.3)
+    return f"charged {key} as {self.request.id}"
