@@ -35,7 +35,19 @@ from typing import Literal
 
 from .config import DuplicatePolicy, UnavailablePolicy
 
-__all__ = ["COOLDOWN", "ENDING", "HANDOVER", "QUEUED", "RUNNING", "SPLIT_RETRIES", "Act", "Decision", "Facts", "Outcome", "decide"]
+__all__ = [
+    "COOLDOWN",
+    "ENDING",
+    "HANDOVER",
+    "QUEUED",
+    "RUNNING",
+    "SPLIT_RETRIES",
+    "Act",
+    "Decision",
+    "Facts",
+    "Outcome",
+    "decide",
+]
 
 Outcome = Literal["acquired", "held", "done", "split", "unavailable"]
 
