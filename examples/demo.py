@@ -68,7 +68,10 @@ def run_scenarios(demo: Any) -> int:
     events = demo.events
     events.delete("demo:events")
     t0 = time.time()
-    print("\n1. A user double-clicks 'pay': charge(order 7, 49.90) is sent twice at the same moment.")
+    print(
+        "\n1. A user double-clicks 'pay': charge(order 7, 49.90) is sent twice at the same moment "
+        "(run scope: never two at once; for 'once', see examples/payment_double_click.py)."
+    )
     pay = [demo.charge.delay(7, 4990), demo.charge.delay(7, 4990)]
     print("2. A report rebuild (3 s, ttl 2 s) is triggered 25 times by impatient users and a cron job.")
     storm = [demo.rebuild_report.delay(42) for _ in range(15)]

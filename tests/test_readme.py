@@ -24,6 +24,10 @@ def test_readme_examples_run(fresh_node: RedisServer) -> None:
         code = block.replace("redis://localhost:6379", f"redis://127.0.0.1:{fresh_node.port}")
         exec(compile(code, str(README), "exec"), namespace)  # our own README
     assert namespace["rebuild_report"].apply(args=(42,)).get() == "rebuilt 42/current"
+    assert namespace["charge"].apply(args=(7,)).get() == "charged order 7"
     namespace["migrate"].apply(args=("orders",)).get()
     client = fresh_node.client()
-    assert client.keys("singleton_lock:readme.*") == []  # released: no lock left (done markers are keys of their own)
+    # Released: no lock left (done markers are keys of their own), but charge's cooldown, which holds for 600 s.
+    (held,) = client.keys("singleton_lock:readme.*")
+    assert held.startswith(b"singleton_lock:readme.charge:")
+    assert client.hget(held, "state") == b"cooldown"
