@@ -179,3 +179,39 @@ def test_a_second_click_within_the_cooldown_gets_the_first_charge(c: Cluster) ->
     assert third.id != first.id
     assert third.get(timeout=30) != charged
     assert len(c.runs(k)) == 2
+
+
+def test_no_quorum_at_delay_sends_anyway_and_the_worker_guards(c: Cluster) -> None:
+    """With 2 of 3 lock nodes down, delay() cannot reserve: it sends the message (never drops it), the worker backs
+    off until the nodes are back, and the job runs once."""
+    mod = c.app_module()
+    k = new_key()
+    c.stop_locks(2)
+    try:
+        result = mod.q_work.delay(k, 0.0)
+        time.sleep(1.0)
+        assert not c.started(k)
+    finally:
+        c.start_locks()
+    assert result.get(timeout=30) == k
+    assert len(c.runs(k)) == 1
+
+
+def test_group_members_are_checked_at_the_worker_only(c: Cluster) -> None:
+    """A group of the same call twice: both messages are published (a group counts its members' own ids), and the
+    worker runs one and skips the other as its duplicate."""
+    from celery import group  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    results = group(mod.q_work.s(k, 1.0), mod.q_work.s(k, 1.0)).apply_async()
+    ids = [r.id for r in results.results]
+    assert len(set(ids)) == 2
+    outcomes = []
+    for r in results.results:
+        try:
+            outcomes.append(r.get(timeout=30))
+        except TaskRevokedError:
+            outcomes.append("revoked")
+    assert sorted(outcomes) == sorted([k, "revoked"])
+    assert len(c.runs(k)) == 1
