@@ -20,7 +20,7 @@ held by this id's earlier try   the attempt that sent this retry is ending: RETR
 held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if SUCCESS, else DEFER until the
                                 twin's lease would end (never skipped as its own duplicate, never run beside it)
 held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule; chord members
-                                always): after at most one renewal interval
+                                always): when the holder's lease would end (its release wakes it before that)
 held by a record of no job      DEFER after at most one renewal interval (not a LockedTask's record: nothing says
                                 it is another job, so this one is never dropped as its duplicate), up to
                                 ``max_retries`` times, then FAIL_UNAVAILABLE
@@ -170,9 +170,9 @@ def decide(f: Facts) -> Decision:
     if policy == "fail":
         return Decision(Act.FAIL_DUPLICATE)
     if policy == "reschedule":
-        # Look again after one renewal interval at most: a live holder's lease is always ~ttl away (it renews), so
-        # waiting for it would let the duplicate run up to a whole ttl after the holder finished.
-        return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "duplicate")
+        # The fallback: a dead holder's lease ends within ``remaining`` (a live one's renewals keep it ~ttl away).
+        # The holder's release wakes a waiting duplicate before that (task.py's waiting line): no polling.
+        return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "duplicate")
     return Decision(Act.SKIP)
 
 

@@ -54,13 +54,14 @@ from celery.signals import task_revoked, worker_process_shutdown
 from celery.states import READY_STATES
 from celery.utils import uuid
 from celery.worker.request import Request
+from kombu.utils import json as kombu_json
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
 from .decision import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
 from .keys import custom_key, lock_key
-from .redlock import Redlock
+from .redlock import Redlock, sibling_key
 from .renewal import Lease, flush_stats, watchdog
 
 __all__ = ["SKIP_MARK", "LockedRequest", "LockedTask", "Skipped", "parse_skipped"]
@@ -84,8 +85,21 @@ _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chai
 _ATTEMPT_HEADER = "singleton_lock_attempt"
 _REDELIVERY_HEADER = "singleton_lock_waited"
 _SETTLE_HEADER = "singleton_lock_settle"
+# A rescheduled duplicate's copies: the fallback re-send ("parked") and the copy a releasing holder wakes ("woken").
+_PARKED_HEADER = "singleton_lock_parked"
+_WOKEN_HEADER = "singleton_lock_woken"
 # A retry is a new attempt: it inherits none of these (see LockedTask.retry).
-_OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER, _SETTLE_HEADER})
+_OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER, _SETTLE_HEADER, _PARKED_HEADER, _WOKEN_HEADER})
+#: How long a key's waiting line outlives its last change, at least (each park refreshes it).
+WAITERS_TTL = 600.0
+# Pop the oldest waiter of a key: its task id leaves the line, and its message is returned (nil when none waits).
+_POP_WAITER = """
+local popped = redis.call('ZPOPMIN', KEYS[1])
+if #popped == 0 then return false end
+local message = redis.call('HGET', KEYS[2], popped[1])
+redis.call('HDEL', KEYS[2], popped[1])
+return message
+"""
 #: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
 DEFAULT_QUEUE_TTL = 600.0
 _SCOPES = ("run", "queue")
@@ -172,6 +186,7 @@ class _Run:
     entered: bool = False
     redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
     handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
+    parked: bool = False  # this delivery's job waits in the key's waiting line (see LockedTask._park)
 
 
 @dataclass(frozen=True)
@@ -692,6 +707,14 @@ class LockedTask(Task):  # type: ignore[misc]
                 facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
                 facts = dataclasses.replace(facts, took_over=True)
                 continue
+            if act is Act.DEFER and decision.reason == "duplicate" and not run.parked:
+                # Wait in the key's line, to be woken when the holder releases; then look once more, since the
+                # holder may have released (and found nobody waiting) just before this job joined the line.
+                run.parked = self._park(run, task_id, options)
+                if run.parked:
+                    acquired = lock.acquire(blocking=False)
+                    facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
+                    continue
             if acquired:
                 lock.release()  # DONE after a redelivery got the lock: give it back at once
             self._carry_out(run, decision, facts, lock, options)
@@ -822,6 +845,8 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _hold(self, run: _Run, lock: Redlock, task_id: str) -> None:
         options = self._options()
+        if run.parked or getattr(self.request, _PARKED_HEADER, None):
+            self._unpark(run.key, task_id, options)
         run.lock = lock
         run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, task_id))
         self._count("acquired")
@@ -853,7 +878,16 @@ class LockedTask(Task):  # type: ignore[misc]
         if policy == "fail":
             raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
         if policy == "reschedule":
-            self._defer(run, decision.countdown, "duplicate", {}, f"lock {run.key} {held}", holder_id)
+            if run.parked and getattr(request, _WOKEN_HEADER, None):
+                # Woken, but another job took the lock first: back in the line. The job's fallback copy (sent when
+                # it first waited) is still on its way, so nothing is re-sent.
+                said = f"waiting in line for lock {run.key} {held}"
+                self._skip_quietly(run, Skipped(said, run.key, holder_id, "deferred"))
+                return
+            # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
+            # lease must have ended (a live holder's renewals keep it ~ttl away).
+            headers = {_PARKED_HEADER: 1, _REDELIVERY_HEADER: 1} if run.parked else {}
+            self._defer(run, decision.countdown, "duplicate", headers, f"lock {run.key} {held}", holder_id)
             return
         reason = f"duplicate of {self.name} skipped: lock {run.key} {held}"
         # Storing REVOKED costs a read and a write on the result backend, most of a skip's cost: only for a caller
@@ -917,18 +951,79 @@ class LockedTask(Task):  # type: ignore[misc]
             # keeps saying so, so that when it runs it asks whether the job already succeeded, and its success
             # keeps the job's done marker for the whole window.
             headers = {**headers, _REDELIVERY_HEADER: 1}
-        # RabbitMQ's x-death headers are dropped from the copy (as Celery does for retry()): RabbitMQ < 4.0.1 drops a
-        # message it sees cycling through dead-lettering, and quorum queues' delayed delivery dead-letters.
-        merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
-        merged.update(headers)
         if self._options().whole_seconds:
             # Native delayed delivery (quorum queues) takes whole seconds, and kombu refuses a countdown below 1 s.
             countdown = float(max(1, math.ceil(countdown)))
-        self.signature_from_request(request, countdown=countdown, headers=merged).apply_async()
+        self._copy(headers, countdown=countdown).apply_async()
         signals.lock_waiting.send(sender=self, key=run.key, task_id=request.id, countdown=countdown, reason=reason)
         said = f"re-sent to run in {countdown:.1f}s ({reason})" + (f": {detail}" if detail else "")
         logger.debug("Task %s[%s] %s: lock %s", self.name, request.id, said, run.key)
         self._skip_quietly(run, Skipped(said, run.key, holder_id, "deferred"))
+
+    def _copy(self, headers: dict[str, Any], **options: Any) -> Any:
+        """A signature re-sending this delivery (same task id and options) with our ``headers`` added.
+
+        RabbitMQ's x-death headers are dropped from the copy (as Celery does for retry()): RabbitMQ < 4.0.1 drops a
+        message it sees cycling through dead-lettering, and quorum queues' delayed delivery dead-letters.
+        """
+        request = self.request
+        merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
+        merged.update(headers)
+        return self.signature_from_request(request, headers=merged, **options)
+
+    # -- the waiting line of a key (lock_on_duplicate="reschedule") ---------------------------------------------------
+
+    def _waiters(self, key: str, options: _Options) -> tuple[Any, str, str]:
+        """The client holding ``key``'s waiting line (the first lock node), and the line's two keys."""
+        return options.settings.nodes.clients[0], sibling_key(key, ":waiters"), sibling_key(key, ":parked")
+
+    def _park(self, run: _Run, task_id: str, options: _Options) -> bool:
+        """Put this rescheduled duplicate in its key's waiting line, with the message that wakes it.
+
+        The line (a sorted set of task ids by arrival, and each one's message) lives on the first lock node: it only
+        makes waiting faster. The holder's release wakes the oldest waiter at once; without the line (the node is
+        down, the message cannot be encoded) every waiter still has its fallback copy. False when not parked.
+        """
+        try:
+            woken = dict(self._copy({_PARKED_HEADER: 1, _WOKEN_HEADER: 1, _REDELIVERY_HEADER: 1}))
+            message = kombu_json.dumps(woken)  # type: ignore[no-untyped-call]
+            client, line, messages = self._waiters(run.key, options)
+            expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+            pipe = client.pipeline(transaction=False)
+            pipe.zadd(line, {task_id: int(time.time() * 1000)}, nx=True)  # a job re-parked keeps its place
+            pipe.hset(messages, task_id, message)
+            pipe.pexpire(line, expire_ms)
+            pipe.pexpire(messages, expire_ms)
+            pipe.execute()
+        except Exception:  # the fallback copy still wakes it
+            logger.debug("could not park %s[%s] in line for %s", self.name, task_id, run.key, exc_info=True)
+            return False
+        return True
+
+    def _unpark(self, key: str, task_id: str, options: _Options) -> None:
+        """This job got the lock: take it out of the line (a copy woken for it later would only stop on DONE)."""
+        try:
+            client, line, messages = self._waiters(key, options)
+            pipe = client.pipeline(transaction=False)
+            pipe.zrem(line, task_id)
+            pipe.hdel(messages, task_id)
+            pipe.execute()
+        except Exception:
+            logger.debug("could not unpark %s[%s]", self.name, task_id, exc_info=True)
+
+    def _wake_next(self, key: str, options: _Options) -> None:
+        """After a release: send the oldest waiter of ``key`` to run now (it takes the lock, or waits again)."""
+        try:
+            client, line, messages = self._waiters(key, options)
+            message = client.eval(_POP_WAITER, 2, line, messages)
+            if message is None:
+                return
+            woken = self.app.signature(kombu_json.loads(message))  # type: ignore[no-untyped-call]
+            woken.apply_async(countdown=None)
+        except Exception:  # the waiter's fallback copy still wakes it
+            logger.warning("could not wake the next waiter of lock %s", key, exc_info=True)
+            return
+        logger.debug("woke %s[%s], waiting for lock %s", woken.task, woken.id, key)
 
     def _skip_quietly(self, run: _Run, outcome: Skipped) -> None:
         """Make the tracer store nothing and dispatch nothing for this delivery (see the module docstring)."""
@@ -978,9 +1073,9 @@ class LockedTask(Task):  # type: ignore[misc]
             watchdog().unregister(lease)
         if lock is None:
             return
+        options = self._options()
         try:
             if done:
-                options = self._options()
                 held = lock.finish(
                     # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
                     # the other copy can start late, so the marker lasts the whole window.
@@ -999,6 +1094,8 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         self._count("released")
         signals.lock_released.send(sender=self, key=run.key, task_id=self.request.id, held=held)
+        if options.on_duplicate == "reschedule":
+            self._wake_next(run.key, options)
 
     def retry(
         self,

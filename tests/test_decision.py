@@ -127,8 +127,11 @@ def check(f: Facts, d: Decision) -> None:
         remaining = f.holder_remaining or f.ttl
         if d.reason == "redelivered":
             assert d.countdown >= min(remaining, f.max_countdown or remaining)
-        if d.reason in ("duplicate", "unknown holder"):
+        if d.reason == "unknown holder":
             assert d.countdown <= f.interval + 0.25
+        if d.reason == "duplicate":  # the fallback: when the holder's lease would end (its release wakes it sooner)
+            assert d.countdown <= remaining + 0.25
+            assert d.countdown >= min(remaining, f.max_countdown or remaining)
     # Duplicates follow the policy; chord members always wait.
     if f.outcome == "held" and f.holder_job == OTHER:
         expected = "reschedule" if f.in_chord else f.on_duplicate
