@@ -19,22 +19,37 @@ treats as secret, and why:
 :func:`validate_url` refuses what redis-py would misread or reject, and its errors name the problem and the fix,
 never the parser's own message: urllib's and redis-py's messages quote the input (a port, a netloc) and so, for a
 password with an unencoded ``#``, a piece of the password.
+
+Besides redis-py's own schemes, a node may be a Sentinel-managed master or a Redis Cluster (see docs/nodes.md)::
+
+    redis+sentinel://[user:password@]host[:port][,host[:port]...]/SERVICE_NAME[/DB][?options]   (port 26379)
+    redis+cluster://[user:password@]host:port[,host:port...][?options]
+
+``rediss+`` instead of ``redis+`` is TLS. :func:`parse_node_url` splits them into hosts and the equivalent one-host
+``redis(s)://`` URL, whose userinfo, db and options redis-py's own parser then reads, as for any other node.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Final, cast
+from dataclasses import dataclass
+from typing import Final, Literal, cast
 from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
 
 import redis.connection
 
 from .errors import ConfigurationError
 
-__all__ = ["redact_url", "validate_url"]
+__all__ = ["NodeURL", "parse_node_url", "redact_url", "validate_url"]
 
-_PREFIXES: Final = ("redis://", "rediss://", "unix://")
+# Schemes naming several hosts: a Sentinel set (its master is the node) or a Redis Cluster (one logical node).
+_MULTI: Final = ("redis+sentinel://", "rediss+sentinel://", "redis+cluster://", "rediss+cluster://")
+_PREFIXES: Final = ("redis://", "rediss://", "unix://", *_MULTI)
+_SCHEMES_HINT: Final = "redis://, rediss://, unix://, redis+sentinel://, redis+cluster:// (or rediss+ for TLS)"
+SENTINEL_PORT: Final = 26379
+# Query options for the Sentinel daemons themselves (the userinfo authenticates to the master).
+_SENTINEL_OPTIONS: Final = frozenset({"sentinel_username", "sentinel_password"})
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*\Z")
 _MASK: Final = "***"
 
@@ -73,6 +88,7 @@ _PUBLIC_OPTIONS: Final = frozenset(
         "ssl_certfile",
         "ssl_ca_certs",
         "ssl_ca_path",
+        "sentinel_username",
     }
 )
 # Options that hold (or by their name look like they hold) a secret: the name is shown, the value masked. Any other
@@ -111,11 +127,36 @@ def _redact_authority(authority: str) -> str:
     return authority
 
 
+def _redact_hosts(authority: str) -> str:
+    """A ``host[:port],host[:port]`` list: the hosts and ports shown; from a part with no host, or a "port" that is
+    not a number, on, everything is masked (``redis+sentinel://:PASSWORD`` without ``@host`` reads the password as
+    hosts and ports)."""
+    shown = []
+    for part in authority.split(","):
+        redacted = _redact_authority(part)
+        if not part or part.startswith(":") or redacted != part:
+            shown.append(redacted if part and not part.startswith(":") else f":{_MASK}")
+            break
+        shown.append(part)
+    return ",".join(shown)
+
+
+_DB_PATH: Final = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
+_SERVICE_PATH: Final = re.compile(r"[A-Za-z0-9._-]+(/[0-9]*)?/?\Z")
+
+
 def _redact_path(scheme: str, path: str) -> str:
-    """Mask a ``;``-tail, and for redis(s):// a path that is not a db number (both are ignored by redis-py)."""
+    """Mask a ``;``-tail, and for redis(s):// a path that is not a db number (both are ignored by redis-py); for a
+    Sentinel URL a path that is not ``SERVICE_NAME[/DB]``, for a Cluster URL one that is not db 0."""
     path, semicolon, _ = path.partition(";")
     db = unquote(path).replace("/", "")
-    if scheme.lower() in ("redis", "rediss") and db and not (db.isascii() and db.isdigit()):
+    scheme = scheme.lower()
+    if scheme.endswith("+sentinel"):
+        if path and not _SERVICE_PATH.match(path):
+            path = _MASK
+    elif (
+        scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster") and db and not (db.isascii() and db.isdigit())
+    ):
         path = _MASK
     return path + (f";{_MASK}" if semicolon else "")
 
@@ -153,8 +194,15 @@ def redact_url(url: str) -> str:
     rest, hashmark, _ = rest.partition("#")
     rest, question, query = rest.partition("?")
     authority, slash, path = rest.partition("/")
+    if f"{scheme.lower()}://" in _MULTI:
+        hosts = _redact_hosts(authority)
+        if hosts != authority:  # a password read as hosts: what follows may be more of it
+            path = _MASK if path else path
+        shown = hosts
+    else:
+        shown = _redact_authority(authority)
     return (
-        f"{scheme}://{_redact_userinfo(userinfo)}{at}{_redact_authority(authority)}{slash}"
+        f"{scheme}://{_redact_userinfo(userinfo)}{at}{shown}{slash}"
         f"{_redact_path(scheme, path)}{question}{_redact_query(query)}{f'#{_MASK}' if hashmark else ''}"
     )
 
@@ -171,8 +219,8 @@ def _problem(url: str) -> str | None:
     """What is wrong with ``url`` for redis-py, in words that quote no part of it; None when nothing is."""
     if not url.startswith(_PREFIXES):
         if url.lower().startswith(_PREFIXES):
-            return "the scheme must be lowercase: redis://, rediss:// or unix://"
-        return "it must start with redis://, rediss:// or unix://, e.g. 'redis://127.0.0.1:6379/0'"
+            return f"the scheme must be lowercase: {_SCHEMES_HINT}"
+        return f"it must start with {_SCHEMES_HINT}, e.g. 'redis://127.0.0.1:6379/0'"
     scheme, _, rest = url.partition("://")
     if "#" in rest:
         return (
@@ -185,6 +233,8 @@ def _problem(url: str) -> str | None:
             "it has an '@' after the host: percent-encode '/', '?' and '@' in the password (as %2F, %3F and %40) "
             "and '@' in a path or query value (as %40)"
         )
+    if f"{scheme}://" in _MULTI:
+        return _multi_problem(scheme, rest)
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -223,7 +273,11 @@ def _problem(url: str) -> str | None:
             )
         if db and not (db.isascii() and db.isdigit()):
             return "the path after the host must be the db number, e.g. '/0', or nothing"
-    for name, values in parse_qs(parts.query).items():
+    return _query_problem(parts.query)
+
+
+def _query_problem(query: str) -> str | None:
+    for name, values in parse_qs(query).items():
         parser = _PARSERS.get(name)
         if parser is None:
             continue
@@ -235,6 +289,127 @@ def _problem(url: str) -> str | None:
         if name == "max_connections" and isinstance(value, int) and value < 0:
             return "the query option 'max_connections' must be a positive whole number, e.g. 50"
     return None
+
+
+def _split_host(part: str, default_port: int | None) -> tuple[str, int] | str:
+    """``(host, port)`` of one ``host[:port]`` of a multi-host URL, or what is wrong with it (quoting none of it)."""
+    if part.startswith("["):
+        host, close, port = part.partition("]")
+        host = host[1:]
+        if not close or (port and not port.startswith(":")):
+            return "an IPv6 host goes in brackets, followed by ':port', e.g. '[::1]:26379'"
+        port = port[1:]
+    else:
+        host, _, port = part.partition(":")
+    if not host:
+        return (
+            "every host in the list needs a name, e.g. '127.0.0.1:26379,127.0.0.2:26379', and a password goes "
+            "before the hosts, after a ':' and followed by '@'"
+        )
+    if not port:
+        if default_port is None:
+            return "every host of a Cluster URL needs its port, e.g. 'redis+cluster://127.0.0.1:7000,127.0.0.1:7001'"
+        return host, default_port
+    if not (port.isascii() and port.isdigit()):
+        return "Port is not a number (what follows a host's ':'): write host:port, e.g. '127.0.0.1:26379'"
+    if not 0 < int(port) < 65536:
+        return "Port out of range: it must be a number from 1 to 65535, e.g. 26379"
+    return host, int(port)
+
+
+def _multi_problem(scheme: str, rest: str) -> str | None:
+    """What is wrong with a ``redis+sentinel://`` or ``redis+cluster://`` URL (after its ``scheme://``)."""
+    sentinel = scheme.endswith("+sentinel")
+    authority = re.split(r"[/?]", rest, maxsplit=1)[0]
+    hosts = authority.rpartition("@")[2]
+    if not hosts:
+        return "it names no host: e.g. 'redis+sentinel://127.0.0.1:26379/mymaster' or 'redis+cluster://127.0.0.1:7000'"
+    for part in hosts.split(","):
+        split = _split_host(part, SENTINEL_PORT if sentinel else None)
+        if isinstance(split, str):
+            return split
+    path, _, query = rest[len(authority) :].partition("?")
+    segments = [unquote(s) for s in path.split("/")[1:]]
+    if segments and segments[-1] == "":
+        segments.pop()  # a trailing '/'
+    if sentinel:
+        if not segments or not segments[0]:
+            return "a Sentinel URL names the master's service after the hosts, e.g. 'redis+sentinel://h:26379/mymaster'"
+        if len(segments) > 2 or (len(segments) == 2 and not (segments[1].isascii() and segments[1].isdigit())):
+            return "the path of a Sentinel URL must be /SERVICE_NAME or /SERVICE_NAME/DB, e.g. '/mymaster/0'"
+    elif segments and segments != ["0"]:
+        return "a Redis Cluster has db 0 only: write no path (or '/0'), e.g. 'redis+cluster://127.0.0.1:7000'"
+    for name in parse_qs(query):
+        if name.startswith("sentinel_") and name not in _SENTINEL_OPTIONS:
+            return "a Sentinel option must be sentinel_username or sentinel_password (the Sentinels' own AUTH)"
+        if name == "db" and not sentinel:
+            return "a Redis Cluster has db 0 only: leave out the 'db' option"
+    return _query_problem(query)
+
+
+@dataclass(frozen=True)
+class NodeURL:
+    """A ``redis+sentinel://`` or ``redis+cluster://`` URL, split (see :func:`parse_node_url`). Holds secrets: never
+    log it; its ``name`` is the redacted form."""
+
+    kind: Literal["sentinel", "cluster"]
+    tls: bool
+    hosts: tuple[tuple[str, int], ...]
+    #: The equivalent one-host ``redis(s)://`` URL (userinfo, db and the options for the data nodes), for
+    #: redis-py's ``parse_url``; its host is the first of ``hosts``.
+    plain: str
+    #: Sentinel only: the master's service name, and the options for the Sentinels' own connections.
+    service: str = ""
+    sentinel_options: tuple[tuple[str, str], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"NodeURL({self.name!r})"
+
+    @property
+    def name(self) -> str:
+        """The node's name in errors and listings: scheme, hosts and (Sentinel) service and db; nothing secret."""
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+        scheme = f"{'rediss' if self.tls else 'redis'}+{self.kind}"
+        if self.kind == "cluster":
+            return f"{scheme}://{hosts}"
+        db = urlsplit(self.plain).path.strip("/") or "0"
+        return f"{scheme}://{hosts}/{self.service}/{db}"
+
+
+def parse_node_url(url: str) -> NodeURL | None:
+    """Split a valid ``redis+sentinel://`` / ``redis+cluster://`` URL (see :func:`validate_url`); None for any
+    other scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or f"{scheme}://" not in _MULTI:
+        return None
+    sentinel = scheme.endswith("+sentinel")
+    authority = re.split(r"[/?]", rest, maxsplit=1)[0]
+    userinfo, at, hosts = authority.rpartition("@")
+    parsed = tuple(_split_host(part, SENTINEL_PORT if sentinel else None) for part in hosts.split(","))
+    pairs = tuple(p for p in parsed if not isinstance(p, str))
+    if len(pairs) != len(parsed):
+        raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: check it with validate_url first")
+    path, _, query = rest[len(authority) :].partition("?")
+    segments = [s for s in path.split("/")[1:] if s]
+    options = [
+        item for item in query.split("&") if item and not _option_name(item.partition("=")[0]).startswith("sentinel_")
+    ]
+    sentinel_options = tuple((name, values[0]) for name, values in parse_qs(query).items() if name in _SENTINEL_OPTIONS)
+    host, port = pairs[0]
+    shown_host = f"[{host}]" if ":" in host else host
+    db = segments[1] if sentinel and len(segments) > 1 else "0"
+    tls = scheme.startswith("rediss")
+    plain = f"{'rediss' if tls else 'redis'}://{userinfo}{at}{shown_host}:{port}/{db}"
+    if options:
+        plain += "?" + "&".join(options)
+    return NodeURL(
+        kind="sentinel" if sentinel else "cluster",
+        tls=tls,
+        hosts=pairs,
+        plain=plain,
+        service=unquote(segments[0]) if sentinel else "",
+        sentinel_options=sentinel_options,
+    )
 
 
 def validate_url(url: object) -> str:

@@ -1,8 +1,8 @@
-"""``celery -A app locks list|show|release|stats``: see and force-release the locks held under an app's prefix.
+"""``celery -A app locks list|show|release|stats|doctor``: see and force-release an app's locks; check its setup.
 
 The logic lives in plain functions taking a :class:`~celery_singleton_lock.config.LockSettings` (scan, merge,
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
-print and pick the exit code.
+print and pick the exit code. ``locks doctor``'s checks live in :mod:`celery_singleton_lock.doctor`.
 
 A lock key holds a *holder record* (a Redis hash: ``owner``, ``fence`` and the fields its holder wrote, see
 :class:`~celery_singleton_lock.redlock.Redlock`). A key's records are merged across the nodes by their ``owner``:
@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 
 from .config import LockSettings, settings_for
 from .decision import COOLDOWN, ENDING, HANDOVER, RUNNING
+from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
 from .redlock import NodeError, _Script, done_key_for, fence_key_for
 
@@ -101,7 +102,7 @@ return {0, owner, kind}
 
 RELEASED, CHANGED = 1, 0
 
-_READ = _Script(READ_SCRIPT)
+_READ = _Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 _FORCE_RELEASE = _Script(FORCE_RELEASE_SCRIPT)
 
 #: Keys read per script call: bounds the work a node does in one atomic step.
@@ -798,3 +799,37 @@ def stats_command(ctx: click.Context, *, as_json: bool) -> None:
     report = read_stats(_settings(ctx))
     ctx.obj.echo(json.dumps(report.value, indent=2) if as_json else format_stats(report.value))
     _finish(ctx, report)
+
+
+# --- locks doctor (the checks live in celery_singleton_lock.doctor) --------------------------------------------------
+
+
+@locks.command(name="doctor", cls=CeleryCommand)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document (for scripts; see docs/cli.md).")
+@click.option(
+    "--max-clock-drift",
+    type=click.FloatRange(min=0.0),
+    default=DEFAULT_MAX_CLOCK_DRIFT,
+    show_default=True,
+    help="Seconds a node's clock may differ from this host's before a warning.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds all checks of one node may take (the nodes are checked at once).",
+)
+@click.pass_context
+def doctor_command(ctx: click.Context, *, as_json: bool, max_clock_drift: float, timeout: float) -> None:
+    """Check the lock nodes and the app's Celery settings against the library's assumptions.
+
+    Exit status 1 when any check finds an error, 0 otherwise (warnings included).
+    """
+    findings = run_doctor(ctx.obj.app, max_clock_drift=max_clock_drift, timeout=timeout)
+    if as_json:
+        ctx.obj.echo(json.dumps(to_json(findings), indent=2))
+    else:
+        ctx.obj.echo(format_findings(findings))
+    if any(f.level == "error" for f in findings):
+        ctx.exit(1)

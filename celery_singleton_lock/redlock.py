@@ -35,17 +35,20 @@ from binascii import crc_hqx
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, ClassVar, Literal
+from types import SimpleNamespace, TracebackType
+from typing import Any, ClassVar, Literal, cast
 
 import redis
+import redis.connection
+from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import ConnectionPool
 from redis.crc import key_slot
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from ._urls import redact_url, validate_url
+from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
 
 __all__ = ["NodeSet", "Redlock", "done_key_for", "fence_key_for", "record_of", "redact_url", "sibling_key"]
@@ -310,19 +313,49 @@ def _slot_twin(slot: int) -> str:
     raise AssertionError(f"no decimal hash tag for Cluster slot {slot}")  # pragma: no cover - checked exhaustively
 
 
-class _Script:
-    """A Lua script sent by SHA; its body is sent only to a node that answers NOSCRIPT."""
+def _key_slot(key: str) -> int:
+    """The Redis Cluster slot of ``key`` (its hash tag's, if it has one)."""
+    return key_slot(key.encode("utf-8", "surrogatepass"))
 
-    def __init__(self, body: str) -> None:
+
+def fence_key_in_slot(key: str, name: str) -> str:
+    """``key``, or when it hashes to another Redis Cluster slot than ``name``, a key of its own in ``name``'s slot.
+
+    The fencing counter a prefix shares (``<prefix>fence``) is one key: on a Cluster, a lock name without a hash
+    tag lives in another slot, and a script may only touch keys of one slot. There the counter becomes one per
+    slot, ``fence_key_for(key + "{<n>}")`` (``n`` the smallest number hashing to ``name``'s slot): at most 16,384
+    counters, each shared by the names of its slot, so tokens still grow strictly per name. A key with a ``{``
+    gets the tag in front instead (``{<n>}<key>:fence``), as a tag must be the key's first ``{...}``.
+    """
+    slot = _key_slot(name)
+    if _key_slot(key) == slot:
+        return key
+    tag = f"{{{_slot_twin(slot)}}}"
+    return fence_key_for(f"{tag}{key}" if "{" in key else f"{key}{tag}")
+
+
+class _Script:
+    """A Lua script sent by SHA; its body is sent only to a node that answers NOSCRIPT.
+
+    ``batch=(k, a)`` marks a script that handles many items in one call (``k`` KEYS and ``a`` ARGV per item, any
+    further ARGV shared by all; ``a == 0``: every ARGV is shared) and answers an array, one entry per item. On a
+    Redis Cluster node such a call is split by slot, one call per slot (Cluster refuses a script whose keys span
+    slots), and the calls for one master are written together: one round trip per master. With ``partial``, an
+    item whose slot's master did not answer gets that error as its entry; without, the whole node's answer is it.
+    """
+
+    def __init__(self, body: str, *, batch: tuple[int, int] | None = None, partial: bool = False) -> None:
         self.body = body
         self.sha = hashlib.sha1(body.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
+        self.batch = batch
+        self.partial = partial
 
 
 _ACQUIRE = _Script(ACQUIRE_SCRIPT)
 _FENCE = _Script(FENCE_SCRIPT)
 _RELEASE = _Script(RELEASE_SCRIPT)
 _TRANSFER = _Script(TRANSFER_SCRIPT)
-_EXTEND = _Script(EXTEND_SCRIPT)
+_EXTEND = _Script(EXTEND_SCRIPT, batch=(2, 3), partial=True)
 _STATUS = _Script(STATUS_SCRIPT)
 _FINISH = _Script(FINISH_SCRIPT)
 _UNDO = _Script(UNDO_SCRIPT)
@@ -377,31 +410,180 @@ _NO_SETINFO: dict[str, Any] = (
     else {"lib_name": None, "lib_version": None}
 )
 
-_clients: dict[tuple[str, float, float], redis.Redis] = {}
+# redis-py functions without type annotations, called through Any (mypy --strict refuses untyped calls).
+_untyped: Any = SimpleNamespace(parse_url=redis.connection.parse_url, Sentinel=Sentinel, ClusterNode=ClusterNode)
+
+_clients: dict[tuple[str, float, float], redis.Redis | _Cluster] = {}
 _clients_lock = threading.Lock()
 
 
-def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redis.Redis:
+def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redis.Redis | _Cluster:
     """One client (and so one connection pool) per URL and timeouts, shared by every lock in the process.
 
     redis-py's pool notices a fork (it compares the pid) and starts afresh in the child, so sharing is safe across
-    ``fork()``, and the pool itself is thread-safe.
+    ``fork()``, and the pool itself is thread-safe. Nothing here connects: a node that is down when the worker
+    starts is a node that does not answer yet, not an error.
     """
     cache_key = (url, socket_timeout, connect_timeout)
     with _clients_lock:
         client = _clients.get(cache_key)
         if client is None:
+            spec = parse_node_url(url)
             # RESP2 and no CLIENT SETINFO: a new connection then writes nothing before our command (no HELLO), so
             # connecting to a paused node does not block on a handshake reply before the fan-out is sent.
-            client = redis.Redis.from_url(
-                url,
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=connect_timeout,
-                protocol=2,
+            options: dict[str, Any] = {
+                "socket_timeout": socket_timeout,
+                "socket_connect_timeout": connect_timeout,
+                "protocol": 2,
                 **_NO_SETINFO,
-            )
+            }
+            if spec is None:
+                client = redis.Redis.from_url(url, **options)
+            elif spec.kind == "sentinel":
+                client = _sentinel_master(spec, options)
+            else:
+                client = _Cluster(spec.name, factory=functools.partial(_cluster_client, spec, options))
             _clients[cache_key] = client
         return client
+
+
+def _url_options(spec: NodeURL, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Connection options of a Sentinel or Cluster URL's data nodes: ours, then the URL's (redis-py's parser)."""
+    parsed = dict(_untyped.parse_url(spec.plain))
+    for name in ("host", "port", "connection_class", "path"):
+        parsed.pop(name, None)
+    if spec.tls:
+        parsed["ssl"] = True
+    return {**options, **parsed}
+
+
+def _sentinel_master(spec: NodeURL, options: Mapping[str, Any]) -> redis.Redis:
+    """A client of the master of ``spec.service``, asking the Sentinels where it is on every new connection."""
+    kwargs = _url_options(spec, options)
+    # No retries: redis.Redis retries a refused connect 3 times with back-off by default, and a Sentinel that is down
+    # would then cost seconds on every new connection to the master (the next Sentinel is asked at once instead).
+    sentinel_kwargs = {**options, "retry": None}
+    sentinel_kwargs.update((name.removeprefix("sentinel_"), value) for name, value in spec.sentinel_options)
+    if spec.tls:  # the Sentinels of a TLS deployment listen on TLS too, with the same certificates
+        sentinel_kwargs.update({k: v for k, v in kwargs.items() if k.startswith("ssl")})
+    sentinel: Any = _untyped.Sentinel(list(spec.hosts), sentinel_kwargs=sentinel_kwargs)
+    return cast(redis.Redis, sentinel.master_for(spec.service, redis_class=redis.Redis, **kwargs))
+
+
+def _cluster_client(spec: NodeURL, options: Mapping[str, Any]) -> RedisCluster:
+    kwargs = _url_options(spec, options)
+    kwargs.pop("db", None)  # validate_url allows db 0 only, and RedisCluster refuses the argument
+    startup = [_untyped.ClusterNode(host, port) for host, port in spec.hosts]
+    # require_full_coverage=False: with one master down, the slots of the others still work.
+    return RedisCluster(startup_nodes=startup, require_full_coverage=False, **kwargs)
+
+
+@dataclass
+class _Call:
+    """One script call to one Cluster slot: the items of a batch (None: the whole call) it carries."""
+
+    slot: int
+    command: tuple[str | int, ...]
+    items: list[int] | None
+
+
+class _Cluster:
+    """A Redis Cluster as ONE logical Redlock node: each script call goes to the master of its keys' slot.
+
+    Built from a ``redis+cluster://`` URL, the ``RedisCluster`` client (which reads the slot map when it is made)
+    is made on first use, so a cluster that is down when the worker starts is a node that does not answer yet.
+    As a member of ``NodeSet.clients`` it stands for that client (attribute access is passed on): the CLI's SCAN
+    and the stats flush use it as one.
+    """
+
+    REFRESH_EVERY: ClassVar[float] = 1.0  # at most one re-read of the slot map per second, after a failure
+
+    def __init__(
+        self, name: str, *, client: RedisCluster | None = None, factory: Callable[[], RedisCluster] | None = None
+    ) -> None:
+        self.name = name
+        self._client = client
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._stale = False
+        self._refreshed = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Redis Cluster {self.name}>"
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.get(), attr)
+
+    def get(self) -> RedisCluster:
+        """The client, made now if it was not yet; raises redis's ConnectionError when no startup node answers."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    assert self._factory is not None
+                    try:
+                        self._client = self._factory()
+                    except RedisClusterException as exc:
+                        raise RedisConnectionError(f"Redis Cluster {self.name} did not answer: {exc}") from None
+                client = self._client
+        if self._stale and mod_time.monotonic() - self._refreshed >= self.REFRESH_EVERY:
+            self._stale = False
+            self._refreshed = mod_time.monotonic()
+            try:
+                client.nodes_manager.initialize()
+            except (RedisError, RedisClusterException, OSError):
+                self._stale = True
+        return client
+
+    def stale(self) -> None:
+        """A master failed or a slot moved: re-read the slot map before the next call (at most once a second)."""
+        self._stale = True
+
+    def pool(self, slot: int) -> ConnectionPool:
+        """The connection pool of the master serving ``slot``."""
+        client = self.get()
+        try:
+            node = client.nodes_manager.get_node_from_slot(slot)
+        except RedisClusterException as exc:  # a slot no master serves (the cluster is down or resharding)
+            self.stale()
+            raise RedisConnectionError(f"Redis Cluster {self.name}: {exc}") from None
+        return client.get_redis_connection(node).connection_pool
+
+    def pool_at(self, host: str, port: int) -> ConnectionPool:
+        """The connection pool of the node at ``host:port`` (an ASK redirection's target)."""
+        client = self.get()
+        node = cast(Any, client).get_node(host=host, port=port) or _untyped.ClusterNode(host, port)
+        return client.get_redis_connection(node).connection_pool
+
+    @staticmethod
+    def calls(script: _Script, keys: Sequence[str], args: Sequence[str | int]) -> list[_Call]:
+        """``script`` on ``keys`` and ``args`` as calls of one slot each (a batch split by slot, in item order)."""
+        if script.batch is None:
+            slots = {_key_slot(k) for k in keys} or {0}
+            if len(slots) > 1:
+                raise ResponseError(
+                    "CROSSSLOT: the keys of one lock call hash to different Redis Cluster slots: give them one hash "
+                    "tag (see docs/nodes.md)"
+                )
+            return [_Call(slots.pop(), ("EVALSHA", script.sha, len(keys), *keys, *args), None)]
+        per_key, per_arg = script.batch
+        count = len(keys) // per_key
+        shared = args[count * per_arg :] if per_arg else args
+        by_slot: dict[int, list[int]] = {}
+        for item in range(count):
+            item_keys = keys[item * per_key : (item + 1) * per_key]
+            slot = _key_slot(item_keys[0])
+            if any(_key_slot(k) != slot for k in item_keys[1:]):
+                raise ResponseError("CROSSSLOT: the keys of one lock hash to different Redis Cluster slots")
+            by_slot.setdefault(slot, []).append(item)
+        out = []
+        for slot, items in by_slot.items():
+            call_keys = [k for i in items for k in keys[i * per_key : (i + 1) * per_key]]
+            call_args = [a for i in items for a in args[i * per_arg : (i + 1) * per_arg]] if per_arg else []
+            out.append(_Call(slot, ("EVALSHA", script.sha, len(call_keys), *call_keys, *call_args, *shared), items))
+        return out or [_Call(0, ("EVALSHA", script.sha, 0, *shared), [])]
 
 
 def _pack(command: Sequence[str | int]) -> bytes:
@@ -453,12 +635,36 @@ def _give(pool: ConnectionPool, conn: Any) -> None:
         conn.disconnect()
 
 
-def _describe(client: redis.Redis) -> str:
-    kwargs = client.connection_pool.connection_kwargs
+def _describe(client: redis.Redis | RedisCluster | _Cluster) -> str:
+    """A node's name in errors and listings: its address, never a password."""
+    if isinstance(client, _Cluster):
+        return client.name
+    if isinstance(client, RedisCluster):
+        nodes = cast(Any, client).get_primaries() or list(client.nodes_manager.startup_nodes.values())
+        tls = client.nodes_manager.connection_kwargs.get("ssl") or any(
+            n.redis_connection is not None and _tls(n.redis_connection.connection_pool) for n in nodes
+        )
+        return f"{'rediss' if tls else 'redis'}+cluster://{','.join(sorted(n.name for n in nodes))}"
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    if isinstance(pool, SentinelConnectionPool):
+        hosts = ",".join(
+            _address(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+            for s in pool.sentinel_manager.sentinels
+        )
+        return f"{'rediss' if _tls(pool) else 'redis'}+sentinel://{hosts}/{pool.service_name}/{kwargs.get('db', 0)}"
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
-    scheme = "rediss" if client.connection_pool.connection_class.__name__ == "SSLConnection" else "redis"
+    scheme = "rediss" if _tls(pool) else "redis"
     return f"{scheme}://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _tls(pool: ConnectionPool) -> bool:
+    return "SSL" in pool.connection_class.__name__
 
 
 @dataclass(frozen=True)
@@ -475,28 +681,33 @@ class NodeError:
 class NodeSet:
     """The Redis masters of a lock, and the one fan-out helper every operation goes through.
 
-    ``urls`` is a URL, a sequence of URLs, or a sequence of ``redis.Redis`` clients (they must be independent
-    masters, not replicas of each other). Clients built from URLs are shared per process.
+    ``urls`` is a URL, a sequence of URLs, or a sequence of clients: ``redis.Redis`` (a master, or a
+    ``redis.sentinel`` master client) and ``redis.cluster.RedisCluster`` (a whole cluster is ONE node of the
+    Redlock). They must be independent of each other, not replicas of one another. Clients built from URLs are
+    shared per process. See docs/nodes.md for the URL forms.
     """
 
     def __init__(
         self,
-        urls: str | redis.Redis | Sequence[str | redis.Redis],
+        urls: str | redis.Redis | RedisCluster | Sequence[str | redis.Redis | RedisCluster],
         *,
         socket_timeout: float = 0.5,
         connect_timeout: float | None = None,
     ) -> None:
         if socket_timeout <= 0:
             raise ConfigurationError(f"socket_timeout must be > 0 seconds, got {socket_timeout!r}")
-        items: list[str | redis.Redis]
-        items = [urls] if isinstance(urls, str | redis.Redis) else list(urls)
+        items: list[str | redis.Redis | RedisCluster]
+        items = [urls] if isinstance(urls, str | redis.Redis | RedisCluster) else list(urls)
         if not items:
             raise ConfigurationError("at least one Redis node is needed, e.g. 'redis://127.0.0.1:6379/0'")
-        clients: list[redis.Redis] = []
+        clients: list[redis.Redis | _Cluster] = []
         names: list[str] = []
         for item in items:
+            client: redis.Redis | _Cluster
             if isinstance(item, redis.Redis):
                 client = item
+            elif isinstance(item, RedisCluster):
+                client = _Cluster(_describe(item), client=item)
             else:
                 url = validate_url(item)
                 try:
@@ -512,13 +723,30 @@ class NodeSet:
                 raise ConfigurationError(f"Redis node {name} is listed twice: Redlock needs independent nodes")
             names.append(name)
             clients.append(client)
-        self.clients: tuple[redis.Redis, ...] = tuple(clients)
+        self._clusters: tuple[_Cluster | None, ...] = tuple(c if isinstance(c, _Cluster) else None for c in clients)
+        #: One client per node: a ``redis.Redis``, or for a Cluster node a stand-in for its ``RedisCluster``
+        #: (made on first use) that passes every attribute on to it.
+        self.clients: tuple[redis.Redis | RedisCluster, ...] = tuple(
+            cast("redis.Redis | RedisCluster", c) for c in clients
+        )
         # Pools we built ourselves take the lean checkout (_take/_give); a client you pass keeps redis-py's pool,
-        # with its max_connections, client-side cache and maintenance handling.
-        self._own = tuple(isinstance(item, str) for item in items)
+        # with its max_connections, client-side cache and maintenance handling, and so do a Sentinel master's (its
+        # pool asks the Sentinels where the master is) and a Cluster's masters'.
+        self._own = tuple(
+            isinstance(item, str)
+            and isinstance(c, redis.Redis)
+            and not isinstance(c.connection_pool, SentinelConnectionPool)
+            for item, c in zip(items, clients, strict=True)
+        )
         self.names: tuple[str, ...] = tuple(names)
         self.quorum = len(clients) // 2 + 1
         self.socket_timeout = socket_timeout
+        self.cluster = any(c is not None for c in self._clusters)
+
+    def same_slot(self, key: str, name: str) -> str:
+        """``key`` for a lock named ``name``: itself, or on a NodeSet with a Redis Cluster node and ``key`` in another
+        slot, its per-slot stand-in (:func:`fence_key_in_slot`). Without a Cluster node, keys never change."""
+        return fence_key_in_slot(key, name) if self.cluster else key
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -550,8 +778,13 @@ class NodeSet:
         packed = [_pack(command)]
         results: list[Any] = [None] * len(self.clients)
         pending: list[tuple[int, ConnectionPool, Any, bool]] = []
+        spread: list[tuple[int, _Spread]] = []
         for i in indices:
-            pool = self.clients[i].connection_pool
+            cluster = self._clusters[i]
+            if cluster is not None:
+                spread.append((i, _Spread(cluster, script, keys, args)))
+                continue
+            pool = cast(redis.Redis, self.clients[i]).connection_pool
             conn: Any = None
             own = self._own[i]
             try:
@@ -594,6 +827,8 @@ class NodeSet:
                 _give(pool, conn)
             else:
                 pool.release(conn)
+        for i, sent in spread:
+            results[i] = sent.collect(self, deadline, undo_on_timeout)
         return results
 
     @staticmethod
@@ -643,6 +878,159 @@ class NodeSet:
         return NodeError(self.names[index], f"{type(exc).__name__}: {exc}")
 
 
+class _Spread:
+    """One script call to a Redis Cluster node, in flight: its calls per slot, written per master at once.
+
+    Made in :meth:`NodeSet.run`'s write phase (every call is written before any reply of any node is read), read in
+    its read phase under the same deadline. A slot that moved (MOVED: a failover or a resharding) is re-read from
+    the cluster and its call sent once more to the new master; an ASK (a slot being migrated) is followed once.
+    """
+
+    def __init__(self, cluster: _Cluster, script: _Script, keys: Sequence[str], args: Sequence[str | int]) -> None:
+        self.cluster = cluster
+        self.script = script
+        self.calls: list[_Call] = []
+        self.replies: list[Any] = []
+        self.sent: list[tuple[ConnectionPool, Any, list[int]]] = []  # pool, connection, indices into calls
+        self.error: BaseException | None = None
+        try:
+            self.calls = cluster.calls(script, keys, args)
+            self.replies = [None] * len(self.calls)
+            by_pool: dict[ConnectionPool, list[int]] = {}
+            for n, call in enumerate(self.calls):
+                by_pool.setdefault(cluster.pool(call.slot), []).append(n)
+        except (RedisError, OSError) as exc:
+            self.error = exc
+            return
+        for pool, members in by_pool.items():
+            conn: Any = None
+            try:
+                conn = pool.get_connection()
+                # One write for all of them: one segment on the wire, so the master reads them in one go.
+                conn.send_packed_command([b"".join(_pack(self.calls[n].command) for n in members)], check_health=False)
+            except (RedisError, OSError) as exc:
+                self._drop(pool, conn, members, exc)
+                continue
+            self.sent.append((pool, conn, members))
+
+    def _drop(self, pool: ConnectionPool, conn: Any, members: Iterable[int], exc: BaseException) -> None:
+        if conn is not None:
+            conn.disconnect()
+            pool.release(conn)
+        for n in members:
+            self.replies[n] = exc
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
+            self.cluster.stale()
+
+    def collect(
+        self,
+        nodes: NodeSet,
+        deadline: float,
+        undo_on_timeout: tuple[_Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> Any:
+        """The node's answer: the reply (a batch: one entry per item, in item order), or an exception."""
+        if self.error is not None:
+            return self.error
+        for pool, conn, members in self.sent:
+            self._read(nodes, pool, conn, members, deadline, undo_on_timeout)
+        for n, reply in enumerate(self.replies):
+            if isinstance(reply, (MovedError, AskError)):
+                self.replies[n] = self._redirected(nodes, n, reply)
+        if self.script.batch is None:
+            return self.replies[0]
+        out: list[Any] = [None] * sum(len(c.items or ()) for c in self.calls)
+        for call, reply in zip(self.calls, self.replies, strict=True):
+            if isinstance(reply, BaseException):
+                if not self.script.partial:
+                    return reply
+                for item in call.items or ():
+                    out[item] = reply
+                continue
+            for item, entry in zip(call.items or (), reply, strict=True):
+                out[item] = entry
+        return out
+
+    def _read(
+        self,
+        nodes: NodeSet,
+        pool: ConnectionPool,
+        conn: Any,
+        members: list[int],
+        deadline: float,
+        undo_on_timeout: tuple[_Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> None:
+        missing: list[int] = []
+        for k, n in enumerate(members):
+            try:
+                self.replies[n] = nodes._read(conn, deadline)
+            except NoScriptError:
+                missing.append(n)
+            except ResponseError as exc:  # one call's error reply; the connection is still in step
+                self.replies[n] = exc
+            except (RedisError, OSError) as exc:
+                if isinstance(exc, RedisTimeoutError) and undo_on_timeout is not None:
+                    undo, undo_keys, undo_args = undo_on_timeout
+                    with contextlib.suppress(RedisError, OSError):
+                        conn.send_command("EVAL", undo.body, len(undo_keys), *undo_keys, *undo_args)
+                self._drop(pool, conn, members[k:], exc)
+                return
+        if missing:
+            # The master lost its scripts (a restart, a failover to a replica that never ran them): EVAL loads them.
+            done = 0
+            try:
+                conn.send_packed_command(
+                    [_pack(("EVAL", self.script.body, *self.calls[n].command[2:])) for n in missing], check_health=False
+                )
+                for n in missing:
+                    try:
+                        self.replies[n] = nodes._read(conn, mod_time.monotonic() + nodes.socket_timeout)
+                    except ResponseError as exc:
+                        self.replies[n] = exc
+                    done += 1
+            except (RedisError, OSError) as exc:
+                self._drop(pool, conn, missing[done:], exc)
+                return
+        pool.release(conn)
+
+    def _redirected(self, nodes: NodeSet, n: int, redirect: AskError) -> Any:
+        """Send call ``n`` once more where the cluster said its slot is (MOVED: re-read the slot map first)."""
+        call = self.calls[n]
+        conn: Any = None
+        pool: ConnectionPool | None = None
+        try:
+            if isinstance(redirect, MovedError):
+                self.cluster.stale()
+                self.cluster._refreshed = 0.0  # a MOVED is news: re-read the slot map now
+                pool = self.cluster.pool(call.slot)
+                prefix: tuple[bytes, ...] = ()
+            else:
+                # ASKING lets the importing node run the next command on the connection, once.
+                pool = self.cluster.pool_at(redirect.host, redirect.port)
+                prefix = (_pack(("ASKING",)),)
+            conn = pool.get_connection()
+            reply = self._exchange(nodes, conn, prefix, call.command)
+            if isinstance(reply, NoScriptError):
+                reply = self._exchange(nodes, conn, prefix, ("EVAL", self.script.body, *call.command[2:]))
+        except (RedisError, OSError) as exc:
+            if conn is not None and pool is not None:
+                conn.disconnect()
+                pool.release(conn)
+            return exc
+        pool.release(conn)
+        return reply
+
+    @staticmethod
+    def _exchange(nodes: NodeSet, conn: Any, prefix: tuple[bytes, ...], command: tuple[str | int, ...]) -> Any:
+        """Write ``prefix`` (ASKING or nothing) and ``command`` in one write; the command's reply or error reply."""
+        conn.send_packed_command([b"".join((*prefix, _pack(command)))], check_health=False)
+        for _ in prefix:
+            nodes._read(conn, mod_time.monotonic() + nodes.socket_timeout)
+        try:
+            return nodes._read(conn, mod_time.monotonic() + nodes.socket_timeout)
+        except ResponseError as exc:  # NOSCRIPT included: the caller sends the body
+            return exc
+
+
 @dataclass
 class _Lease:
     token: str
@@ -683,7 +1071,8 @@ class Redlock:
     expires). Many short-lived names (one per order, say) are better served by one counter they share: the keys
     then stay one, not one per name ever locked, and the tokens still grow strictly per name (two names acquired at
     the same moment may get the same token: compare tokens per resource). With Cluster hash tags it must hash to
-    the same slot as ``name``.
+    the same slot as ``name``: on a NodeSet with a Cluster node, one that does not is kept per slot instead (see
+    :func:`fence_key_in_slot`; ``fence_key`` then names that key).
     ``fencing=False`` skips the fencing counter (no extra key that outlives the lock; ``fencing_token`` is 0):
     right for many short-lived one-off names, such as one key per scheduled run.
     """
@@ -719,7 +1108,8 @@ class Redlock:
             raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
         self.name = name
-        self.fence_key = fence_key or fence_key_for(name)
+        # On a Redis Cluster, a shared counter in another slot than the name is kept per slot (see same_slot).
+        self.fence_key = self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name)
         self.ttl = float(ttl)
         self.timeout = timeout
         self.job = job

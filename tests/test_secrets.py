@@ -2,7 +2,7 @@
 
 Every secret-bearing part of a Redis URL goes through every surface that shows a URL: ``redact_url``,
 ``validate_url`` and ``NodeSet`` errors, ``LockSettings`` repr and ``describe()``, ``settings_for(app)`` errors and
-its broker log line, the ``celery -A app locks`` CLI and a real worker's start-up INFO line.
+its broker log line, the ``celery -A app locks`` CLI (``list`` and ``doctor``) and a real worker's start-up INFO line.
 
 "No fragment" means: neither the secret nor any 4-character piece of it appears in the output, compared
 case-insensitively, in the output as written and percent-decoded, for the secret as written in the URL and decoded.
@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 from celery_singleton_lock._urls import redact_url, validate_url
 from celery_singleton_lock.config import settings_for, settings_from
-from celery_singleton_lock.errors import ConfigurationError
-from celery_singleton_lock.redlock import NodeSet
+from celery_singleton_lock.errors import ConfigurationError, LockUnavailableError
+from celery_singleton_lock.redlock import NodeSet, Redlock
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port
 
 CELERY = str(Path(sys.executable).parent / "celery")
@@ -91,6 +91,16 @@ GOOD = {
         ("Tok3nVq", "K3yVq9", "Sekr1tVq", "Pwd4Vq"),
     ),
     "unix socket with a password": Case("unix://:Xu9Pw4qz@/tmp/csl-none.sock?db=0", ("Xu9Pw4qz",)),
+    "sentinel: master and Sentinel passwords": Case(
+        f"redis+sentinel://acluser:Sq8PwMst@{HOST},127.0.0.2/mymaster/1?sentinel_password=Sx4PwSnt",
+        ("Sq8PwMst", "Sx4PwSnt"),
+    ),
+    "sentinel over TLS, key passphrase": Case(
+        f"rediss+sentinel://:Ts6PwQzv@{HOST}/mymaster?ssl_ca_certs=/etc/tls/ca.pem&ssl_password=kEy3Pz7q",
+        ("Ts6PwQzv", "kEy3Pz7q"),
+    ),
+    "cluster: ACL user and password": Case(f"redis+cluster://acluser:Cl5PwQzx@{HOST},127.0.0.2:7001", ("Cl5PwQzx",)),
+    "cluster over TLS": Case(f"rediss+cluster://:Tl5PwQzr@{HOST}?ssl_ca_certs=/etc/tls/ca.pem", ("Tl5PwQzr",)),
     "unix socket, password in the query": Case("unix:///tmp/csl-none.sock?db=0&password=Qx7Unz", ("Qx7Unz",)),
 }
 
@@ -113,6 +123,15 @@ BAD = {
     "uppercase scheme": Case(f"REDIS://:Upp3rPw@{HOST}/0", ("Upp3rPw",), "lowercase"),
     "not a Redis scheme": Case(f"http://:Htt9Pw@{HOST}/0", ("Htt9Pw",), "redis://"),
     "no scheme at all": Case("Bq5eXvZal", ("Bq5eXvZal",), "redis://"),
+    "sentinel: password but no @host": Case("redis+sentinel://:NoAt6Snt", ("NoAt6Snt",), "host"),
+    "sentinel: password read as hosts": Case("redis+sentinel://:Pq7,Hst9Rz/m", ("Pq7,Hst9Rz",), "host"),
+    "sentinel: no service name": Case(f"redis+sentinel://:Sv3Pwqzx@{HOST}", ("Sv3Pwqzx",), "service"),
+    "sentinel: # in the password": Case(f"redis+sentinel://:Hs#9Pwqz@{HOST}/m", ("Hs#9Pwqz",), "'#'"),
+    "sentinel: misspelt option": Case(
+        f"redis+sentinel://{HOST}/m?sentinel_pasword=Typo9Pwq", ("Typo9Pwq",), "sentinel_"
+    ),
+    "cluster: a host without its port": Case("redis+cluster://:Cp9Pwqzx@127.0.0.1", ("Cp9Pwqzx",), "port"),
+    "cluster: a db other than 0": Case(f"redis+cluster://:Db4Pwqzx@{HOST}/3", ("Db4Pwqzx",), "db 0"),
 }
 
 
@@ -191,6 +210,38 @@ def test_settings_repr_and_describe_hide_every_secret(case: Case) -> None:
     settings = settings_from({"singleton_lock_urls": case.url})
     assert_no_secret(case.secrets, repr(settings), str(settings), settings.describe())
     assert HOST in settings.describe() or "unix://" in settings.describe()
+
+
+def test_sentinel_and_cluster_urls_keep_what_is_not_secret() -> None:
+    """Sentinel and Cluster URLs show every host and port, the service and db, the ACL username next to a password
+    and the Sentinel username; the node's name (in errors and listings) has no userinfo or options at all."""
+    url = "redis+sentinel://u:pw@h1:26379,[::1]:26380,h3/svc-1.a/2?sentinel_username=sent&sentinel_password=spw"
+    assert redact_url(url) == (
+        "redis+sentinel://u:***@h1:26379,[::1]:26380,h3/svc-1.a/2?sentinel_username=sent&sentinel_password=***"
+    )
+    assert NodeSet(url).names == ("redis+sentinel://h1:26379,[::1]:26380,h3:26379/svc-1.a/2",)
+    cluster = "rediss+cluster://:pw@h1:7000,h2:7001?ssl_ca_certs=/etc/tls/ca.pem"
+    assert redact_url(cluster) == "rediss+cluster://:***@h1:7000,h2:7001?ssl_ca_certs=/etc/tls/ca.pem"
+    assert NodeSet(cluster).names == ("rediss+cluster://h1:7000,h2:7001",)
+    # Without '@host', what looks like hosts may be a password: masked from the first part with no host on.
+    assert redact_url("redis+sentinel://:Pq7,Hst9Rz/m") == "redis+sentinel://:***/***"
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_sentinels_and_cluster_errors_hide_every_secret() -> None:
+    """A Sentinel set and a Cluster that nobody answers for fail the lock with errors naming the node, no secret."""
+    secrets = ["Sq8PwMst", "Sx4PwSnt", "Cl5PwQzx"]
+    for url in (
+        f"redis+sentinel://acl:Sq8PwMst@{HOST},127.0.0.1:{free_port()}/mymaster?sentinel_password=Sx4PwSnt",
+        f"redis+cluster://acl:Cl5PwQzx@{HOST}",
+    ):
+        lock = Redlock(url, "secret-test", ttl=5.0, timeout=0.0)
+        with pytest.raises(LockUnavailableError) as info:
+            with lock:
+                pass
+        texts = _error_texts(info)  # type: ignore[arg-type]
+        assert lock.nodes.names[0] in texts[0]
+        assert_no_secret(secrets, *texts, *(str(e) for e in lock.node_errors))
 
 
 def test_ssl_file_paths_are_shown() -> None:
@@ -304,6 +355,29 @@ def test_cli_with_unreachable_and_refusing_nodes(tmp_path: Path, redis_node: Red
     assert_no_secret(["Unr3achPw", "Cl1KeyPh", "Wr0ngPwq", "Qry9Pwz"], proc.stdout, proc.stderr)
 
 
+def test_doctor_with_unreachable_and_refusing_nodes(tmp_path: Path, redis_node: RedisServer) -> None:
+    """`locks doctor` (and --json) against a dead node and a live node refusing the password: no secret shown."""
+    urls = [
+        f"rediss://:Unr3achPw@127.0.0.1:{free_port()}/0?ssl_password=Cl1KeyPh",
+        f"redis://acluser:Wr0ngPwq@127.0.0.1:{redis_node.port}/0",
+        f"redis://127.0.0.1:{free_port()}/0?password=Qry9Pwz",
+    ]
+    env = _app_module(tmp_path, "doctor_dead_nodes", urls)
+    for extra in ([], ["--json"]):
+        proc = subprocess.run(
+            [CELERY, "-A", "doctor_dead_nodes", "locks", "doctor", *extra],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.stdout.count("node-unreachable") == 3, proc.stdout
+        assert_no_secret(["Unr3achPw", "Cl1KeyPh", "Wr0ngPwq", "Qry9Pwz"], proc.stdout, proc.stderr)
+
+
 def test_worker_start_line_hides_every_secret(tmp_path: Path) -> None:
     """A real worker's INFO line at start lists the nodes with no piece of any secret, and ssl paths as written."""
     cases = [GOOD[k] for k in ("ACL user and password", "ssl_password of a private key", "repeated password")]
@@ -338,5 +412,5 @@ def test_worker_refusing_a_malformed_url_hides_the_secret(tmp_path: Path) -> Non
     finally:
         worker.kill()
     log = worker.log()
-    assert "ConfigurationError" in log
+    assert "invalid Redis URL" in log  # the one-line start error (no traceback since the worker-start change)
     assert_no_secret(bad.secrets, log)
