@@ -27,7 +27,7 @@ __all__ = [
 
 logger = logging.getLogger("celery_singleton_lock.config")
 
-DuplicatePolicy = Literal["skip", "fail", "reschedule"]
+DuplicatePolicy = Literal["skip", "fail", "reschedule", "replace"]
 UnavailablePolicy = Literal["retry", "fail", "run"]
 
 DEFAULT_TTL: Final = 60.0

@@ -19,7 +19,7 @@ held by this task id, cooldown  DONE: it finished and is cooling down
 held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
 held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if SUCCESS, else DEFER until the
                                 twin's lease would end (never skipped as its own duplicate, never run beside it)
-held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule; chord members
+held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule, replace; chord members
                                 always): when the holder's lease would end (its release wakes it before that)
 held by a record of no job      DEFER after at most one renewal interval (not a LockedTask's record: nothing says
                                 it is another job, so this one is never dropped as its duplicate), up to
@@ -169,7 +169,7 @@ def decide(f: Facts) -> Decision:
     policy: DuplicatePolicy = "reschedule" if f.in_chord else f.on_duplicate
     if policy == "fail":
         return Decision(Act.FAIL_DUPLICATE)
-    if policy == "reschedule":
+    if policy in ("reschedule", "replace"):
         # The fallback: a dead holder's lease ends within ``remaining`` (a live one's renewals keep it ~ttl away).
         # The holder's release wakes a waiting duplicate before that (task.py's waiting line): no polling.
         return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "duplicate")

@@ -100,6 +100,34 @@ local message = redis.call('HGET', KEYS[2], popped[1])
 redis.call('HDEL', KEYS[2], popped[1])
 return message
 """
+# Park a job under lock_on_duplicate="replace": every other waiting job of the key leaves the line, marked superseded
+# by this one (ARGV[5] .. their id = this id), and their ids are returned. A woken copy (ARGV[6]) that finds a newer
+# job already waiting is the one superseded instead: {'self', the waiting id}.
+# KEYS[1] line, KEYS[2] messages; ARGV: id, score (ms), message, expiry (ms), supersession key prefix, woken flag.
+# The supersession keys share the line's hash tag, so every key lives in one Cluster slot.
+_PARK_REPLACING = """
+local others = redis.call('ZRANGE', KEYS[1], 0, -1)
+local replaced = {}
+for _, id in ipairs(others) do
+  if id ~= ARGV[1] then
+    if ARGV[6] == '1' then
+      redis.call('SET', ARGV[5] .. ARGV[1], id, 'PX', ARGV[4])
+      return {'self', id}
+    end
+    replaced[#replaced + 1] = id
+  end
+end
+for _, id in ipairs(replaced) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('SET', ARGV[5] .. id, ARGV[1], 'PX', ARGV[4])
+end
+redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return replaced
+"""
 #: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
 DEFAULT_QUEUE_TTL = 600.0
 _SCOPES = ("run", "queue")
@@ -187,6 +215,7 @@ class _Run:
     redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
     handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
     parked: bool = False  # this delivery's job waits in the key's waiting line (see LockedTask._park)
+    superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
 
 
 @dataclass(frozen=True)
@@ -281,6 +310,10 @@ def _free_revoked_reservation(sender: Any = None, request: Any = None, **_: Any)
         task._free_reservation(request.id, key)  # noqa: SLF001
     except Exception:  # the reservation still ends with its lease
         logger.warning("could not free the reservation of %s[%s]", task.name, request.id, exc_info=True)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _try_of(record: dict[str, str]) -> int | None:
@@ -604,7 +637,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if holder == task_id:  # sent again with its own id while queued or running: one message is enough
             return self.AsyncResult(task_id), None
         policy = options_.on_duplicate
-        if policy == "reschedule":  # it runs after the holder: sent, and rescheduled by the worker
+        if policy in ("reschedule", "replace"):  # it runs after the holder: sent, and waits at the worker
             return None, None
         signals.duplicate_skipped.send(sender=self, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
         if policy == "fail":
@@ -669,6 +702,12 @@ class LockedTask(Task):  # type: ignore[misc]
         key = self.lock_key_for(*args, **kwargs)
         run = _Run(key)
         request._singleton_lock = run  # noqa: SLF001 - Celery's Context is our per-delivery state holder
+        if options.on_duplicate == "replace" and getattr(request, _PARKED_HEADER, None):
+            # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
+            newer = self._superseded_by(key, task_id, options)
+            if newer is not None:
+                self._replaced(run, task_id, newer)
+                return
         lock = self._new_lock(key, task_id, options)
         acquired = lock.acquire(blocking=False)
         redelivered = bool(
@@ -711,6 +750,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 # Wait in the key's line, to be woken when the holder releases; then look once more, since the
                 # holder may have released (and found nobody waiting) just before this job joined the line.
                 run.parked = self._park(run, task_id, options)
+                if run.superseded_by is not None:
+                    self._replaced(run, task_id, run.superseded_by)
+                    return
                 if run.parked:
                     acquired = lock.acquire(blocking=False)
                     facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
@@ -863,6 +905,8 @@ class LockedTask(Task):  # type: ignore[misc]
         request = self.request
         task_id, holder_id = facts.task_id, facts.holder_job
         policy: DuplicatePolicy = {Act.SKIP: "skip", Act.FAIL_DUPLICATE: "fail"}.get(decision.act, "reschedule")  # type: ignore[assignment]
+        if policy == "reschedule" and self._options().on_duplicate == "replace" and not facts.in_chord:
+            policy = "replace"
         self._count("skipped")
         signals.duplicate_skipped.send(
             sender=self, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy
@@ -877,7 +921,7 @@ class LockedTask(Task):  # type: ignore[misc]
         logger.debug("Task %s[%s] is a duplicate: lock %s %s (%s)", self.name, task_id, run.key, held, policy)
         if policy == "fail":
             raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
-        if policy == "reschedule":
+        if policy in ("reschedule", "replace"):
             if run.parked and getattr(request, _WOKEN_HEADER, None):
                 # Woken, but another job took the lock first: back in the line. The job's fallback copy (sent when
                 # it first waited) is still on its way, so nothing is re-sent.
@@ -989,8 +1033,25 @@ class LockedTask(Task):  # type: ignore[misc]
             message = kombu_json.dumps(woken)  # type: ignore[no-untyped-call]
             client, line, messages = self._waiters(run.key, options)
             expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+            now_ms = int(time.time() * 1000)
+            if options.on_duplicate == "replace" and not self.request.chord:
+                woken_copy = "1" if getattr(self.request, _WOKEN_HEADER, None) else ""
+                answer = client.eval(
+                    _PARK_REPLACING,
+                    2,
+                    line,
+                    messages,
+                    task_id,
+                    now_ms,
+                    message,
+                    expire_ms,
+                    sibling_key(run.key, ":superseded:"),
+                    woken_copy,
+                )
+                self._superseded(run, task_id, [_text(x) for x in answer or ()])
+                return True
             pipe = client.pipeline(transaction=False)
-            pipe.zadd(line, {task_id: int(time.time() * 1000)}, nx=True)  # a job re-parked keeps its place
+            pipe.zadd(line, {task_id: now_ms}, nx=True)  # a job re-parked keeps its place
             pipe.hset(messages, task_id, message)
             pipe.pexpire(line, expire_ms)
             pipe.pexpire(messages, expire_ms)
@@ -999,6 +1060,42 @@ class LockedTask(Task):  # type: ignore[misc]
             logger.debug("could not park %s[%s] in line for %s", self.name, task_id, run.key, exc_info=True)
             return False
         return True
+
+    def _superseded(self, run: _Run, task_id: str, answer: list[str]) -> None:
+        """Tell the callers of the jobs a "replace" park took out of the line (``answer``: see _PARK_REPLACING)."""
+        if answer[:1] == ["self"]:
+            # This woken copy is older than the job now waiting: that one wins. This copy's job is marked superseded
+            # (its fallback copy stops on it), and stops here.
+            run.superseded_by = answer[1]
+            return
+        for replaced in answer:
+            reason = f"superseded by task {task_id}: a newer {self.name} of lock {run.key} waits in its place"
+            signals.duplicate_skipped.send(
+                sender=self, key=run.key, task_id=replaced, holder_task_id=task_id, policy="replace"
+            )
+            if not self.ignore_result:
+                try:
+                    self.backend.mark_as_revoked(replaced, reason, request=None)
+                except Exception:  # its fallback copy says so again when it stops
+                    logger.debug("could not store the supersession of %s", replaced, exc_info=True)
+
+    def _replaced(self, run: _Run, task_id: str, newer: str) -> None:
+        """This delivery's job was replaced in the line by ``newer`` ("replace"): it does not run."""
+        request = self.request
+        reason = f"superseded by task {newer}: a newer {self.name} of lock {run.key} runs in its place"
+        if not (request.is_eager or self.ignore_result or request.ignore_result):
+            self.backend.mark_as_revoked(task_id, reason, request=None)
+        self._skip_quietly(run, Skipped(reason, run.key, newer))
+
+    def _superseded_by(self, key: str, task_id: str, options: _Options) -> str | None:
+        """The task id that replaced this waiting job ("replace"), or None."""
+        try:
+            client, _, _ = self._waiters(key, options)
+            value = client.get(sibling_key(key, ":superseded:") + task_id)
+        except Exception:  # cannot tell: the job runs (at least once beats lost)
+            logger.debug("cannot read whether %s was superseded", task_id, exc_info=True)
+            return None
+        return None if value is None else _text(value)
 
     def _unpark(self, key: str, task_id: str, options: _Options) -> None:
         """This job got the lock: take it out of the line (a copy woken for it later would only stop on DONE)."""
@@ -1094,7 +1191,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         self._count("released")
         signals.lock_released.send(sender=self, key=run.key, task_id=self.request.id, held=held)
-        if options.on_duplicate == "reschedule":
+        if options.on_duplicate in ("reschedule", "replace"):
             self._wake_next(run.key, options)
 
     def retry(

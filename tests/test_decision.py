@@ -135,7 +135,8 @@ def check(f: Facts, d: Decision) -> None:
     # Duplicates follow the policy; chord members always wait.
     if f.outcome == "held" and f.holder_job == OTHER:
         expected = "reschedule" if f.in_chord else f.on_duplicate
-        assert {"skip": Act.SKIP, "fail": Act.FAIL_DUPLICATE, "reschedule": Act.DEFER}[expected] is act
+        acts = {"skip": Act.SKIP, "fail": Act.FAIL_DUPLICATE, "reschedule": Act.DEFER, "replace": Act.DEFER}
+        assert acts[expected] is act
     # Acting on LOOK_UP / TAKE_OVER changes the facts so that no delivery loops.
     if act is Act.LOOK_UP:
         for answer in (False, True):

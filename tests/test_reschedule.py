@@ -6,6 +6,7 @@ every 1.33 s: the old behaviour re-sent a waiting duplicate about that often).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -78,3 +79,39 @@ def test_a_dead_holder_s_waiters_run_after_its_lease_ends(c: Cluster) -> None:
     runs = c.wait_runs(k, 2, 10)
     assert sorted(r[1] for r in runs) == sorted([holder.id, dup.id])
     assert not overlapping(runs)
+
+
+def test_replace_keeps_the_newest_waiting_call_and_tells_the_replaced_callers(c: Cluster) -> None:
+    """lock_on_duplicate="replace": three calls while one runs: each newer call takes the waiting one's place; the
+    replaced callers get REVOKED naming the task that replaced them; the newest runs once, after the holder, with
+    its own arguments; the replaced jobs' fallback copies stop without running."""
+    from celery.exceptions import TaskRevokedError  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.latest.delay(k, "v0", 2.0)
+    c.wait_started(k)
+    waiting = []
+    for value in ("v1", "v2", "v3"):
+        waiting.append(mod.latest.delay(k, value))
+        for _ in polling(10, 0.05):  # the call is in line before the next is sent (arrival order is the point)
+            if waiting[-1].id in line_ids(c, k):
+                break
+    assert holder.get(timeout=30) == "v0"
+    assert waiting[2].get(timeout=30) == "v3"
+    for older, newer in itertools.pairwise(waiting):
+        with pytest.raises(TaskRevokedError, match=f"superseded by task {newer.id}"):
+            older.get(timeout=10)
+    for _ in polling(TTL + 3, 0.2):  # the replaced jobs' fallback copies come back and must stop
+        pass
+    runs = c.runs(k)
+    assert sorted(r[1] for r in runs) == sorted([holder.id, waiting[2].id])
+    assert not overlapping(runs)
+
+
+def line_ids(c: Cluster, key: str) -> list[str]:
+    mod = c.app_module()
+    from celery_singleton_lock.redlock import sibling_key  # noqa: PLC0415
+
+    with c.lock_client(c.locks[0]) as client:
+        return [x.decode() for x in client.zrange(sibling_key(mod.latest.lock_key_for(key, "any"), ":waiters"), 0, -1)]

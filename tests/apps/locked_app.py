@@ -301,3 +301,10 @@ def q_charge(self: Any, key: str) -> str:
     """Queue scope with a cooldown: a second click within 4 s of the charge gets the charge's result."""
     _run(self, key, 0.3)
     return f"charged {key} as {self.request.id}"
+
+
+@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="replace")
+def latest(self: Any, key: str, value: str, duration: float = 0.0) -> str:
+    """Keep-latest: while one runs, the newest waiting call replaces the one before it."""
+    _run(self, key, duration)
+    return value
