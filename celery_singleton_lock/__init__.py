@@ -12,7 +12,7 @@ from .errors import (
     UnserializableArgumentsError,
 )
 from .redlock import NodeSet, Redlock
-from .task import LockedTask, Skipped
+from .task import LockedRequest, LockedTask, Skipped
 
 try:
     __version__ = version("celery-singleton-lock")
@@ -26,6 +26,7 @@ __all__ = [
     "LockLostError",
     "LockNotAcquiredError",
     "LockUnavailableError",
+    "LockedRequest",
     "LockedTask",
     "NodeSet",
     "Redlock",

@@ -13,7 +13,8 @@ acquired                        RUN; a redelivered first attempt LOOKs UP the re
 done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
 split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
 no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
-held by this task id, queued    TAKE_OVER the reservation ``lock_scope="queue"`` made at ``apply_async`` (a first try)
+held by this task id, queued    TAKE_OVER the reservation ``lock_scope="queue"`` made at ``apply_async`` (a first try;
+  or sending                    also while the client is still marking it sent)
 held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once; only by a later try)
 held by this task id, cooldown  DONE: it finished and is cooling down
 held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
@@ -21,6 +22,7 @@ held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE i
                                 twin's lease would end (never skipped as its own duplicate, never run beside it)
 held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule, replace; chord members
                                 always): when the holder's lease would end (its release wakes it before that)
+held by another job, sending    DEFER after at most one renewal interval: its message may never be sent
 held by a record of no job      DEFER after at most one renewal interval (not a LockedTask's record: nothing says
                                 it is another job, so this one is never dropped as its duplicate), up to
                                 ``max_retries`` times, then FAIL_UNAVAILABLE
@@ -41,6 +43,7 @@ __all__ = [
     "HANDOVER",
     "QUEUED",
     "RUNNING",
+    "SENDING",
     "SPLIT_RETRIES",
     "Act",
     "Decision",
@@ -55,6 +58,8 @@ Outcome = Literal["acquired", "held", "done", "split", "unavailable"]
 SPLIT_RETRIES = 3
 # States of a holder record that LockedTask writes (``state`` field).
 RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED = "run", "retry", "ending", "cooldown", "queued"
+#: A queue-scope reservation whose message is being published (it becomes QUEUED once it was sent).
+SENDING = "sending"
 
 
 class Act(enum.Enum):
@@ -136,7 +141,7 @@ def decide(f: Facts) -> Decision:
     # Held.
     remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
     if f.holder_job == f.task_id:
-        if f.holder_state == QUEUED and not f.took_over and f.retries == 0:
+        if f.holder_state in (QUEUED, SENDING) and not f.took_over and f.retries == 0:
             # The reservation apply_async made for this very message (lock_scope="queue"): this delivery is the job.
             return Decision(Act.TAKE_OVER)
         if f.holder_state == HANDOVER and not f.took_over and (f.holder_try is None or f.retries > f.holder_try):
@@ -166,6 +171,10 @@ def decide(f: Facts) -> Decision:
         if f.max_retries is not None and f.attempt + 1 > f.max_retries:
             return Decision(Act.FAIL_UNAVAILABLE, reason="unknown holder")
         return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "unknown holder")
+    if f.holder_state == SENDING:
+        # Another job's reservation whose message may never be sent (its publish failed, its client died): not a
+        # job to be skipped for. Look again when it has been sent (QUEUED: a duplicate then) or has expired.
+        return _defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "sending")
     policy: DuplicatePolicy = "reschedule" if f.in_chord else f.on_duplicate
     if policy == "fail":
         return Decision(Act.FAIL_DUPLICATE)

@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
+import click
 from celery import Task, bootsteps
 from celery.exceptions import Retry
 from celery.signals import task_revoked, worker_process_shutdown
@@ -55,10 +56,24 @@ from celery.states import READY_STATES
 from celery.utils import uuid
 from celery.worker.request import Request
 from kombu.utils import json as kombu_json
+from kombu.utils.imports import symbol_by_name
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
-from .decision import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
+from .decision import (
+    COOLDOWN,
+    ENDING,
+    HANDOVER,
+    QUEUED,
+    RUNNING,
+    SENDING,
+    SPLIT_RETRIES,
+    Act,
+    Decision,
+    Facts,
+    Outcome,
+    decide,
+)
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
 from .keys import custom_key, lock_key
 from .redlock import Redlock, sibling_key
@@ -130,6 +145,10 @@ return replaced
 """
 #: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
 DEFAULT_QUEUE_TTL = 600.0
+#: Queue scope: how long a reservation may stay "sending" (its publish under way) before it expires.
+SENDING_TTL = 10.0
+#: Queue scope: how long a duplicate call waits for another call's publish under way before it sends its own.
+SENDING_WAIT = 2.0
 _SCOPES = ("run", "queue")
 # apply_async options whose messages are reserved at the worker only (a chord counts its members' own ids).
 _GROUPED = frozenset({"chord", "group_id", "chain"})
@@ -139,18 +158,29 @@ _SUCCESS = "SUCCESS"
 
 
 #: How a Skipped's repr begins: what a worker's main process (which sees only the repr) and the log filter look for.
-SKIP_MARK = "<celery_singleton_lock.Skipped "
-_KIND_EVENT = {"duplicate": "task-revoked", "done": "task-revoked", "deferred": "task-retried"}
+SKIP_MARK = "<celery_singleton_lock.Skipped:"
+#: The Celery event a worker sends for each kind of Skipped, instead of task-succeeded (None: no event at all).
+_KIND_EVENT: dict[str, str | None] = {
+    "duplicate": "task-revoked",  # another job holds the lock: REVOKED
+    "settled": "task-revoked",  # a copy of a job whose run succeeded but was killed before storing its result
+    "deferred": "task-retried",  # a first delivery re-sent to run later (reschedule, replace, outage back-off, ...)
+    # A copy of a job that succeeded, or one waiting for its twin: the task id's state is its twin's, so nothing is
+    # said (a task-retried after the twin's task-succeeded would turn SUCCESS into RETRY in Celery's event state).
+    "done": None,
+    "waiting": None,
+}
 
 
 @dataclass(frozen=True)
 class Skipped:
     """What ``__call__`` returns for a delivery that did not run the body.
 
-    ``kind`` is ``"duplicate"`` (skipped: another job holds the lock), ``"done"`` (a copy of a job that already
-    succeeded) or ``"deferred"`` (re-sent to run later: reschedule, a redelivery waiting for its twin, an outage
-    back-off, a split vote). Celery's events report the first two as ``task-revoked`` and a re-send as
-    ``task-retried``, never as ``task-succeeded``; the worker's log line says what happened instead of "succeeded".
+    ``kind`` is ``"duplicate"`` (skipped: another job holds the lock, or replaced it in line), ``"deferred"`` (re-sent
+    to run later: reschedule, replace, an outage back-off, a split vote), ``"done"`` (a copy of a job that already
+    succeeded), ``"waiting"`` (a copy of a job re-sent to wait for its twin), or ``"settled"`` (a copy of a job whose
+    successful run was killed before it stored its result: REVOKED is stored for it). Celery's events report
+    duplicate and settled as ``task-revoked`` and deferred as ``task-retried``, and nothing for done and waiting
+    (their task id's own run reports it), never ``task-succeeded``; the worker's log line says what happened.
     """
 
     reason: str
@@ -159,20 +189,26 @@ class Skipped:
     kind: str = "duplicate"
 
     def __repr__(self) -> str:
-        # The main process parses this (see LockedRequest.send_event): kind, then the holder's id with its length
-        # (a task id may hold any character), then the reason. Celery truncates a long repr at its end.
+        # The main process parses this (see LockedRequest.send_event): kind, the holder's id with its length (a task
+        # id may hold any character), then the reason. No space before the holder: Celery cuts a long repr short
+        # (Task.resultrepr_maxsize), and what survives must still name the kind.
         holder = self.holder_task_id or ""
-        return f"{SKIP_MARK}{self.kind} {len(holder)}:{holder} {self.reason}>"
+        return f"{SKIP_MARK}{self.kind}:{len(holder)}:{holder} {self.reason}>"
 
 
 def parse_skipped(text: str) -> tuple[str, str | None, str] | None:
-    """``(kind, holder task id, reason)`` from a :class:`Skipped` repr (what the worker's main process sees)."""
+    """``(kind, holder task id, reason)`` from a :class:`Skipped` repr (what the worker's main process sees).
+
+    A repr cut short keeps its kind; the holder is None when its id was cut, and the reason is what is left.
+    """
     if not text.startswith(SKIP_MARK):
         return None
-    kind, _, rest = text[len(SKIP_MARK) :].partition(" ")
-    size, colon, rest = rest.partition(":")
-    if kind not in _KIND_EVENT or not colon or not size.isdigit() or len(rest) < int(size):
+    kind, colon, rest = text[len(SKIP_MARK) :].partition(":")
+    if kind not in _KIND_EVENT or not colon:
         return None
+    size, colon, rest = rest.partition(":")
+    if not colon or not size.isdigit() or len(rest) < int(size):
+        return kind, None, ""
     holder, reason = rest[: int(size)], rest[int(size) + 1 :]
     return kind, holder or None, reason.removesuffix(">")
 
@@ -183,7 +219,9 @@ class _SkipLogFilter(logging.Filter):
     _SAYS: ClassVar[dict[str, str]] = {
         "duplicate": "skipped duplicate",
         "done": "skipped: already done",
+        "settled": "skipped: already done, result lost",
         "deferred": "deferred",
+        "waiting": "deferred",
     }
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -322,6 +360,15 @@ def _try_of(record: dict[str, str]) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
+class _StartError(ConfigurationError, click.ClickException):  # type: ignore[misc]
+    """Invalid settings at worker start: still a ConfigurationError for code that starts workers itself
+    (``app.Worker()``, ``start_worker``, pytest), and a ClickException, so ``celery worker`` prints one line,
+    ``Error: ...``, and exits with status 1 instead of a traceback through Celery's bootsteps."""
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+
+
 class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep: validate ``singleton_lock_*`` at worker start, so bad settings stop the worker at once."""
 
@@ -331,11 +378,11 @@ class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
         try:
             settings = settings_for(parent.app)
         except ConfigurationError as exc:
-            # One line saying what to change, printed by click as "Error: ..." with exit status 1 (as the CLI does),
-            # not a traceback through Celery's bootsteps.
-            import click  # noqa: PLC0415 - Celery's CLI dependency, needed only here
-
-            raise click.ClickException(f"celery_singleton_lock: {exc}") from None
+            message = f"celery_singleton_lock: {exc}"
+            if getattr(parent, "logfile", None):
+                # A detached worker (celery multi, --detach) sends stderr to /dev/null: say it in its logfile too.
+                logger.error("%s", message)  # noqa: TRY400 - one line, no traceback
+            raise _StartError(message) from None
         logger.info("celery_singleton_lock: %s", settings.describe())
         _warn_about_broker(parent.app)
         super().__init__(parent, **kwargs)
@@ -388,12 +435,15 @@ class LockedRequest(Request):  # type: ignore[misc]
                 parsed = parse_skipped(result)
                 if parsed is not None:
                     kind, holder, reason = parsed
+                    event = _KIND_EVENT[kind]
+                    if event is None:
+                        return
                     extra = {"reason": reason, "holder": holder, "lock_skip": kind}
-                    if kind == "deferred":
+                    if event == "task-retried":
                         fields = {"exception": reason, "traceback": "", **extra}
                     else:
                         fields = {"terminated": False, "signum": None, "expired": False, **extra}
-                    type_ = _KIND_EVENT[kind]
+                    type_ = event
         super().send_event(type_, **fields)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:  # noqa: FBT001 - Celery's signature
@@ -495,6 +545,14 @@ class LockedTask(Task):  # type: ignore[misc]
             isinstance(cls.lock_unique_on, str) or not all(isinstance(n, str) for n in cls.lock_unique_on)
         ):
             raise ConfigurationError(f"lock_unique_on of {cls.name} must be a list of argument names")
+        request_cls = cls.Request
+        if isinstance(request_cls, str):
+            request_cls = symbol_by_name(request_cls)  # type: ignore[no-untyped-call]
+        if not (isinstance(request_cls, type) and issubclass(request_cls, LockedRequest)):
+            raise ConfigurationError(
+                f"Request of {cls.name} must subclass celery_singleton_lock.LockedRequest (it reports skipped "
+                f"duplicates to monitors as REVOKED, not as successes), got {cls.Request!r}"
+            )
         steps = app.steps["worker"]
         if _SettingsStep not in steps:
             steps.add(_SettingsStep)
@@ -558,12 +616,13 @@ class LockedTask(Task):  # type: ignore[misc]
             # A re-send of the delivery running here (self.retry(), a deferred copy): it is the job already.
             and not (task_id is not None and task_id == self.request.id)
         ):
+            own_id = task_id is not None
             task_id = task_id or uuid()
-            existing, lock = self._reserve(args or (), kwargs or {}, task_id, options)
+            existing, lock, lease = self._reserve(args or (), kwargs or {}, task_id, options, own_id=own_id)
             if existing is not None:
                 return existing
             try:
-                return super().apply_async(
+                sent = super().apply_async(
                     args,
                     kwargs,
                     task_id=task_id,
@@ -577,6 +636,10 @@ class LockedTask(Task):  # type: ignore[misc]
                 if lock is not None:  # nothing was sent: nothing may stay reserved
                     lock.release()
                 raise
+            if lock is not None:
+                # Sent: now a duplicate may be told to wait on it. (Refused when a worker took it over already.)
+                lock.transfer(lease, {"state": QUEUED})
+            return sent
         if self.lock_enqueue_check and not (
             link or link_error or self.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
         ):
@@ -587,13 +650,17 @@ class LockedTask(Task):  # type: ignore[misc]
             args, kwargs, task_id=task_id, producer=producer, link=link, link_error=link_error, shadow=shadow, **options
         )
 
-    def _reserve(self, args: Any, kwargs: Any, task_id: str, options: dict[str, Any]) -> tuple[Any, Redlock | None]:
+    def _reserve(
+        self, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
+    ) -> tuple[Any, Redlock | None, float]:
         """Queue scope: reserve this call's job for ``task_id`` before it is published.
 
-        Returns ``(existing, None)`` when the job is already queued, running, being retried or cooling down (its
-        ``AsyncResult``: nothing is to be sent), and ``(None, lock)`` when this call reserved it (``lock`` is
-        released if the publish fails). When Redis cannot tell (no quorum, a split that persists, an unknown
-        holder), ``(None, None)``: the message is sent, and the worker's run-time check is the guard.
+        Returns ``(existing, None, 0)`` when the job is already queued, running, being retried or cooling down (its
+        ``AsyncResult``: nothing is to be sent), and ``(None, lock, lease)`` when this call reserved it. The
+        reservation is "sending" until the message was published (a duplicate meanwhile is sent, and sorted out by
+        the worker: never handed the id of a message that may never exist), then "queued" for ``lease`` s; it is
+        released if the publish fails. When Redis cannot tell (no quorum, a split that persists, an unknown
+        holder), ``(None, None, 0)``: the message is sent, and the worker's run-time check is the guard.
         """
         key = self.lock_key_for(*args, **kwargs)
         options_ = self._options()
@@ -602,14 +669,15 @@ class LockedTask(Task):  # type: ignore[misc]
         expires = _expires_in(options.get("expires"))
         if expires is not None:  # a message that expires unseen frees its job when it would have expired
             lease = min(lease, max(expires, 0.0) + 1.0)
+        lease = max(lease, 0.01)
         lock = Redlock(
             options_.settings.nodes,
             key,
-            ttl=max(lease, 0.01),
+            ttl=min(lease, SENDING_TTL),
             fencing=False,
             job=task_id,
             record={
-                "state": QUEUED,
+                "state": SENDING,
                 "name": self.name,
                 "worker": _worker,
                 "at": str(int(time.time() * 1000)),
@@ -617,49 +685,80 @@ class LockedTask(Task):  # type: ignore[misc]
             },
         )
         try:
-            for _ in range(SPLIT_RETRIES + 1):  # contenders that split the nodes try again after a jittered pause
+            splits, deadline = 0, time.monotonic() + SENDING_WAIT
+            for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
                 if lock.acquire(blocking=False):
-                    return None, lock
-                if not lock.split:
+                    return None, lock, lease
+                if lock.split and splits < SPLIT_RETRIES:
+                    # Contenders that split the nodes try again after a jittered pause.
+                    splits += 1
+                    time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+                    continue
+                sending = (lock.holder_record or {}).get("state") == SENDING
+                if not (lock.contended and sending) or time.monotonic() >= deadline:
                     break
-                time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+                # Another call of the job is publishing right now (a double click): wait the few ms until its message
+                # is sent (then this call gets it) or its publish failed (then this call reserves the job itself).
+                time.sleep(0.005)
         except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
             logger.warning(
                 "%s: could not reserve lock %s; sending (checked at the worker)", self.name, key, exc_info=True
             )
-            return None, None
+            return None, None, 0.0
         if lock.done:  # this very task id already succeeded
-            return self.AsyncResult(task_id), None
+            return self.AsyncResult(task_id), None, 0.0
         record = lock.holder_record or {}
-        holder = record.get("job")
-        if not lock.contended or holder is None or record.get("state") == ENDING:
-            return None, None
+        holder, state = record.get("job"), record.get("state")
+        if not lock.contended or holder is None or state in (ENDING, SENDING, None):
+            # Not a job that exists for sure (a publish under way, a run being ended, a record of no job): sent.
+            return None, None, 0.0
         if holder == task_id:  # sent again with its own id while queued or running: one message is enough
-            return self.AsyncResult(task_id), None
+            return self.AsyncResult(task_id), None, 0.0
+        if holder == self.request.id and state == RUNNING:
+            # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
+            # skips it if it arrives while this run still holds the job.
+            return None, None, 0.0
         policy = options_.on_duplicate
         if policy in ("reschedule", "replace"):  # it runs after the holder: sent, and waits at the worker
-            return None, None
+            return None, None, 0.0
         signals.duplicate_skipped.send(sender=self, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
         if policy == "fail":
             raise DuplicateTaskError(key, task_name=self.name, holder_task_id=holder)
-        logger.debug(
-            "%s not sent: the same job is %s as task %s (lock %s)", self.name, record.get("state"), holder, key
-        )
-        return self.AsyncResult(holder), None
+        reason = f"duplicate of {self.name} not sent: lock {key} held by task {holder} ({state})"
+        logger.debug("%s", reason)
+        if own_id and not self.ignore_result:
+            # The caller chose this id and may wait on it: say at once what became of it (as a skip at the worker
+            # would), not PENDING forever. The call still returns the existing job's result.
+            try:
+                self.backend.mark_as_revoked(task_id, reason, request=None)
+            except Exception:
+                logger.debug("could not store the duplicate state of %s", task_id, exc_info=True)
+        return self.AsyncResult(holder), None, 0.0
 
     def revoke_queued(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
         """Revoke a queue-scope job's message and free its reservation now (``args``/``kwargs``: the call's).
 
         ``AsyncResult.revoke()`` alone frees the reservation only when a worker meets the revoked message (at its
-        countdown, or when it reaches the front of the queue). True when a reservation was freed; False when there
-        was none (a worker had taken the job over already: it runs, or ran).
+        countdown, or when it reaches the front of the queue). True when a reservation was freed and the message
+        revoked; False when there was none (a worker had taken the job over already: it runs, or ran, and is left
+        alone).
         """
-        self.app.control.revoke(task_id)
-        return self._free_reservation(task_id, self.lock_key_for(*args, **kwargs))
+        freed = self._free_reservation(task_id, self.lock_key_for(*args, **kwargs))
+        if freed:  # revoked only while still queued: a running job is left alone (a revoke would mark it REVOKED)
+            self.app.control.revoke(task_id)
+        return freed
 
     def _free_reservation(self, task_id: str, key: str) -> bool:
         """Delete the queue-scope reservation of ``task_id`` on ``key``, if it is still one (not yet taken over)."""
-        lock = Redlock(self._options().settings.nodes, key, ttl=_END_LEASE, fencing=False, job=task_id)
+        # While this holds the key (one round trip), its record says "ending": a duplicate sent meanwhile is sent.
+        lock = Redlock(
+            self._options().settings.nodes,
+            key,
+            ttl=_END_LEASE,
+            fencing=False,
+            job=task_id,
+            record={"state": ENDING, "name": self.name},
+        )
         if lock.acquire(blocking=False):  # nothing held it
             lock.release()
             return False
@@ -738,11 +837,17 @@ class LockedTask(Task):  # type: ignore[misc]
                 facts = dataclasses.replace(facts, split_retries=facts.split_retries + 1)
                 continue
             if act is Act.TAKE_OVER:
-                # Our own retry's reservation: take it over atomically (a fresh owner token, like every attempt).
-                reserved = lock.held_by
-                lock = self._new_lock(key, task_id, options)
-                lock.replaces = reserved
-                acquired = lock.acquire(blocking=False)
+                # Our own retry's hand-over, or our queue-scope reservation: take it over atomically (a fresh owner
+                # token, like every attempt). A reservation marked sent by its client in between has a new owner
+                # token: take that over (a few times at most).
+                for _ in range(3):
+                    reserved = lock.held_by
+                    lock = self._new_lock(key, task_id, options)
+                    lock.replaces = reserved
+                    acquired = lock.acquire(blocking=False)
+                    record = lock.holder_record or {}
+                    if acquired or record.get("job") != task_id or record.get("state") not in (QUEUED, SENDING):
+                        break
                 facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
                 facts = dataclasses.replace(facts, took_over=True)
                 continue
@@ -832,7 +937,7 @@ class LockedTask(Task):  # type: ignore[misc]
             self._unavailable(run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
         elif act is Act.DEFER and decision.reason == "unknown holder":
             self._defer(run, decision.countdown, decision.reason, {_ATTEMPT_HEADER: facts.attempt + 1})
-        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "predecessor"):
+        elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "predecessor", "sending"):
             self._defer(run, decision.countdown, decision.reason, {})
         else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
             self._duplicate(run, decision, facts)
@@ -847,7 +952,7 @@ class LockedTask(Task):  # type: ignore[misc]
         other side), and REVOKED stored first would reach a waiter before it (the Redis backend publishes every
         state) or even overwrite it (the backend's read-then-set is not atomic). So when the backend holds no final
         state, this copy is re-sent once, SETTLE_GRACE s later, and only that second look stores REVOKED, if the
-        state is still not final then. True when this copy was re-sent (it has its outcome already).
+        state is still not final then. True when this copy has its outcome already (re-sent, or REVOKED stored).
         """
         request = self.request
         if request.is_eager or self.ignore_result or request.ignore_result:
@@ -858,15 +963,16 @@ class LockedTask(Task):  # type: ignore[misc]
             if not getattr(request, _SETTLE_HEADER, None):
                 self._defer(run, SETTLE_GRACE, "settling", {_SETTLE_HEADER: 1})
                 return True
-            self.backend.mark_as_revoked(
-                task_id,
+            reason = (
                 f"{self.name}[{task_id}] already succeeded (lock {run.key}), but the run that succeeded stored no "
-                "result: it was killed after the job finished",
-                request=None,
+                "result: it was killed after the job finished"
             )
+            self.backend.mark_as_revoked(task_id, reason, request=None)
         except Exception:  # no usable result backend: nobody can wait on it either
             logger.debug("cannot settle the state of %s", task_id, exc_info=True)
-        return False
+            return False
+        self._skip_quietly(run, Skipped(reason, run.key, task_id, "settled"))
+        return True
 
     def _new_lock(self, key: str, task_id: str, options: _Options) -> Redlock:
         settings = options.settings
@@ -1002,7 +1108,10 @@ class LockedTask(Task):  # type: ignore[misc]
         signals.lock_waiting.send(sender=self, key=run.key, task_id=request.id, countdown=countdown, reason=reason)
         said = f"re-sent to run in {countdown:.1f}s ({reason})" + (f": {detail}" if detail else "")
         logger.debug("Task %s[%s] %s: lock %s", self.name, request.id, said, run.key)
-        self._skip_quietly(run, Skipped(said, run.key, holder_id, "deferred"))
+        # A copy of a job that may have run already (a redelivery, a settling look) says nothing to monitors: its
+        # task id's state is its twin's (see _KIND_EVENT). A duplicate's job never ran: its acquire says DONE if so.
+        waiting = reason in ("redelivered", "settling") or (run.redelivered and reason != "duplicate")
+        self._skip_quietly(run, Skipped(said, run.key, holder_id, "waiting" if waiting else "deferred"))
 
     def _copy(self, headers: dict[str, Any], **options: Any) -> Any:
         """A signature re-sending this delivery (same task id and options) with our ``headers`` added.

@@ -16,6 +16,7 @@ from celery_singleton_lock.decision import (
     HANDOVER,
     QUEUED,
     RUNNING,
+    SENDING,
     SPLIT_RETRIES,
     Act,
     Decision,
@@ -25,7 +26,7 @@ from celery_singleton_lock.decision import (
 )
 
 ME, OTHER = "task-1", "task-2"
-STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, None)
+STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING, None)
 HOLDERS = (ME, OTHER, None)
 
 
@@ -97,8 +98,9 @@ def check(f: Facts, d: Decision) -> None:
         assert not (f.redelivered and f.retries == 0 and f.succeeded is None and not f.took_over)
     if act is Act.RUN_UNGUARDED:
         assert f.outcome == "unavailable" and f.on_unavailable == "run"
-    # Never skipped as its own duplicate, nor as the duplicate of a record that names no job.
-    if f.outcome == "held" and f.holder_job in (ME, None):
+    # Never skipped as its own duplicate, nor as the duplicate of a record that names no job, nor of a reservation
+    # whose message may never be sent.
+    if f.outcome == "held" and (f.holder_job in (ME, None) or f.holder_state == SENDING):
         assert act not in (Act.SKIP, Act.FAIL_DUPLICATE)
     # A split vote is retried or re-sent; no quorum follows the outage policy.
     if f.outcome == "split":
@@ -127,13 +129,13 @@ def check(f: Facts, d: Decision) -> None:
         remaining = f.holder_remaining or f.ttl
         if d.reason == "redelivered":
             assert d.countdown >= min(remaining, f.max_countdown or remaining)
-        if d.reason == "unknown holder":
+        if d.reason in ("unknown holder", "sending"):
             assert d.countdown <= f.interval + 0.25
         if d.reason == "duplicate":  # the fallback: when the holder's lease would end (its release wakes it sooner)
             assert d.countdown <= remaining + 0.25
             assert d.countdown >= min(remaining, f.max_countdown or remaining)
     # Duplicates follow the policy; chord members always wait.
-    if f.outcome == "held" and f.holder_job == OTHER:
+    if f.outcome == "held" and f.holder_job == OTHER and f.holder_state != SENDING:
         expected = "reschedule" if f.in_chord else f.on_duplicate
         acts = {"skip": Act.SKIP, "fail": Act.FAIL_DUPLICATE, "reschedule": Act.DEFER, "replace": Act.DEFER}
         assert acts[expected] is act
@@ -143,7 +145,7 @@ def check(f: Facts, d: Decision) -> None:
             assert decide(dataclasses.replace(f, succeeded=answer)).act is not Act.LOOK_UP
     if act is Act.TAKE_OVER:
         assert f.holder_job == ME
-        if f.holder_state == QUEUED:  # the queue-scope reservation of this message: taken by its first attempt
+        if f.holder_state in (QUEUED, SENDING):  # the queue-scope reservation of this message: its first attempt
             assert f.retries == 0
         else:  # only a later attempt takes a hand-over
             assert f.holder_state == HANDOVER
@@ -201,6 +203,8 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED, redelivered=True), Act.TAKE_OVER, ""),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED, took_over=True), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=OTHER, holder_state=QUEUED), Act.SKIP, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=SENDING), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=OTHER, holder_state=SENDING), Act.DEFER, "sending"),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING, succeeded=False), Act.DEFER, "redelivered"),
         (Facts("held", ME, holder_job=ME, holder_state=ENDING, succeeded=True), Act.DONE, "already succeeded"),
