@@ -1068,6 +1068,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 "; ".join(errors),
             )
         elif policy == "retry":
+            if self.request.is_eager:  # nothing can wait in eager mode: the caller is told at once
+                raise LockUnavailableError(run.key, node_errors=errors)
             logger.warning(
                 "Task %s[%s] waits %.1fs: no quorum for lock %s (attempt %d): %s",
                 self.name,
@@ -1090,12 +1092,10 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> None:
         """Re-send this delivery (same task id, same options) to run after ``countdown`` s; this one does not run."""
         request = self.request
-        if request.is_eager:
-            raise (
-                LockUnavailableError(run.key)
-                if reason == "unavailable"
-                else DuplicateTaskError(run.key, task_name=self.name, holder_task_id=request.id)
-            )
+        if request.is_eager:  # nothing can wait in eager mode: the caller is told at once
+            if reason == "unavailable":
+                raise LockUnavailableError(run.key)
+            raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
         if run.redelivered or reason == "redelivered":
             # Another copy of this message may exist (or will: the broker's own redelivery): the copy sent here
             # keeps saying so, so that when it runs it asks whether the job already succeeded, and its success

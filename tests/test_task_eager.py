@@ -97,3 +97,39 @@ def test_a_bad_cooldown_is_refused_at_registration(app: Celery) -> None:
     bad = type("Bad", (LockedTask,), {"name": "eager.bad", "lock_cooldown": -1, "run": lambda self: None})
     with pytest.raises(ConfigurationError, match=r"lock_cooldown of eager\.bad"):
         bad.bind(app)
+
+
+def test_eager_reschedule_names_the_real_holder(app: Celery, redis_node: RedisServer) -> None:
+    """Eager mode cannot wait: a rescheduled duplicate fails at once with DuplicateTaskError naming the holder (it
+    used to name itself)."""
+    from celery_singleton_lock import DuplicateTaskError, Redlock  # noqa: PLC0415
+
+    @app.task(base=LockedTask, lock_on_duplicate="reschedule", shared=False)
+    def job(n: int) -> int:
+        return n
+
+    holder = Redlock([redis_node.url], job.lock_key_for(1), ttl=30, job="HOLDER-ID", record={"state": "run"})
+    assert holder.acquire(blocking=False)
+    try:
+        with pytest.raises(DuplicateTaskError) as info:
+            job.apply(args=(1,), task_id="DUPLICATE-ID").get()
+        assert info.value.holder_task_id == "HOLDER-ID"
+    finally:
+        holder.release()
+
+
+def test_eager_no_quorum_names_the_nodes_and_waits_for_nothing(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    """Eager mode with no lock node answering: LockUnavailableError naming the node's error, and no "waits" line."""
+    from celery_singleton_lock import LockUnavailableError  # noqa: PLC0415
+    from celery_singleton_lock.testing import free_port  # noqa: PLC0415
+
+    app.conf.singleton_lock_urls = [f"redis://127.0.0.1:{free_port()}/0"]
+
+    @app.task(base=LockedTask, shared=False)
+    def job(n: int) -> int:
+        return n
+
+    with pytest.raises(LockUnavailableError) as info:
+        job.apply(args=(1,)).get()
+    assert info.value.node_errors
+    assert "waits" not in caplog.text
