@@ -471,9 +471,10 @@ class LockedTask(Task):  # type: ignore[misc]
     ``lock_key``
         a function taking the task's arguments and returning the key's distinguishing part (a string).
     ``lock_on_duplicate``
-        ``"skip"`` (REVOKED at once, naming the holder), ``"fail"`` (FAILURE with DuplicateTaskError) or
-        ``"reschedule"`` (run after the holder's lease). Chord members always reschedule: a skipped member would
-        fail the chord, and one that stored nothing would hang it.
+        ``"skip"`` (REVOKED at once, naming the holder), ``"fail"`` (FAILURE with DuplicateTaskError),
+        ``"reschedule"`` (wait in the key's line, woken by the holder's release; run after it) or ``"replace"``
+        (like reschedule, but a newer duplicate takes the waiting one's place: keep-latest). Chord members always
+        reschedule: a skipped member would fail the chord, and one that stored nothing would hang it.
     ``lock_on_unavailable``
         when no quorum of Redis nodes answers: ``"retry"`` with back-off (default: never unguarded, never
         dropped), ``"fail"`` (FAILURE with LockUnavailableError), or ``"run"`` unguarded with a warning.
