@@ -442,7 +442,8 @@ class LockedRequest(Request):  # type: ignore[misc]
                     if event == "task-retried":
                         fields = {"exception": reason, "traceback": "", **extra}
                     else:
-                        fields = {"terminated": False, "signum": None, "expired": False, **extra}
+                        # Flower shows only Celery's own task fields: the reason goes in "exception" too.
+                        fields = {"terminated": False, "signum": None, "expired": False, "exception": reason, **extra}
                     type_ = event
         super().send_event(type_, **fields)
 

@@ -27,7 +27,7 @@ def test_a_holder_whose_id_looks_like_a_marker_still_excludes_others(app: Celery
     job with the same arguments is skipped as its duplicate, never run beside it."""
     seen: list[Any] = []
 
-    @app.task(base=LockedTask, bind=True)
+    @app.task(shared=False, base=LockedTask, bind=True)
     def nightly(self: Any, n: int) -> str:
         if self.request.id == holder_id:
             seen.append(nightly.apply(args=(n,), task_id=f"other-{uuid.uuid4().hex[:6]}").get())
@@ -45,7 +45,7 @@ def test_a_task_id_that_looks_like_a_marker_is_an_ordinary_job(app: Celery, task
     succeeded, a copy of the same id stops as already succeeded and a new id runs."""
     runs: list[str] = []
 
-    @app.task(base=LockedTask, bind=True)
+    @app.task(shared=False, base=LockedTask, bind=True)
     def job(self: Any, n: int) -> str:
         runs.append(self.request.id)
         return self.request.id
@@ -64,7 +64,7 @@ def test_a_late_copy_of_a_finished_job_never_runs_it_again(app: Celery, redis_no
     starts several ttls later (a busy pool, a long countdown) still stops, as already succeeded."""
     runs: list[str] = []
 
-    @app.task(base=LockedTask, bind=True, lock_ttl=0.3, ignore_result=True)
+    @app.task(shared=False, base=LockedTask, bind=True, lock_ttl=0.3, ignore_result=True)
     def job(self: Any, n: int) -> None:
         runs.append(self.request.id)
 
@@ -85,7 +85,7 @@ def test_a_copy_waiting_for_its_twin_keeps_the_done_marker_for_the_whole_window(
     'waiting'; the twin's success then keeps the done marker for the documented window (longest wait we create,
     or the broker's visibility timeout, plus a margin), not the short default."""
 
-    @app.task(base=LockedTask, bind=True, lock_ttl=2)
+    @app.task(shared=False, base=LockedTask, bind=True, lock_ttl=2)
     def job(self: Any, n: int) -> None:
         with pytest.raises(DuplicateTaskError):  # eager: a copy that would be re-sent to wait raises instead
             job.apply(args=(n,), task_id=self.request.id, throw=True).get()
@@ -122,7 +122,7 @@ def test_the_enqueue_check_sends_a_call_with_its_own_task_id(app: Celery, redis_
     """With lock_enqueue_check, a call without a task id returns the running run's result; a call that names its own
     task id is sent as asked (its caller waits on that id, which another run's result would leave PENDING)."""
 
-    @app.task(base=LockedTask, lock_enqueue_check=True)
+    @app.task(shared=False, base=LockedTask, lock_enqueue_check=True)
     def charge(order: int) -> None: ...
 
     holder = Redlock(app.conf.singleton_lock_urls, charge.lock_key_for(7), ttl=10, job="running-1")
@@ -141,7 +141,7 @@ def test_lock_held_turns_false_from_the_local_deadline_without_renewal(app: Cele
 
     observed: list[bool] = []
 
-    @app.task(base=LockedTask, bind=True, lock_ttl=0.4)
+    @app.task(shared=False, base=LockedTask, bind=True, lock_ttl=0.4)
     def busy(self: Any) -> None:
         run = self._current()
         watchdog().unregister(run.lease)  # as if the watchdog never got to run
@@ -263,7 +263,7 @@ def test_a_task_id_with_a_lone_surrogate_runs(app: Celery) -> None:
     """A JSON message can carry a lone surrogate in its task id ('\\ud800'): the lock is taken and released as for
     any id (it used to fail the task with UnicodeEncodeError)."""
 
-    @app.task(base=LockedTask)
+    @app.task(shared=False, base=LockedTask)
     def job(n: int) -> int:
         return n
 
@@ -274,7 +274,7 @@ def test_a_hard_time_limit_ends_only_the_killed_run_s_lease(app: Celery, redis_n
     """After a hard time limit the main process takes over only a record the killed child wrote (its pid): another
     delivery of the same task id (a retry, a redelivered twin) that holds the lock by now keeps it."""
 
-    @app.task(base=LockedTask)
+    @app.task(shared=False, base=LockedTask)
     def job(n: int) -> None: ...
 
     key = job.lock_key_for(3)

@@ -313,7 +313,7 @@ def _app_module(tmp_path: Path, name: str, urls: list[str]) -> dict[str, str]:
         "from celery_singleton_lock import LockedTask\n"
         f"app = Celery({name!r}, broker='memory://')\n"
         f"app.conf.singleton_lock_urls = {urls!r}\n"
-        "@app.task(base=LockedTask)\n"
+        "@app.task(shared=False, base=LockedTask)\n"
         "def noop():\n"
         "    return None\n"
     )

@@ -21,7 +21,7 @@ def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celer
     while a different job with the same arguments runs at once (the marker is the task id's, not the lock's)."""
     runs: list[str] = []
 
-    @app.task(base=LockedTask, bind=True)
+    @app.task(shared=False, base=LockedTask, bind=True)
     def job(self: Any, n: int) -> int:
         runs.append(self.request.id)
         return n
@@ -44,7 +44,7 @@ def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celer
 def test_a_failed_run_deletes_its_lock(app: Celery, redis_node: RedisServer) -> None:
     """A run that raises leaves no marker: the key is gone, so even a copy of the same task id runs again."""
 
-    @app.task(base=LockedTask, bind=True)
+    @app.task(shared=False, base=LockedTask, bind=True)
     def boom(self: Any, n: int) -> None:
         raise RuntimeError("boom")
 
@@ -56,7 +56,7 @@ def test_a_failed_run_deletes_its_lock(app: Celery, redis_node: RedisServer) -> 
 def test_lock_key_binds_defaults_and_keywords(app: Celery) -> None:
     """f(1), f(1, 'current') and f(account_id=1) are one key; a different argument is another key."""
 
-    @app.task(base=LockedTask)
+    @app.task(shared=False, base=LockedTask)
     def report(account_id: int, month: str = "current") -> None: ...
 
     keys = {report.lock_key_for(1), report.lock_key_for(1, "current"), report.lock_key_for(account_id=1)}
@@ -69,7 +69,7 @@ def test_cooldown_keeps_a_finished_job_locked_then_frees_it(app: Celery, redis_n
     after the cooldown it runs again. A failure does not hold the lock."""
     runs: list[str] = []
 
-    @app.task(base=LockedTask, bind=True, lock_cooldown=0.6)
+    @app.task(shared=False, base=LockedTask, bind=True, lock_cooldown=0.6)
     def refresh(self: Any, n: int, fail: bool = False) -> int:
         runs.append(self.request.id)
         if fail:

@@ -26,7 +26,7 @@ app.conf.update(
 record = redis.Redis.from_url(os.environ["CSL_RECORD"])
 
 
-@app.task(base=LockedTask, bind=True)
+@app.task(shared=False, base=LockedTask, bind=True)
 def slow_tick(self: Any) -> None:
     """Takes 2.5 s: the next two ticks arrive while it runs and must be skipped."""
     start = time.time()

@@ -18,7 +18,7 @@ app = Celery("config_app", broker=os.environ["CSL_BROKER"])
 app.conf.update(broker_connection_retry_on_startup=False, **json.loads(os.environ.get("CSL_CONF", "{}")))
 
 
-@app.task(base=LockedTask, bind=True)
+@app.task(shared=False, base=LockedTask, bind=True)
 def noop(self: Any, key: str) -> str:
     """Return ``key``."""
     return key

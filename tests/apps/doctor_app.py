@@ -17,7 +17,7 @@ app = Celery("doctor_app", broker=os.environ["CSL_BROKER"])
 app.conf.update(json.loads(os.environ.get("CSL_CONF", "{}")))
 
 
-@app.task(base=LockedTask)
+@app.task(shared=False, base=LockedTask)
 def job(account_id: int) -> int:
     """Return ``account_id``."""
     return account_id

@@ -59,7 +59,7 @@ def _run(task: Any, key: str, duration: float) -> None:
     record.rpush("runs", json.dumps([key, task.request.id, os.getpid(), start, time.time()]))
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
 def work(self: Any, key: str, duration: float = 0.0, fail: bool = False) -> str:
     """Hold ``key`` for ``duration`` seconds, record the run, optionally fail."""
     _run(self, key, duration)
@@ -68,7 +68,7 @@ def work(self: Any, key: str, duration: float = 0.0, fail: bool = False) -> str:
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_ttl=0.6, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, lock_ttl=0.6, lock_unique_on=["key"])
 def long_work(self: Any, key: str, duration: float) -> list[bool]:
     """Run 10x past a short ttl, checking the lock at every step."""
     held = []
@@ -82,7 +82,7 @@ def long_work(self: Any, key: str, duration: float) -> list[bool]:
     return [all(held), self.fencing_token is not None]
 
 
-@app.task(base=LockedTask, bind=True, max_retries=3, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, max_retries=3, lock_unique_on=["key"])
 def flaky(self: Any, key: str, failures: int, countdown: float) -> int:
     """Retry ``failures`` times with ``countdown``, then succeed."""
     _run(self, key, 0.1)
@@ -91,7 +91,7 @@ def flaky(self: Any, key: str, failures: int, countdown: float) -> int:
     return self.request.retries
 
 
-@app.task(base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_unique_on=["key"])
 def overrun(self: Any, key: str, duration: float, ignore_soft: bool = False) -> None:
     """Run past the time limits (soft: SoftTimeLimitExceeded unless swallowed; hard: the child is killed)."""
     from celery.exceptions import SoftTimeLimitExceeded  # noqa: PLC0415
@@ -104,35 +104,35 @@ def overrun(self: Any, key: str, duration: float, ignore_soft: bool = False) -> 
         _run(self, key, duration)
 
 
-@app.task(base=LockedTask, bind=True)
+@app.task(shared=False, base=LockedTask, bind=True)
 def echo(self: Any, account_id: int, month: str = "current") -> int:
     """Defaults and keyword calls map to one key."""
     _run(self, f"echo:{account_id}:{month}", 0.5)
     return account_id
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_unavailable="fail")
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_unavailable="fail")
 def work_or_fail(self: Any, key: str, duration: float = 0.0) -> str:
     """Like ``work``, but FAILURE (LockUnavailableError) when no quorum of lock nodes answers."""
     _run(self, key, duration)
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_unavailable="run")
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_unavailable="run")
 def work_unguarded(self: Any, key: str, duration: float = 0.0) -> str:
     """Like ``work``, but runs unguarded (with a warning) when no quorum of lock nodes answers."""
     _run(self, key, duration)
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
 def work_later(self: Any, key: str, duration: float = 0.0) -> str:
     """Like ``work``, but a duplicate is rescheduled to run after the holder instead of skipped."""
     _run(self, key, duration)
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
 def watch_lock(self: Any, key: str, duration: float) -> dict[str, Any]:
     """Poll ``self.lock_held()`` for up to ``duration`` s; report when it turned False and what check_lock said."""
     record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
@@ -152,7 +152,9 @@ def watch_lock(self: Any, key: str, duration: float) -> dict[str, Any]:
     return {"lost_at": lost_at, "error": error}
 
 
-@app.task(base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_ttl=6.15, lock_unique_on=["key"])
+@app.task(
+    shared=False, base=LockedTask, bind=True, soft_time_limit=1.0, time_limit=2.0, lock_ttl=6.15, lock_unique_on=["key"]
+)
 def stubborn(self: Any, key: str, duration: float) -> None:
     """Ignore SIGTERM and the soft time limit: only the hard time limit's SIGKILL ends this run.
 
@@ -173,7 +175,7 @@ def stubborn(self: Any, key: str, duration: float) -> None:
             continue
 
 
-@app.task
+@app.task(shared=False)
 def collect(results: list[Any]) -> list[Any]:
     """A chord callback: return the header's results."""
     return results
@@ -189,21 +191,21 @@ class Opaque:
 register_type(Opaque, "csl_opaque", lambda o: o.value, Opaque)
 
 
-@app.task(base=LockedTask, bind=True)
+@app.task(shared=False, base=LockedTask, bind=True)
 def take_opaque(self: Any, key: str, thing: Opaque) -> str:
     """Keyed on every argument, an Opaque one included."""
     _run(self, key, 0.0)
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_enqueue_check=True)
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_enqueue_check=True)
 def enq_work(self: Any, key: str, duration: float = 0.0) -> str:
     """Like work, but a call sent while its job runs returns the running job's result handle."""
     _run(self, key, duration)
     return key
 
 
-@app.task(base=LockedTask, bind=True, max_retries=0, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, max_retries=0, lock_unique_on=["key"])
 def give_up(self: Any, key: str) -> str:
     """The common body that retries and gives up at once (max_retries=0): it ends in SUCCESS, "gave up"."""
     _run(self, key, 0.05)
@@ -213,7 +215,7 @@ def give_up(self: Any, key: str) -> str:
         return "gave up"
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"])
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
 def no_throw(self: Any, key: str, rest: float) -> int:
     """retry(throw=False) on the first attempt, then go on for ``rest`` seconds: the retry must not run meanwhile."""
     if self.request.retries == 0:
@@ -224,7 +226,7 @@ def no_throw(self: Any, key: str, rest: float) -> int:
     return self.request.retries
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=None)
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=None)
 def poll_no_throw(self: Any, key: str, until: int, rest: float) -> int:
     """Poll with retry(throw=False): every attempt but the last sends its retry and goes on for ``rest`` s."""
     _run(self, key, 0.01)
@@ -248,7 +250,7 @@ class _Section:
         record.rpush("runs", json.dumps([self.key, self.task.request.id, os.getpid(), self.start, time.time()]))
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=1)
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=1)
 def retry_in_section(self: Any, key: str) -> int:
     """raise self.retry() inside a with-block whose exit takes 0.5 s: the retry must not enter before it ends."""
     with _Section(self, key):
@@ -257,7 +259,7 @@ def retry_in_section(self: Any, key: str) -> int:
     return self.request.retries
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=1)
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], max_retries=1)
 def header_probe(self: Any, key: str) -> list[Any]:
     """Retry once; the retry reports which of our lock headers it inherited."""
     if self.request.retries == 0:
@@ -265,7 +267,7 @@ def header_probe(self: Any, key: str) -> list[Any]:
     return [self.request.get("singleton_lock_attempt"), self.request.get("singleton_lock_waited")]
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
 def deaths_seen(self: Any, key: str, duration: float) -> int:
     """Like ``work_later``; returns how many dead-letterings RabbitMQ recorded in this delivery's x-death header."""
     _run(self, key, duration)
@@ -273,21 +275,23 @@ def deaths_seen(self: Any, key: str, duration: float) -> int:
     return sum(int(d.get("count", 1)) for d in deaths)
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
 def q_work(self: Any, key: str, duration: float = 0.0, note: Any = None) -> str:
     """Queue scope: reserved at delay() until it runs."""
     _run(self, key, duration)
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_on_duplicate="fail")
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_on_duplicate="fail"
+)
 def q_fail(self: Any, key: str, duration: float = 0.0) -> str:
     """Queue scope; a duplicate delay() raises DuplicateTaskError."""
     _run(self, key, duration)
     return key
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", max_retries=3)
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", max_retries=3)
 def q_flaky(self: Any, key: str, failures: int, countdown: float) -> int:
     """Queue scope; retry ``failures`` times with ``countdown``, then succeed."""
     _run(self, key, 0.1)
@@ -296,14 +300,14 @@ def q_flaky(self: Any, key: str, failures: int, countdown: float) -> int:
     return self.request.retries
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_cooldown=4.0)
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_cooldown=4.0)
 def q_charge(self: Any, key: str) -> str:
     """Queue scope with a cooldown: a second click within 4 s of the charge gets the charge's result."""
     _run(self, key, 0.3)
     return f"charged {key} as {self.request.id}"
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="replace")
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="replace")
 def latest(self: Any, key: str, value: str, duration: float = 0.0) -> str:
     """Keep-latest: while one runs, the newest waiting call replaces the one before it."""
     _run(self, key, duration)

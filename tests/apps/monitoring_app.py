@@ -9,7 +9,7 @@ from locked_app import _run, app, work  # noqa: F401 - the worker imports every 
 from celery_singleton_lock import LockedTask
 
 
-@app.task(base=LockedTask, bind=True, lock_unique_on=["key"], resultrepr_maxsize=64)  # type: ignore[untyped-decorator]
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], resultrepr_maxsize=64)  # type: ignore[untyped-decorator]
 def terse(self: Any, key: str, duration: float = 0.0) -> str:
     """Like locked_app.work, keeping 64 characters of a return value's repr (Celery's Task.resultrepr_maxsize)."""
     _run(self, key, duration)
