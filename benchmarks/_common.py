@@ -46,8 +46,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def code_identity() -> dict[str, str]:
-    """The commit, and a hash of the package's sources as they are on disk (they may differ from the commit)."""
-    package = os.path.join(ROOT, "celery_singleton_lock")
+    """The commit, and a hash of the package's sources as they are on disk (they may differ from the commit).
+
+    Of the package this process imports: this checkout's, or another's put first on ``PYTHONPATH`` (a worktree).
+    """
+    import celery_singleton_lock  # noqa: PLC0415 - the package's location, not this file's
+
+    package = os.path.dirname(os.path.abspath(celery_singleton_lock.__file__))
+    root = os.path.dirname(package)
     digest = hashlib.sha256()
     for name in sorted(os.listdir(package)):
         if name.endswith(".py"):
@@ -55,10 +61,10 @@ def code_identity() -> dict[str, str]:
                 digest.update(name.encode() + b"\0" + f.read())
     try:
         head = subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=False
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", ROOT, "status", "--porcelain", "--", "celery_singleton_lock"],
+            ["git", "-C", root, "status", "--porcelain", "--", "celery_singleton_lock"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -70,6 +76,7 @@ def code_identity() -> dict[str, str]:
         "git_head": head or "unknown",
         "package_modified": str(bool(dirty)),
         "package_sha256": digest.hexdigest()[:12],
+        "package_path": package,
     }
 
 

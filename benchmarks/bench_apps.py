@@ -10,6 +10,10 @@ Configured from the environment (the benchmark writes it):
 ``BENCH_N``            throughput mode: the number of tasks this worker will run (0: no probe)
 ``BENCH_RUN``          a label the report is stored under (``bench:done:<run>``)
 ``BENCH_PROFILE``      optional path: cProfile the worker between its 1st and N-th task and dump the stats there
+                       (block mode: each path's blocks after the first cycle, to ``<path>.<name of the path>.pstats``)
+``BENCH_BLOCK``        block mode (``bench_skip.py``), instead of N: messages per block; ``BENCH_BLOCKS`` the blocks'
+                       paths in queue order (``plain``, ``floor``, ``executed``, ``skip``), ``BENCH_HELD_ARG`` the
+                       skip's argument, ``BENCH_HELD_KEY`` its lock key (the floor's refused acquire goes there)
 
 The probe (throughput mode) is one ``task_postrun`` receiver, connected for every contender alike: it counts
 finished tasks in a local int; at the 1st and at the N-th it reads the wall clock and the CPU time (utime+stime from
@@ -24,11 +28,12 @@ import cProfile
 import json
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from celery import Celery, signals
 
+import celery_singleton_lock
 from celery_singleton_lock import LockedTask
 
 try:  # the peers are only needed by bench_task.py (the `bench` extra); profile_task.py runs without them
@@ -78,6 +83,26 @@ if QueueOnce is not None and Singleton is not None:
         """No-op, celery-singleton ``Singleton``."""
 
 
+_floor: list[Any] = []  # per process (a pool child connects after the fork): the connection and the script's sha
+
+
+@app.task(name="bench.floor")
+def floor(i: int) -> None:
+    """Plain ``celery.Task`` whose body does ONE refused acquire: ``_floors``' hash acquire (EVALSHA, low-level
+    redis-py, a persistent connection) on the key ``BENCH_HELD_KEY`` another job holds, on the first lock node. The
+    floor of a skipped duplicate: a no-op plus the one round trip a skip needs (``bench_skip.py``)."""
+    if not _floor:
+        import _floors  # noqa: PLC0415 - benchmarks/_floors.py, on the workers' PYTHONPATH
+
+        port = int(LOCK_URLS[0].rsplit(":", 1)[1].split("/")[0])
+        conn = _floors.connect(port)
+        _floor.extend([conn, _floors.load([conn], _floors.HASH_ACQUIRE), os.environ["BENCH_HELD_KEY"]])
+    conn, sha, key = _floor
+    conn.send_command("EVALSHA", sha, 1, key, os.urandom(16).hex(), 60_000)
+    if not isinstance(conn.read_response(), list):
+        raise RuntimeError(f"{key} was not held by another job's record")
+
+
 @app.task(name="bench.plain_stored", ignore_result=False)
 def plain_stored(i: int) -> None:
     """No-op, plain ``celery.Task``, result stored: the storm's reference (a skip stores REVOKED)."""
@@ -112,6 +137,7 @@ class _Probe:
     def __init__(self) -> None:
         self.count = 0
         self.not_none = 0  # a return value other than None: a LockedTask Skipped marker, i.e. not a real run
+        self.sample: str | None = None  # the first such return value's repr (what the skip was)
         self.first: tuple[float, float] | None = None
         self.profiler: cProfile.Profile | None = None
 
@@ -119,6 +145,8 @@ class _Probe:
         self.count += 1
         if retval is not None:
             self.not_none += 1
+            if self.sample is None:
+                self.sample = repr(retval)[:300]
         if self.count == 1:
             cpu = sum(_cpu_seconds(p) for p in _worker_pids())
             self.first = (time.perf_counter(), cpu)
@@ -137,7 +165,9 @@ class _Probe:
                 "seconds": end - self.first[0],
                 "cpu_seconds": cpu - self.first[1],
                 "not_none": self.not_none,
+                "sample": self.sample,
                 "pids": _worker_pids(),
+                "package": celery_singleton_lock.__file__,  # which checkout the worker imported
             }
             record.set(f"bench:done:{RUN}", json.dumps(report))
 
@@ -148,5 +178,91 @@ def _ready(**_: Any) -> None:
     record.set(f"bench:ready:{RUN}:{os.getpgid(0)}", "1")
 
 
-if N > 0:
+# -- the block probe (bench_skip.py) ----------------------------------------------------------------------------------
+
+BLOCK = int(os.environ.get("BENCH_BLOCK", "0"))
+BLOCKS = [b for b in os.environ.get("BENCH_BLOCKS", "").split(",") if b]
+HELD_ARG = int(os.environ.get("BENCH_HELD_ARG", "-7"))
+
+
+def _thread_cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` in ns (``/proc/<pid>/task/*/schedstat``: exact, not clock ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):  # a thread that just ended
+            continue
+    return total
+
+
+class _BlockProbe:
+    """One worker, a queue of blocks of ``BENCH_BLOCK`` messages, each block one path (``BENCH_BLOCKS`` says which:
+    ``plain``, ``executed``, ``skip``): at the end of every block, the CPU time of the pool child and of the main
+    process (ns, every thread) and the wall clock; at the end of the last, the report. Each task is checked to
+    belong to its block's path (the skip path's argument is ``BENCH_HELD_ARG``, and a skip returns a marker)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.leader = os.getpgid(0)
+        self.marks: list[tuple[float, int, int]] = []
+        self.wrong: list[str] = []
+        self.sample: str | None = None
+        self.profiler: cProfile.Profile | None = None
+
+    def _mark(self) -> None:
+        self.marks.append((time.perf_counter(), _thread_cpu_ns(os.getpid()), _thread_cpu_ns(self.leader)))
+
+    def __call__(self, sender: Any = None, args: Any = None, retval: Any = None, **_: Any) -> None:
+        index = self.count // BLOCK
+        self.count += 1
+        expected = BLOCKS[index] if index < len(BLOCKS) else "?"
+        if sender is not None and sender.name in ("bench.plain", "bench.floor"):
+            path = sender.name.split(".")[1]
+        else:
+            path = "skip" if args and args[0] == HELD_ARG else "executed"
+        if (path == "skip") != (retval is not None) or path != expected:
+            self.wrong.append(f"task {self.count} ({path}, block of {expected}) returned {retval!r}"[:300])
+        if retval is not None and self.sample is None:
+            self.sample = repr(retval)[:300]
+        if self.count == 1:  # the first block is measured from its first task's end: the warm-up cycle anyway
+            self._mark()
+        if self.count % BLOCK:
+            return
+        if self.profiler is not None:
+            self.profiler.disable()
+        self._mark()
+        nxt = index + 1
+        if PROFILE and nxt < len(BLOCKS) and nxt >= len(set(BLOCKS)):  # a block after the warm-up cycle
+            # CPU time, not wall time: the child waits on its pipe and on Redis, and that is not cost
+            self.profiler = self.profilers.setdefault(BLOCKS[nxt], cProfile.Profile(time.process_time))
+            self.profiler.enable()
+        else:
+            self.profiler = None
+        if nxt < len(BLOCKS):
+            return
+        for path, profiler in self.profilers.items():
+            profiler.dump_stats(f"{PROFILE}.{path}.pstats")
+        blocks = [
+            {"path": BLOCKS[i], "seconds": b[0] - a[0], "child_ns": b[1] - a[1], "main_ns": b[2] - a[2]}
+            for i, (a, b) in enumerate(zip(self.marks, self.marks[1:], strict=False))
+        ]
+        report = {
+            "block": BLOCK,
+            "blocks": blocks,
+            "wrong": self.wrong[:20],
+            "wrong_count": len(self.wrong),
+            "sample": self.sample,
+            "pids": [os.getpid(), self.leader],
+            "package": celery_singleton_lock.__file__,  # which checkout the worker imported
+        }
+        record.set(f"bench:done:{RUN}", json.dumps(report))
+
+    profilers: ClassVar[dict[str, cProfile.Profile]] = {}
+
+
+if BLOCK > 0:
+    signals.task_postrun.connect(_BlockProbe(), weak=False)
+elif N > 0:
     signals.task_postrun.connect(_Probe(), weak=False)

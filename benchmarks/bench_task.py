@@ -154,14 +154,28 @@ def group_cpu(pgids: list[int]) -> float:
 class Worker:
     """``celery worker`` on bench_apps in a session of its own (its pid is the process group id)."""
 
-    def __init__(self, name: str, env: dict[str, str], queue: str, pool: str, concurrency: int, log: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        queue: str,
+        pool: str,
+        concurrency: int,
+        log: str,
+        loglevel: str = "WARNING",
+        events: bool = False,
+    ) -> None:
         self.env = {**os.environ, **env}
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, ROOT, self.env.get("PYTHONPATH", "")]))
+        # A PYTHONPATH given to the benchmark comes before this checkout: the workers then import the package from
+        # there (another checkout's, e.g. a `git worktree` of an older commit), as the benchmark itself does.
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, self.env.get("PYTHONPATH", ""), ROOT]))
         self.argv = [
             sys.executable, "-m", "celery", "-A", "bench_apps", "worker",
-            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", "WARNING",
+            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h", "-l", loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
+        if events:
+            self.argv.append("-E")  # task events, as Flower users run workers
         self.log_path = log
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -35,6 +35,7 @@ package) of the executed and skip paths; with ``--callgrind`` valgrind's instruc
     python benchmarks/profile_task.py --nodes 3                     # LockedTask and the floors on 3 nodes
     python benchmarks/profile_task.py --cprofile --pieces
     python benchmarks/profile_task.py --callgrind --reps 10         # + ~20-60 s under valgrind
+    python benchmarks/profile_task.py --log-info                    # with a worker's INFO line per task
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def measure(fn: Callable[[int], Any], calls: int) -> Sample:
 class Bench:
     """Everything the paths need, built once: the app, the tracers, the held key, the floors."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], log_info: bool = False) -> None:
         url = urls[0]
         base = url.rsplit("/", 1)[0]
         os.environ.update(
@@ -132,6 +133,11 @@ class Bench:
         apps = importlib.import_module("bench_apps")
         self.app = app = apps.app
         app.finalize()
+        if log_info:
+            # As a worker run with -l INFO: Celery's handler and format on a stream (a worker's stderr), here
+            # /dev/null. Before the tracers are built (a tracer reads whether INFO is enabled when it is built).
+            self.log_stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the app
+            app.log.setup(loglevel="INFO", logfile=self.log_stream)
         self.plain, self.locked = plain, locked = apps.plain, apps.locked
         self.trace_plain = build_tracer(plain.name, plain, app=app, hostname="profile@localhost")
         self.trace_locked = build_tracer(locked.name, locked, app=app, hostname="profile@localhost")
@@ -313,6 +319,64 @@ class Bench:
         def p_decide(i: int) -> None:
             decide(locked._facts(failed, False, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", False, options))
 
+        # What the tracer does with a skip's outcome in a worker: its repr (sent to the main process as the result),
+        # and its INFO line (rewritten by the package's log filter, where it has one). With --log-info only, the
+        # line is formatted and written (else the logger is not enabled for INFO, as in a -l WARNING worker).
+        from celery.app import trace  # noqa: PLC0415
+        from celery.utils.saferepr import saferepr  # noqa: PLC0415
+
+        from celery_singleton_lock import task as task_module  # noqa: PLC0415
+
+        tid = "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11"
+        holder = f"holder-{uuid.uuid4()}"
+        skipped = task_module.Skipped(
+            f"duplicate of {locked.name} skipped: lock {held_key} held by task {holder}", held_key, holder
+        )
+        skipped_repr = saferepr(skipped, 1024)
+
+        def success_line(value: str) -> None:
+            trace.logger.info(
+                trace.LOG_SUCCESS,
+                {
+                    "id": tid,
+                    "name": locked.name,
+                    "return_value": value,
+                    "runtime": 0.0012,
+                    "args": "(-7,)",
+                    "kwargs": "{}",
+                },
+            )
+
+        def p_line_plain(i: int) -> None:
+            success_line("None")
+
+        def p_line_skip(i: int) -> None:
+            success_line(skipped_repr)
+
+        def p_repr(i: int) -> None:
+            saferepr(
+                task_module.Skipped(
+                    f"duplicate of {locked.name} skipped: lock {held_key} held by task {holder}", held_key, holder
+                ),
+                1024,
+            )
+
+        def p_duplicate_line(i: int) -> None:  # before d2ab1d1: LockedTask's own INFO line per skip
+            task_module.logger.info(
+                "Task %s[%s] is a duplicate: lock %s %s (%s)",
+                locked.name,
+                tid,
+                held_key,
+                f"held by task {holder}",
+                "skip",
+            )
+
+        parse = getattr(task_module, "parse_skipped", None)
+
+        def p_parse(i: int) -> None:  # the main process's LockedRequest.send_event, since d2ab1d1
+            if parse is not None:
+                parse(skipped_repr)
+
         return {
             "lock_key_for (signature bind + canonical encoding + hash)": p_key,
             "LockedTask._new_lock (Redlock + holder record fields)": p_new_lock,
@@ -325,6 +389,11 @@ class Bench:
             "2 x _count (watchdog mutex + Counter)": p_count,
             "skip: _new_lock + refused acquire (1 EVALSHA + record parse)": p_failed_acquire,
             "skip: _facts + decide": p_decide,
+            "skip: saferepr(Skipped(...)) (the tracer's result repr)": p_repr,
+            "tracer INFO line, plain result (--log-info)": p_line_plain,
+            "tracer INFO line, Skipped result (+ the filter since d2ab1d1; --log-info)": p_line_skip,
+            "LockedTask's own 'is a duplicate' INFO line (before d2ab1d1; --log-info)": p_duplicate_line,
+            "main process: parse_skipped(repr) (LockedRequest.send_event, since d2ab1d1)": p_parse,
         }
 
     def close(self) -> None:
@@ -600,6 +669,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1, help="lock nodes for LockedTask and the floors (default 1)")
     parser.add_argument("--pin", choices=_common.PIN_MODES, default="split", help=_common.PIN_HELP)
     parser.add_argument("--pieces", action="store_true", help="also time the hot path's pieces one by one")
+    parser.add_argument(
+        "--log-info", action="store_true", help="log as a worker at -l INFO does (the tracer's line per task, into "
+        "/dev/null through Celery's handler and format)"
+    )  # fmt: skip
     parser.add_argument("--cprofile", action="store_true", help="cProfile the executed and skip paths")
     parser.add_argument("--top", type=int, default=15, help="functions shown per profile (default 15)")
     parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind (slow)")
@@ -620,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         env["placement"] = {"pin": args.pin, **_common.placement(servers)}
         print(f"# placement: {json.dumps(env['placement'])}", file=sys.stderr)
         urls = [s.url for s in servers]
-        bench = Bench(urls)
+        bench = Bench(urls, log_info=args.log_info)
         print(f"# skip path outcome: {bench.check_skip()!r}", file=sys.stderr)
         whole = bench.paths()
         pieces = bench.pieces() if args.pieces else {}
