@@ -28,6 +28,7 @@ import hashlib
 import inspect
 import os
 import random
+import re
 import secrets
 import threading
 import time as mod_time
@@ -875,7 +876,17 @@ class NodeSet:
 
     def error(self, index: int, exc: BaseException) -> NodeError:
         """A redacted description of node ``index``'s failure (redis-py's messages carry no password)."""
-        return NodeError(self.names[index], f"{type(exc).__name__}: {exc}")
+        text = str(exc)
+        if type(exc).__name__ == "MasterNotFoundError":
+            # redis-py puts its whole Sentinel client's repr in this message (redacted, but ~600 characters that
+            # bury the reason): keep the service and the reason.
+            text = _CLIENT_REPR.sub("<sentinel>", text)
+            if "AuthenticationError" in text:
+                text += " (check sentinel_username/sentinel_password: the Sentinels refused them)"
+        return NodeError(self.names[index], f"{type(exc).__name__}: {text}")
+
+
+_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(.*\)>", re.DOTALL)
 
 
 class _Spread:

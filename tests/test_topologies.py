@@ -504,7 +504,8 @@ def test_tls_cluster_and_tls_sentinel(certs: TLSFiles, tls_redis: str) -> None:
 #: docs/nodes.md's minimum command set, as an ACL rule (kept in step with the docs by test_acl_rule_is_documented).
 ACL_COMMANDS = (
     "+evalsha +eval +exists +type +get +set +incr +del +pexpire +pttl +time "
-    "+hget +hmget +hset +hdel +hgetall +hexists +hlen +hincrby +scan"
+    "+hget +hmget +hset +hdel +hgetall +hexists +hlen +hincrby +scan "
+    "+zadd +zrem +zrange +zpopmin"
 )
 
 
