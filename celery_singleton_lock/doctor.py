@@ -75,6 +75,8 @@ CODES: Final[dict[str, str]] = {
     "node-duplicate": "no server is listed twice (same run_id under two URLs)",
     "cluster-url": "a node in cluster mode is listed as a whole cluster (redis+cluster://), not as one server",
     "cluster-hash-tag": "on a Redis Cluster, what the prefix's hash tag (if any) does to where the locks live",
+    "cluster-full-coverage": "on a Redis Cluster, cluster-require-full-coverage is no (one failed master does not "
+    "stop every lock)",
     "visibility-timeout": "each LockedTask's lock_ttl is within the broker's visibility timeout",
     "acks-late": "acks_late comes with task_reject_on_worker_lost (or retry_on_worker_lost)",
     "quorum-direct-exchange": "with quorum queues, no queue uses a direct exchange",
@@ -166,6 +168,14 @@ def gather_node(client: Any, node: str, *, clock: Callable[[], float] = time.tim
             else:
                 text = value.decode() if isinstance(value, bytes) else str(value)
                 info[name] = (1 if text == "yes" else 0) if name == "aof_enabled" else text
+        if str(info.get("cluster_enabled", "0")) == "1":
+            try:
+                values = cast(Mapping[str, Any], client.config_get("cluster-require-full-coverage"))
+                value = values.get("cluster-require-full-coverage")
+                if value is not None:
+                    info["cluster_require_full_coverage"] = value.decode() if isinstance(value, bytes) else str(value)
+            except ResponseError as exc:
+                unread["cluster-require-full-coverage"] = _why(exc)
         try:
             before = clock()
             seconds, micros = client.time()
@@ -528,6 +538,27 @@ def cluster_findings(prefix: str, cluster_nodes: Sequence[str]) -> list[Finding]
     return out
 
 
+def full_coverage_finding(node: str, value: str | None) -> Finding | None:
+    """Warning when a cluster node stops serving every slot once one master fails (Redis's default).
+
+    >>> [f.level if f else f for f in (full_coverage_finding("c", v) for v in ("yes", "no", None))]
+    ['warning', 'ok', None]
+    """
+    if value is None:
+        return None
+    if value == "no":
+        return Finding("ok", "cluster-full-coverage", node, "cluster-require-full-coverage no")
+    return Finding(
+        "warning",
+        "cluster-full-coverage",
+        node,
+        "cluster-require-full-coverage yes: once the cluster marks one failed master FAIL, every master answers "
+        "CLUSTERDOWN, so every lock on the cluster goes undecided and is lost within a renewal interval, not only "
+        "the failed master's",
+        "CONFIG SET cluster-require-full-coverage no on every master (and in redis.conf)",
+    )
+
+
 def _int_or_none(value: Any) -> int | str | None:
     return value if value is None or isinstance(value, int) else str(value)
 
@@ -589,6 +620,9 @@ def node_findings(
         persist = persistence_finding(f.node, _int_or_none(info.get("aof_enabled")))
         if persist is not None:
             out.append(persist)
+        coverage = full_coverage_finding(f.node, _str_or_none(info.get("cluster_require_full_coverage")))
+        if coverage is not None:
+            out.append(coverage)
         if f.clock is not None:
             before, server, after = f.clock
             out.append(clock_finding(f.node, before=before, server=server, after=after, max_drift=max_clock_drift))

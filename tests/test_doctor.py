@@ -321,6 +321,10 @@ def test_a_cluster_node_listed_as_one_server() -> None:
         assert codes(findings, "error") == {("cluster-url", node.name)}
         (error,) = [f for f in findings if f.code == "cluster-url"]
         assert f"redis+cluster://127.0.0.1:{node.port}" in (error.fix or "")
+        # Redis's default cluster-require-full-coverage yes: one failed master stops every lock (docs/nodes.md).
+        assert ("cluster-full-coverage", node.name) in codes(findings, "warning")
+        node.client().config_set("cluster-require-full-coverage", "no")
+        assert ("cluster-full-coverage", node.name) in codes(run_doctor(app_for([node.url()])), "ok")
 
 
 def test_a_replica_is_an_error(good: list[Server]) -> None:
