@@ -103,8 +103,11 @@ _SETTLE_HEADER = "singleton_lock_settle"
 # A rescheduled duplicate's copies: the fallback re-send ("parked") and the copy a releasing holder wakes ("woken").
 _PARKED_HEADER = "singleton_lock_parked"
 _WOKEN_HEADER = "singleton_lock_woken"
+_SINCE_HEADER = "singleton_lock_since"  # when a waiting call first reached a worker (ms): "replace" keeps the newest
 # A retry is a new attempt: it inherits none of these (see LockedTask.retry).
-_OWN_HEADERS = frozenset({_ATTEMPT_HEADER, _REDELIVERY_HEADER, _SETTLE_HEADER, _PARKED_HEADER, _WOKEN_HEADER})
+_OWN_HEADERS = frozenset(
+    {_ATTEMPT_HEADER, _REDELIVERY_HEADER, _SETTLE_HEADER, _PARKED_HEADER, _WOKEN_HEADER, _SINCE_HEADER}
+)
 #: How long a key's waiting line outlives its last change, at least (each park refreshes it).
 WAITERS_TTL = 600.0
 # Pop the oldest waiter of a key: its task id leaves the line, and its message is returned (nil when none waits).
@@ -115,20 +118,24 @@ local message = redis.call('HGET', KEYS[2], popped[1])
 redis.call('HDEL', KEYS[2], popped[1])
 return message
 """
-# Park a job under lock_on_duplicate="replace": every other waiting job of the key leaves the line, marked superseded
-# by this one (ARGV[5] .. their id = this id), and their ids are returned. A woken copy (ARGV[6]) that finds a newer
-# job already waiting is the one superseded instead: {'self', the waiting id}.
-# KEYS[1] line, KEYS[2] messages; ARGV: id, score (ms), message, expiry (ms), supersession key prefix, woken flag.
+# Park a job under lock_on_duplicate="replace", by the time its call first reached a worker (ARGV[2]): a job waiting
+# in line that arrived later wins, and this one is marked superseded by the newest ({'self', its id}); otherwise
+# every other waiting job (all older) leaves the line, marked superseded by this one (ARGV[5] .. their id = this id),
+# and their ids are returned. KEYS[1] line, KEYS[2] messages; ARGV: id, arrival (ms), message, expiry (ms),
+# supersession key prefix.
 # The supersession keys share the line's hash tag, so every key lives in one Cluster slot.
 _PARK_REPLACING = """
-local others = redis.call('ZRANGE', KEYS[1], 0, -1)
+local newer = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES')
+for i = 1, #newer, 2 do
+  if newer[i] ~= ARGV[1] then
+    local newest = redis.call('ZRANGE', KEYS[1], -1, -1)[1]
+    redis.call('SET', ARGV[5] .. ARGV[1], newest, 'PX', ARGV[4])
+    return {'self', newest}
+  end
+end
 local replaced = {}
-for _, id in ipairs(others) do
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if id ~= ARGV[1] then
-    if ARGV[6] == '1' then
-      redis.call('SET', ARGV[5] .. ARGV[1], id, 'PX', ARGV[4])
-      return {'self', id}
-    end
     replaced[#replaced + 1] = id
   end
 end
@@ -348,6 +355,12 @@ def _free_revoked_reservation(sender: Any = None, request: Any = None, **_: Any)
         task._free_reservation(request.id, key)  # noqa: SLF001
     except Exception:  # the reservation still ends with its lease
         logger.warning("could not free the reservation of %s[%s]", task.name, request.id, exc_info=True)
+
+
+def _since(request: Any) -> int:
+    """When this call first reached a worker (ms), carried by its re-sent copies; now for a first delivery."""
+    since = getattr(request, _SINCE_HEADER, None)
+    return int(since) if isinstance(since, int | str) and str(since).isdigit() else int(time.time() * 1000)
 
 
 def _text(value: Any) -> str:
@@ -803,7 +816,7 @@ class LockedTask(Task):  # type: ignore[misc]
         key = self.lock_key_for(*args, **kwargs)
         run = _Run(key)
         request._singleton_lock = run  # noqa: SLF001 - Celery's Context is our per-delivery state holder
-        if options.on_duplicate == "replace" and getattr(request, _PARKED_HEADER, None):
+        if options.on_duplicate == "replace" and getattr(request, _SINCE_HEADER, None):
             # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
             newer = self._superseded_by(key, task_id, options)
             if newer is not None:
@@ -1039,6 +1052,7 @@ class LockedTask(Task):  # type: ignore[misc]
             # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
             # lease must have ended (a live holder's renewals keep it ~ttl away).
             headers = {_PARKED_HEADER: 1, _REDELIVERY_HEADER: 1} if run.parked else {}
+            headers[_SINCE_HEADER] = _since(request)
             self._defer(run, decision.countdown, "duplicate", headers, f"lock {run.key} {held}", holder_id)
             return
         reason = f"duplicate of {self.name} skipped: lock {run.key} {held}"
@@ -1139,25 +1153,32 @@ class LockedTask(Task):  # type: ignore[misc]
         makes waiting faster. The holder's release wakes the oldest waiter at once; without the line (the node is
         down, the message cannot be encoded) every waiter still has its fallback copy. False when not parked.
         """
+        request = self.request
+        if request.is_eager or (self.serializer or self.app.conf.task_serializer) != "json":
+            # Eager: nothing waits. Another serializer: the line stores JSON, which would change the arguments (int
+            # dict keys, tuples): such a waiter has its fallback copy only.
+            return False
+        replace = options.on_duplicate == "replace"
+        if replace and request.chord:
+            return False  # a chord member must run: never in a line where a newer call could replace it
         try:
-            woken = dict(self._copy({_PARKED_HEADER: 1, _WOKEN_HEADER: 1, _REDELIVERY_HEADER: 1}))
+            since = _since(request)
+            woken = dict(self._copy({_PARKED_HEADER: 1, _WOKEN_HEADER: 1, _REDELIVERY_HEADER: 1, _SINCE_HEADER: since}))
             message = kombu_json.dumps(woken)  # type: ignore[no-untyped-call]
             client, line, messages = self._waiters(run.key, options)
             expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
-            now_ms = int(time.time() * 1000)
-            if options.on_duplicate == "replace" and not self.request.chord:
-                woken_copy = "1" if getattr(self.request, _WOKEN_HEADER, None) else ""
+            now_ms = since
+            if replace:
                 answer = client.eval(
                     _PARK_REPLACING,
                     2,
                     line,
                     messages,
                     task_id,
-                    now_ms,
+                    since,
                     message,
                     expire_ms,
                     sibling_key(run.key, ":superseded:"),
-                    woken_copy,
                 )
                 self._superseded(run, task_id, [_text(x) for x in answer or ()])
                 return True
@@ -1175,8 +1196,8 @@ class LockedTask(Task):  # type: ignore[misc]
     def _superseded(self, run: _Run, task_id: str, answer: list[str]) -> None:
         """Tell the callers of the jobs a "replace" park took out of the line (``answer``: see _PARK_REPLACING)."""
         if answer[:1] == ["self"]:
-            # This woken copy is older than the job now waiting: that one wins. This copy's job is marked superseded
-            # (its fallback copy stops on it), and stops here.
+            # A newer call waits in line: that one wins. This call's job is marked superseded (its other copy stops
+            # on it), and stops here.
             run.superseded_by = answer[1]
             return
         for replaced in answer:

@@ -24,7 +24,7 @@ from celery_singleton_lock.testing import RedisServer, redis_servers, wait_for
 DOCUMENTED_ACL = (
     "+evalsha +eval +exists +type +get +set +incr +del +pexpire +pttl +time "
     "+hget +hmget +hset +hdel +hgetall +hexists +hlen +hincrby +scan "
-    "+zadd +zrem +zrange +zpopmin"
+    "+zadd +zrem +zrange +zrangebyscore +zpopmin"
 )
 
 

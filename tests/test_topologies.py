@@ -505,7 +505,7 @@ def test_tls_cluster_and_tls_sentinel(certs: TLSFiles, tls_redis: str) -> None:
 ACL_COMMANDS = (
     "+evalsha +eval +exists +type +get +set +incr +del +pexpire +pttl +time "
     "+hget +hmget +hset +hdel +hgetall +hexists +hlen +hincrby +scan "
-    "+zadd +zrem +zrange +zpopmin"
+    "+zadd +zrem +zrange +zrangebyscore +zpopmin"
 )
 
 
