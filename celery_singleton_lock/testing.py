@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -36,6 +37,7 @@ from .faults import Acquisition, FaultInjector, FaultProxy, History, check_histo
 __all__ = [
     "Acquisition",
     "CeleryWorker",
+    "EventLog",
     "FaultInjector",
     "FaultProxy",
     "History",
@@ -573,3 +575,73 @@ def assert_no_locks_left(app: Any, *, timeout: float = 0.0) -> None:
         for info in left
     )
     raise AssertionError(f"{len(left)} lock(s) left under {settings.prefix!r}: {shown}")
+
+
+class EventLog:
+    """Every Celery event on ``app``'s broker, captured in a thread (what Flower and ``celery events`` are sent).
+
+    ``with EventLog(app) as events:`` (or :meth:`start` / :meth:`stop`) starts a receiver and returns once it
+    consumes, so no event sent afterwards is missed. Workers must send events (``-E``).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.events: list[dict[str, Any]] = []
+        self.ready = threading.Event()
+        self.receiver: Any = None
+        self.thread = threading.Thread(target=self._capture, name="event-log", daemon=True)
+
+    def _capture(self) -> None:
+        outer = self
+
+        class Receiver(self.app.events.Receiver):  # type: ignore[misc, name-defined]
+            def on_consume_ready(self, *args: Any, **kwargs: Any) -> None:
+                super().on_consume_ready(*args, **kwargs)
+                outer.ready.set()
+
+        with self.app.connection_for_read() as conn:
+            self.receiver = Receiver(conn, handlers={"*": self.events.append}, app=self.app)
+            self.receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def start(self, timeout: float = 20.0) -> EventLog:
+        self.thread.start()
+        if not self.ready.wait(timeout):
+            raise RuntimeError(f"the event receiver did not start within {timeout:g} s")
+        return self
+
+    def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.should_stop = True
+        self.thread.join(10)
+
+    def __enter__(self) -> EventLog:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def of(self, task_id: str) -> list[dict[str, Any]]:
+        """The events of one task id, in arrival order."""
+        return [e for e in list(self.events) if e.get("uuid") == task_id]
+
+    def types(self, task_id: str) -> list[str]:
+        return [str(e["type"]) for e in self.of(task_id)]
+
+    def wait(self, task_id: str, type_: str, timeout: float = 20.0) -> dict[str, Any]:
+        """The first ``type_`` event of ``task_id``, waiting up to ``timeout`` s for it (AssertionError if none)."""
+
+        def found() -> list[dict[str, Any]]:
+            return [e for e in self.of(task_id) if e["type"] == type_]
+
+        if not wait_for(lambda: bool(found()), timeout, 0.05):
+            raise AssertionError(f"no {type_} for {task_id} within {timeout:g} s: {self.types(task_id)}")
+        return found()[0]
+
+    def state(self) -> Any:
+        """What Flower would show: Celery's own event-state machine (``celery.events.state.State``) fed every event."""
+        from celery.events.state import State  # noqa: PLC0415
+
+        state = State()
+        for event in list(self.events):
+            state.event(dict(event))
+        return state

@@ -15,77 +15,25 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 import rabbitmq
-from celery.events.state import State
 from celery.exceptions import TaskRevokedError
 from worker_cluster import APPS, Cluster, cluster, new_key, overlapping, polling
 
-from celery_singleton_lock.testing import CeleryWorker, RedisServer
+from celery_singleton_lock.testing import CeleryWorker, EventLog, RedisServer
 
 pytestmark = pytest.mark.slow
 
 TTL = 5.0
 
 
-class Events:
-    """Celery events captured from the broker in a thread, for the length of a module."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.events: list[dict[str, Any]] = []
-        self.ready = threading.Event()
-        self.receiver: Any = None
-        self.thread = threading.Thread(target=self._capture, daemon=True)
-
-    def _capture(self) -> None:
-        events = self
-
-        class Receiver(self.app.events.Receiver):  # type: ignore[misc, name-defined]
-            def on_consume_ready(self, *args: Any, **kwargs: Any) -> None:
-                super().on_consume_ready(*args, **kwargs)
-                events.ready.set()
-
-        with self.app.connection_for_read() as conn:
-            self.receiver = Receiver(conn, handlers={"*": self.events.append}, app=self.app)
-            self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def start(self) -> Events:
-        self.thread.start()
-        assert self.ready.wait(20), "the event receiver did not start"
-        return self
-
-    def stop(self) -> None:
-        if self.receiver is not None:
-            self.receiver.should_stop = True
-        self.thread.join(10)
-
-    def of(self, task_id: str) -> list[dict[str, Any]]:
-        return [e for e in list(self.events) if e.get("uuid") == task_id]
-
-    def types(self, task_id: str) -> list[str]:
-        return [e["type"] for e in self.of(task_id)]
-
-    def wait(self, task_id: str, type_: str, timeout: float = 20) -> dict[str, Any]:
-        for _ in polling(timeout):
-            found = [e for e in self.of(task_id) if e["type"] == type_]
-            if found:
-                return found[0]
-        raise AssertionError(f"no {type_} for {task_id} within {timeout} s: {self.types(task_id)}")
-
-    def state(self) -> State:
-        """What Flower would show: Celery's own event-state machine fed with every captured event."""
-        state = State()
-        for event in list(self.events):
-            state.event(dict(event))
-        return state
+#: The event capture these tests (and test_monitoring) use.
+Events = EventLog
 
 
 @pytest.fixture(scope="module", params=["classic", "quorum"])

@@ -51,6 +51,7 @@ ROOT = TOOLS.parent
 if str(ROOT) not in sys.path:  # run from a checkout: python tools/flower_screenshot.py
     sys.path.insert(1, str(ROOT))
 
+from celery_singleton_lock import testing  # noqa: E402
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port, wait_for  # noqa: E402
 
 APP = "tools.flower_app"
@@ -339,38 +340,8 @@ def problems(scenario: Scenario, tasks: dict[str, dict[str, Any]]) -> list[str]:
 # -- events (--events) ----------------------------------------------------------------------------------------------
 
 
-class EventLog:
-    """Every Celery event on the broker, captured in a thread by a receiver of our own (what Flower is sent)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.events: list[dict[str, Any]] = []
-        self.ready = threading.Event()
-        self.receiver: Any = None
-        self.thread = threading.Thread(target=self._capture, daemon=True)
-
-    def _capture(self) -> None:
-        outer = self
-
-        class Receiver(self.app.events.Receiver):  # type: ignore[misc, name-defined]
-            def on_consume_ready(self, *args: Any, **kwargs: Any) -> None:
-                super().on_consume_ready(*args, **kwargs)
-                outer.ready.set()
-
-        with self.app.connection_for_read() as conn:
-            self.receiver = Receiver(conn, handlers={"*": self.events.append}, app=self.app)
-            self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def __enter__(self) -> EventLog:
-        self.thread.start()
-        if not self.ready.wait(20):
-            raise RuntimeError("the event receiver did not start within 20 s")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.receiver is not None:
-            self.receiver.should_stop = True
-        self.thread.join(10)
+class EventLog(testing.EventLog):
+    """Every Celery event on the broker (celery_singleton_lock.testing.EventLog), and a dump of the scenario's."""
 
     def dump(self, scenario: Scenario) -> str:
         names = {scenario.job: "job (and its done copy)", scenario.restock: "restock", scenario.refund: "refund"}
