@@ -52,98 +52,133 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
 
-__all__ = ["NodeSet", "Redlock", "done_key_for", "fence_key_for", "record_of", "redact_url", "sibling_key"]
+__all__ = ["NodeSet", "Redlock", "done_key_for", "fence_key_for", "record_of", "redact_url", "sibling_key", "slot_keys"]
 
 ACQUIRE_SCRIPT = """
--- KEYS[1] - lock key: a hash, the holder record (owner, fence, and the fields of ARGV[6..])
+-- KEYS[1] - lock key: a hash, the holder record (owner, fence, and the fields of ARGV[7..]); slot 0 of a limit
 -- KEYS[2] - fencing counter key (never expires)
--- KEYS[3] - optional: the done marker of this job (present when a run of the job finished, see FINISH_SCRIPT)
+-- KEYS[3..n+1] - the other slots of a lock with a limit of n (ARGV[6]): each one holder record, like KEYS[1]
+-- KEYS[n+2] - optional: the done marker of this job (present when a run of the job finished, see FINISH_SCRIPT)
 -- ARGV[1] - owner token, fresh for every attempt
 -- ARGV[2] - lease in milliseconds
 -- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
 -- ARGV[4] - the owner token of a record we may take over (handed over to us, see TRANSFER_SCRIPT), or ''
 -- ARGV[5] - this job's id, or '': a refusal by a holder of the same job marks that record 'waiting' (unless the
 --           record is 'open': handed over for this job to take over, so the refused attempt is the job's own)
--- ARGV[6..] - field, value pairs of our holder record
--- returns {ACQUIRED, fencing token (0 without fencing)} when the lease is ours (new, or taken over);
+-- ARGV[6] - n, the number of slots (the limit; 1 for a plain lock)
+-- ARGV[7..] - field, value pairs of our holder record
+-- A slot is taken in this order: the one holding our token or the token we may take over; else, when a slot is
+-- held by this same job, none (refused by that holder: a job never holds two slots); else the first free one.
+-- returns {ACQUIRED, fencing token (0 without fencing), slot index (0-based)} when the lease is ours (new, or
+--          taken over);
 --         {HELD, the holder's owner, job, state, try and worker fields, each as '<length>:<value>' ('' for a key
 --          that is not a record), remaining ms}: one bulk string, not the whole record (a refusal is a duplicate's
---          hot path, and parsing a reply costs per element);
---         {DONE} when KEYS[3] exists: this job already finished (nothing is changed)
+--          hot path, and parsing a reply costs per element); with a limit, the holder of this job's slot or else of
+--          the lowest busy slot;
+--         {DONE} when the done marker exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
-if #KEYS > 2 and redis.call('EXISTS', KEYS[3]) == 1 then
+local n = tonumber(ARGV[6])
+if #KEYS > n + 1 and redis.call('EXISTS', KEYS[n + 2]) == 1 then
   return {2}
 end
+-- A refusal's reply: the brief (owner, job, state, try, worker) of the record under k, or '' for a foreign key.
+local function refusal(k, brief)
+  if not brief then
+    return {0, '', redis.call('PTTL', k)}
+  end
+  local out = {}
+  for i = 1, 5 do
+    local v = brief[i] or ''
+    out[i] = #v .. ':' .. v
+  end
+  return {0, table.concat(out), redis.call('PTTL', k)}
+end
+local key, slot, owner, busy, busy_brief = nil, 0, nil, nil, nil
+for s = 1, n do
+  local k = KEYS[s == 1 and 1 or s + 1]
+  if redis.call('EXISTS', k) == 0 then
+    if not key then
+      key, slot = k, s - 1
+    end
+  elseif redis.call('TYPE', k).ok ~= 'hash' then
+    busy = busy or k
+  else
+    local brief = redis.call('HMGET', k, 'owner', 'job', 'state', 'try', 'worker', 'open')
+    if brief[1] == ARGV[1] or (ARGV[4] ~= '' and brief[1] == ARGV[4]) then
+      key, slot, owner = k, s - 1, brief[1]
+      break
+    end
+    if ARGV[5] ~= '' and brief[2] == ARGV[5] then
+      if brief[6] ~= '1' then
+        redis.call('HSET', k, 'waiting', '1')
+      end
+      return refusal(k, brief)
+    end
+    if not busy then
+      busy, busy_brief = k, brief
+    end
+  end
+end
+if not key then
+  return refusal(busy, busy_brief)
+end
 local waiting, prev = false, false
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
-    return {0, '', redis.call('PTTL', KEYS[1])}
-  end
-  local owner = redis.call('HGET', KEYS[1], 'owner')
-  if owner ~= ARGV[1] and (ARGV[4] == '' or owner ~= ARGV[4]) then
-    local brief = redis.call('HMGET', KEYS[1], 'owner', 'job', 'state', 'try', 'worker', 'open')
-    if ARGV[5] ~= '' and brief[2] == ARGV[5] and brief[6] ~= '1' then
-      redis.call('HSET', KEYS[1], 'waiting', '1')
-    end
-    local out = {}
-    for i = 1, 5 do
-      local v = brief[i] or ''
-      out[i] = #v .. ':' .. v
-    end
-    return {0, table.concat(out), redis.call('PTTL', KEYS[1])}
-  end
+if owner then
   if owner ~= ARGV[1] then
     local now = redis.call('TIME')
-    local all, fields = redis.call('HGETALL', KEYS[1]), {}
+    local all, fields = redis.call('HGETALL', key), {}
     for i = 1, #all, 2 do
       if all[i] ~= '_prev' then  -- one level: an undo restores only the record it replaced
         fields[#fields + 1] = all[i]
         fields[#fields + 1] = all[i + 1]
       end
     end
-    local expires = now[1] * 1000 + math.floor(now[2] / 1000) + redis.call('PTTL', KEYS[1])
+    local expires = now[1] * 1000 + math.floor(now[2] / 1000) + redis.call('PTTL', key)
     prev = cjson.encode({fields, expires})
   end
   -- taken over: a copy of the job known to wait for it still waits for us
-  waiting = redis.call('HGET', KEYS[1], 'waiting')
-  redis.call('DEL', KEYS[1])
+  waiting = redis.call('HGET', key, 'waiting')
+  redis.call('DEL', key)
 end
 local fence = 0
 if ARGV[3] == '1' then
   fence = redis.call('INCR', KEYS[2])
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, unpack(ARGV, 6))
+redis.call('HSET', key, 'owner', ARGV[1], 'fence', fence, unpack(ARGV, 7))
 if waiting then
-  redis.call('HSET', KEYS[1], 'waiting', waiting)
+  redis.call('HSET', key, 'waiting', waiting)
 end
 if prev then
-  redis.call('HSET', KEYS[1], '_prev', prev)
+  redis.call('HSET', key, '_prev', prev)
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, fence}
+redis.call('PEXPIRE', key, ARGV[2])
+return {1, fence, slot}
 """
 
 UNDO_SCRIPT = """
--- KEYS[1] - lock key (holder record)
+-- KEYS - lock keys (holder records): the slots of the lock (one for a plain lock)
 -- ARGV[1] - owner token of a failed attempt
--- returns 1 when the record was that attempt's: it is deleted, and a record the attempt had taken over is put
---   back (with its own expiry, if it has not passed); 0 when it was not (left alone)
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
-  return 0
-end
-local prev = redis.call('HGET', KEYS[1], '_prev')
-redis.call('DEL', KEYS[1])
-if prev then
-  local p = cjson.decode(prev)
-  local now = redis.call('TIME')
-  local left = p[2] - (now[1] * 1000 + math.floor(now[2] / 1000))
-  if left > 0 and #p[1] > 0 then
-    redis.call('HSET', KEYS[1], unpack(p[1]))
-    redis.call('PEXPIRE', KEYS[1], left)
+-- returns 1 when a record was that attempt's: it is deleted, and a record the attempt had taken over is put back
+--   (with its own expiry, if it has not passed); 0 when none was (all left alone)
+local undone = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('HGET', key, 'owner') == ARGV[1] then
+    local prev = redis.call('HGET', key, '_prev')
+    redis.call('DEL', key)
+    if prev then
+      local p = cjson.decode(prev)
+      local now = redis.call('TIME')
+      local left = p[2] - (now[1] * 1000 + math.floor(now[2] / 1000))
+      if left > 0 and #p[1] > 0 then
+        redis.call('HSET', key, unpack(p[1]))
+        redis.call('PEXPIRE', key, left)
+      end
+    end
+    undone = 1
   end
 end
-return 1
+return undone
 """
 
 REFILL_SCRIPT = """
@@ -275,6 +310,24 @@ return {record, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2])
 
 EXTENDED, REPAIRED, LOST = 1, 2, 0
 ACQUIRED, HELD, DONE = 1, 0, 2
+
+
+def slot_keys(name: str, limit: int) -> tuple[str, ...]:
+    """The keys of a lock with ``limit`` slots: ``name`` itself, then ``name:slot:<i>`` in ``name``'s Cluster slot.
+
+    The slot keys start with ``name`` (so a SCAN of the prefix finds them). A name with a hash tag keeps it; one
+    without gets a tag of the same Cluster slot at the end (``name:slot:1{<n>}``, see :func:`fence_key_in_slot`).
+    """
+    if limit <= 1:
+        return (name,)
+    start = name.find("{")
+    end = name.find("}", start + 1) if start != -1 else -1
+    if end > start + 1:
+        return (name, *(f"{name}:slot:{i}" for i in range(1, limit)))
+    if "{" in name:  # a brace that is no tag: the sibling form, tag in front
+        return (name, *(sibling_key(name, f":slot:{i}") for i in range(1, limit)))
+    tag = f"{{{_slot_twin(_key_slot(name))}}}"
+    return (name, *(f"{name}:slot:{i}{tag}" for i in range(1, limit)))
 
 
 def fence_key_for(key: str) -> str:
@@ -1050,6 +1103,7 @@ class _Lease:
     deadline: float  # monotonic; the lock is ours until then under Redlock's assumptions
     renewable: bool = True  # False once handed over (transfer): the marker is never extended
     fields: tuple[str, ...] = ()  # the record's fields (field, value, ...) besides owner and fence, for a refill
+    key: str = ""  # the key the record lives under: the name, or with a limit the slot taken
 
 
 class Redlock:
@@ -1086,6 +1140,14 @@ class Redlock:
     :func:`fence_key_in_slot`; ``fence_key`` then names that key).
     ``fencing=False`` skips the fencing counter (no extra key that outlives the lock; ``fencing_token`` is 0):
     right for many short-lived one-off names, such as one key per scheduled run.
+
+    ``limit=N`` lets up to N holders hold the name at once (a counting semaphore on the same quorum): N slots, each
+    a holder record of its own (``slot_keys(name, N)``), all tried in one script call per node. An acquire takes
+    the first free slot, unless this ``job`` holds one already (it is then refused by itself, as with a plain
+    lock: one job never holds two slots). ``key`` and ``slot`` say which slot the lease is on; renewal, release,
+    hand-over and loss work per slot exactly as for a plain lock, and the fencing counter is the name's (shared by
+    its slots). A refusal names one holder: this job's, or the lowest busy slot's. ``limit=1`` is the plain lock.
+    Nodes that disagree on which slot is free (one restarted empty) settle on the slot a quorum granted, or retry.
     """
 
     DRIFT_FACTOR: ClassVar[float] = 0.01
@@ -1105,6 +1167,7 @@ class Redlock:
         job: str | None = None,
         fencing: bool = True,
         fence_key: str | None = None,
+        limit: int = 1,
         socket_timeout: float = 0.5,
         clock: Callable[[], float] = mod_time.monotonic,
         sleep: Callable[[float], None] = mod_time.sleep,
@@ -1115,6 +1178,8 @@ class Redlock:
             raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
         if timeout is not None and timeout < 0:
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
         if record is not None and {"owner", "fence", "waiting"} & set(record):
             raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
@@ -1129,9 +1194,14 @@ class Redlock:
         if job is not None:
             fields["job"] = job
         self._fields: tuple[str, ...] = tuple(x for kv in fields.items() for x in kv)
+        self.limit = limit
+        self._slots = slot_keys(name, limit)
         self._keys: tuple[str, ...] = (
-            (name, self.fence_key) if job is None else (name, self.fence_key, done_key_for(name, job))
+            (name, self.fence_key, *self._slots[1:])
+            if job is None
+            else (name, self.fence_key, *self._slots[1:], done_key_for(name, job))
         )
+        self._limit_arg = str(limit)
         self._fencing = "1" if fencing else "0"
         self._clock = clock
         self._sleep = sleep
@@ -1161,6 +1231,16 @@ class Redlock:
 
     def __repr__(self) -> str:
         return f"Redlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
+
+    @property
+    def key(self) -> str:
+        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
+        return self._lease.key if self._lease else self._slots[0]
+
+    @property
+    def slot(self) -> int:
+        """The slot (0-based) of the current (or last) lease: always 0 without a limit."""
+        return self._slots.index(self.key)
 
     @property
     def token(self) -> str | None:
@@ -1220,10 +1300,11 @@ class Redlock:
         answers = nodes.run(
             _ACQUIRE,
             self._keys,
-            (token, ttl_ms, self._fencing, self.replaces or "", self.job or "", *self._fields),
-            undo_on_timeout=(_UNDO, (self.name,), (token,)),
+            (token, ttl_ms, self._fencing, self.replaces or "", self.job or "", self._limit_arg, *self._fields),
+            undo_on_timeout=(_UNDO, self._slots, (token,)),
         )
         fences: dict[int, int] = {}
+        slots: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
         errors: list[NodeError] = []
         done = False
@@ -1232,18 +1313,30 @@ class Redlock:
                 errors.append(nodes.error(i, answer))
             elif answer[0] == ACQUIRED:
                 fences[i] = int(answer[1])
+                slots[i] = int(answer[2])
             elif answer[0] == DONE:
                 done = True
             else:
                 record = _brief(answer[1])
                 holders.append((record.get("owner", ""), int(answer[2]), record))
-        if len(fences) >= nodes.quorum and not done:
+        key = self._slots[0]
+        granted = fences
+        if self.limit > 1 and fences:
+            # Nodes may grant different slots (one restarted empty): the lease is on the slot most nodes granted.
+            best, _ = Counter(slots.values()).most_common(1)[0]
+            key = self._slots[best]
+            granted = {i: f for i, f in fences.items() if slots[i] == best}
+        if len(granted) >= nodes.quorum and not done:
+            if len(granted) < len(fences):
+                others = [i for i in fences if i not in granted]
+                nodes.run(_UNDO, self._slots, (token,), others)
+                fences = granted
             fence = max(fences.values())
             behind = [i for i, f in fences.items() if f < fence]
             confirmed = len(fences) - len(behind)
             if behind and confirmed < nodes.quorum:
                 # run() answers by node index (None for nodes not asked), not by position in ``behind``.
-                fenced = nodes.run(_FENCE, (self.name, self.fence_key), (token, fence), behind)
+                fenced = nodes.run(_FENCE, (key, self.fence_key), (token, fence), behind)
                 for i in behind:
                     answer = fenced[i]
                     if answer == 1:
@@ -1253,7 +1346,7 @@ class Redlock:
             # Under Redlock's assumptions the lease is ours until start + ttl - drift on our clock.
             deadline = start + self.ttl - self._drift()
             if confirmed >= nodes.quorum and deadline > self._clock():
-                self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields)
+                self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key)
                 self._fence = fence
                 self._reset_failure()
                 return True
@@ -1261,7 +1354,7 @@ class Redlock:
         # delivery must still find). A node that timed out got the undo already, on the same connection (see
         # NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
         if fences:
-            nodes.run(_UNDO, (self.name,), (token,), fences)
+            nodes.run(_UNDO, self._slots, (token,), fences)
         self._reset_failure()
         self.node_errors = tuple(errors)
         self.done = done
@@ -1277,6 +1370,12 @@ class Redlock:
             self.holder_record = _merged(r for h, _, r in holders if h == holder)
         self.contended = count >= nodes.quorum
         self.split = refused and not self.contended
+        if self.limit > 1:
+            # Every slot busy on enough nodes to deny the quorum: the limit is reached, whoever the holders are
+            # (each node names its lowest busy slot, which nodes need not agree on). Slots granted on some nodes,
+            # with every node answering, yet no slot on a quorum: contenders split the free slots; try again.
+            self.contended = refused
+            self.split = not refused and not errors and bool(fences)
         return False
 
     def extend(self) -> bool:
@@ -1329,7 +1428,7 @@ class Redlock:
             lock = locks[i]
             lease = lock._lease
             assert lease is not None
-            keys += (lock.name, lock.fence_key)
+            keys += (lease.key, lock.fence_key)
             args += (lease.token, lease.ttl_ms, lease.fence)
         clock = locks[0]._clock
         start = clock()
@@ -1343,7 +1442,7 @@ class Redlock:
             if repaired and lease.fields:
                 # A node that lost the key (restarted) now holds owner and fence only: give it the whole record
                 # back, or a reader there (a redelivery, the CLI) could not tell whose job holds it.
-                nodes.run(_REFILL, (lock.name,), (lease.token, *lease.fields), repaired)
+                nodes.run(_REFILL, (lease.key,), (lease.token, *lease.fields), repaired)
             votes = sum(1 for a in answers if not isinstance(a, BaseException) and a[n] == EXTENDED)
             # A node that answered LOST (someone else holds it) or REPAIRED (it had lost our key) no longer holds
             # our lease; one that did not answer may still hold it.
@@ -1361,7 +1460,7 @@ class Redlock:
             if any(not isinstance(a, BaseException) and a[n] != LOST for a in answers):
                 # Lost, yet some nodes still (or again, by repair) hold our token: take it back off them, or a
                 # key nobody owns would block the name for a whole ttl (e.g. after `celery locks release`).
-                nodes.run(_RELEASE, (lock.name,), (lease.token,))
+                nodes.run(_RELEASE, (lease.key,), (lease.token,))
         return out
 
     def release(self) -> bool:
@@ -1371,7 +1470,7 @@ class Redlock:
             if lease is None:
                 return False
             self._lease = None
-            answers = self.nodes.run(_RELEASE, (self.name,), (lease.token,))
+            answers = self.nodes.run(_RELEASE, (lease.key,), (lease.token,))
         freed = sum(1 for a in answers if a == 1)
         return freed >= self.nodes.quorum and lease.deadline > self._clock()
 
@@ -1391,7 +1490,7 @@ class Redlock:
             token = lease.token if lease is not None else ""
             answers = self.nodes.run(
                 _FINISH,
-                (self.name, done_key_for(self.name, self.job)),
+                (lease.key if lease is not None else self.name, done_key_for(self.name, self.job)),
                 (
                     token,
                     max(1, int(done_for * 1000)),
@@ -1419,7 +1518,7 @@ class Redlock:
             start = self._clock()
             token = self._new_token()
             changes = [x for kv in (record or {}).items() for x in kv]
-            answers = self.nodes.run(_TRANSFER, (self.name,), (lease.token, token, int(ttl * 1000), *changes))
+            answers = self.nodes.run(_TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
             current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
             moved = sum(1 for a in answers if a == 1)
             held = moved >= self.nodes.quorum and lease.deadline > self._clock()
@@ -1432,6 +1531,7 @@ class Redlock:
                     start + ttl - self._drift(),
                     renewable=renewable,
                     fields=tuple(x for kv in current.items() for x in kv),
+                    key=lease.key,
                 )
                 if held
                 else None
@@ -1443,19 +1543,31 @@ class Redlock:
         lease = self._lease
         if lease is None or lease.deadline <= self._clock():
             return False
-        answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
+        answers = self.nodes.run(_STATUS, (lease.key, self.fence_key), ())
         mine = sum(
             1 for a in answers if not isinstance(a, BaseException) and record_of(a[0]).get("owner") == lease.token
         )
         return mine >= self.nodes.quorum
 
     def locked(self) -> bool:
-        """True when a quorum of nodes holds the key (by anyone)."""
-        return self.holder() is not None
+        """True when a quorum of nodes holds the key (by anyone); with a limit, when every slot is held."""
+        if self.limit == 1:
+            return self.holder() is not None
+        return len(self.holders()) == self.limit
 
     def holder(self) -> dict[str, str] | None:
-        """The holder record a quorum of nodes holds right now (same owner), or None (free, split, few answers)."""
-        answers = self.nodes.run(_STATUS, (self.name, self.fence_key), ())
+        """The holder record a quorum of nodes holds right now (same owner), or None (free, split, few answers).
+
+        With a limit: the record of the slot this instance holds (or last held), else of slot 0; see ``holders``.
+        """
+        return self._holder_of(self.key)
+
+    def holders(self) -> list[dict[str, str]]:
+        """The holder record of each slot a quorum of nodes holds right now (one entry at most without a limit)."""
+        return [r for r in (self._holder_of(k) for k in self._slots) if r is not None]
+
+    def _holder_of(self, key: str) -> dict[str, str] | None:
+        answers = self.nodes.run(_STATUS, (key, self.fence_key), ())
         records = [record_of(a[0]) for a in answers if not isinstance(a, BaseException) and a[0]]
         owners = Counter(r.get("owner", "") for r in records)
         if not owners:

@@ -382,6 +382,14 @@ class _StartError(ConfigurationError, click.ClickException):  # type: ignore[mis
         click.ClickException.__init__(self, message)
 
 
+def _check_limit(name: str, limit: int, on_duplicate: str) -> None:
+    if limit > 1 and on_duplicate == "replace":
+        raise ConfigurationError(
+            f"lock_limit of {name} cannot be used with lock_on_duplicate='replace' (keep-latest means one run of a "
+            "key): use 'reschedule', 'skip' or 'fail'"
+        )
+
+
 class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep: validate ``singleton_lock_*`` at worker start, so bad settings stop the worker at once."""
 
@@ -390,6 +398,9 @@ class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         try:
             settings = settings_for(parent.app)
+            for task in list(parent.app.tasks.values()):
+                if isinstance(task, LockedTask):  # options that only the settings make invalid
+                    _check_limit(task.name, task.lock_limit, task.lock_on_duplicate or settings.on_duplicate)
         except ConfigurationError as exc:
             message = f"celery_singleton_lock: {exc}"
             if getattr(parent, "logfile", None):
@@ -513,6 +524,13 @@ class LockedTask(Task):  # type: ignore[misc]
         600 s). Too short, and a backlog longer than that lets a second copy be published (the worker's run-time
         check still never runs two at once); too long, and a message lost by the broker blocks the job for that
         long (``revoke_queued`` frees it at once).
+    ``lock_limit``
+        at most this many runs of one key at once (default 1: never two at once). ``lock_limit=4`` with a key of
+        the tenant (``lock_unique_on=["tenant_id"]``) runs up to 4 jobs per tenant at a time; a run that finds all
+        4 slots held follows ``lock_on_duplicate`` (``"reschedule"``: it waits in line for a free slot). Each run
+        holds one slot with everything a plain lock gives (renewal, loss detection, fencing token, release; a dead
+        holder's slot frees within ttl), on the same quorum. A redelivered or retried job never takes a second
+        slot. Run scope only, and not with ``"replace"`` or ``lock_enqueue_check`` (both mean "one of this job").
 
     Inside the body, ``self.lock_held()`` (no I/O) says whether the lock is still ours, ``self.check_lock()``
     raises :class:`LockLostError` if not, and ``self.fencing_token`` is this run's fencing token.
@@ -527,6 +545,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_cooldown: ClassVar[float] = 0.0
     lock_scope: ClassVar[str] = "run"
     lock_queue_ttl: ClassVar[float] = DEFAULT_QUEUE_TTL
+    lock_limit: ClassVar[int] = 1
     Request = "celery_singleton_lock.task:LockedRequest"
 
     _lock_options: _Options | None = None
@@ -550,6 +569,15 @@ class LockedTask(Task):  # type: ignore[misc]
         if cls.lock_scope not in _SCOPES:
             raise ConfigurationError(f"lock_scope of {cls.name} must be 'run' or 'queue', got {cls.lock_scope!r}")
         check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {cls.name}")
+        limit = cls.lock_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"lock_limit of {cls.name} must be a whole number >= 1, got {limit!r}")
+        if limit > 1 and cls.lock_scope != "run":
+            raise ConfigurationError(f"lock_limit of {cls.name} works with lock_scope='run' only: remove one of them")
+        if limit > 1 and cls.lock_enqueue_check:
+            raise ConfigurationError(
+                f"lock_limit of {cls.name} cannot be used with lock_enqueue_check (N runs of a key are allowed)"
+            )
         if cls.lock_on_duplicate is not None:
             check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {cls.name}")
         if cls.lock_on_unavailable is not None:
@@ -583,11 +611,13 @@ class LockedTask(Task):  # type: ignore[misc]
             except (TypeError, ValueError):
                 signature = None
             visibility = _visibility_timeout(self.app)
+            on_duplicate = self.lock_on_duplicate or settings.on_duplicate
+            _check_limit(self.name, self.lock_limit, on_duplicate)
             options = _Options(
                 settings=settings,
                 ttl=ttl,
                 interval=ttl * settings.renew_fraction,
-                on_duplicate=self.lock_on_duplicate or settings.on_duplicate,
+                on_duplicate=on_duplicate,
                 on_unavailable=self.lock_on_unavailable or settings.on_unavailable,
                 signature=signature,
                 # A message held unacked past the visibility timeout (a countdown waiting in the worker) is restored
@@ -997,6 +1027,7 @@ class LockedTask(Task):  # type: ignore[misc]
             ttl=options.ttl,
             fence_key=settings.fence_key,
             job=task_id,
+            limit=self.lock_limit,
             record={
                 "state": RUNNING,
                 "name": self.name,
@@ -1035,6 +1066,8 @@ class LockedTask(Task):  # type: ignore[misc]
         if facts.holder_state == COOLDOWN:
             until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=facts.holder_remaining or 0)
             held = f"task {holder_id} finished; cooling down until {until.isoformat(timespec='seconds')}"
+        elif self.lock_limit > 1 and holder_id != task_id:
+            held = f"at its limit of {self.lock_limit} runs (one by task {holder_id})"
         else:
             held = f"held by task {holder_id}"
         # Celery's own line for this delivery says "skipped duplicate" or "deferred" with the same words (see
@@ -1401,6 +1434,7 @@ class LockedTask(Task):  # type: ignore[misc]
             ttl=_END_LEASE,
             fencing=False,
             job=task_id,
+            limit=self.lock_limit,
             record={"state": ENDING, "name": self.name, "worker": worker, "at": str(int(time.time() * 1000))},
         )
         if lock.acquire(blocking=False):  # nobody held it any more: nothing to end

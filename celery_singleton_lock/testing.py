@@ -303,7 +303,7 @@ _OPTIONS_CACHE = "_lock_options"  # LockedTask._options caches a task's resolved
 # be any string, so it is only ever read from the whole reason, anchored at both ends.
 _DUPLICATE_REASON = re.compile(
     r"duplicate of .+? skipped: lock \S+ (?:held by task (?P<holder>.*)|task (?P<finished>.*) finished; "
-    r"cooling down until \S+)",
+    r"cooling down until \S+|at its limit of \d+ runs \(one by task (?P<limited>.*)\))",
     re.DOTALL,
 )
 _MISSING: Any = object()
@@ -469,11 +469,14 @@ def assert_skipped_duplicate(result: Any, *, of: str | None = None, timeout: flo
         match = _DUPLICATE_REASON.fullmatch(reason)
         if match is None:
             raise AssertionError(f"task {task_id} was revoked, not skipped as a duplicate: {reason}")
-        holder = match["holder"] if match["holder"] is not None else match["finished"]
+        holder = next(match[g] for g in ("holder", "finished", "limited") if match[g] is not None)
         if of is not None and holder != of:
             # A holder id holding the phrases themselves reads ambiguously: decide with the expected id, anchored.
             escaped = re.escape(of)
-            exact = rf"duplicate of .+ skipped: lock .+ (?:held by task {escaped}|task {escaped} finished; \S.*)"
+            exact = (
+                rf"duplicate of .+ skipped: lock .+ (?:held by task {escaped}|task {escaped} finished; \S.*"
+                rf"|at its limit of \d+ runs \(one by task {escaped}\))"
+            )
             if re.fullmatch(exact, reason, re.DOTALL):
                 holder = of
     elif state == states.FAILURE and type(value).__name__ == "DuplicateTaskError":

@@ -174,6 +174,25 @@ def test_cluster_url_and_client_lock_keys_of_every_master(cluster: Cluster) -> N
     assert len(held[0].nodes) == 1  # a cluster is ONE node of the Redlock
 
 
+def test_a_limit_on_a_cluster_keeps_its_slots_in_the_names_hash_slot(cluster: Cluster) -> None:
+    """Redlock(limit=3) on a 3-master cluster, for names on every master (tagged and not): 3 holders, a 4th refused,
+    each slot renewed and released; one script call per acquire means every slot key lives in the name's slot."""
+    by_master = {cluster.master_of(_key_slot(n)).port: n for n in _names_on_every_master(cluster, "lim:", 12)}
+    names = [*by_master.values(), f"{{t{uuid.uuid4().hex[:4]}}}:lim"]
+    for name in names:
+        nodes = NodeSet(cluster.url())
+        held = [Redlock(nodes, name, ttl=10.0, limit=3) for _ in range(3)]
+        assert all(lock.acquire(blocking=False) for lock in held)
+        assert sorted(lock.slot for lock in held) == [0, 1, 2]
+        master = cluster.master_of(_key_slot(name)).client()
+        assert all(master.hget(lock.key, "owner") == lock.token.encode() for lock in held)  # type: ignore[union-attr]
+        fourth = Redlock(cluster.url(), name, ttl=10.0, limit=3)
+        assert not fourth.acquire(blocking=False) and fourth.contended
+        assert Redlock.nodes_extend(held) == [True, True, True]
+        assert all(lock.release() for lock in held)
+        assert fourth.acquire(blocking=False) and fourth.release()
+
+
 @pytest.mark.parametrize("tagged", [False, True], ids=["untagged prefix", "hash-tagged prefix"])
 def test_locked_task_on_a_cluster(cluster: Cluster, tagged: bool) -> None:
     """LockedTask on a cluster: with a prefix without a hash tag, each lock key lives in its own slot and its fencing

@@ -312,3 +312,19 @@ def latest(self: Any, key: str, value: str, duration: float = 0.0) -> str:
     """Keep-latest: while one runs, the newest waiting call replaces the one before it."""
     _run(self, key, duration)
     return value
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_limit=3, lock_on_duplicate="reschedule", lock_unique_on=["key"]
+)
+def limited(self: Any, key: str, duration: float = 0.0) -> str:
+    """At most 3 runs of ``key`` at once; one that finds 3 running waits in line (lock_limit=3, reschedule)."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=2, lock_unique_on=["key"])
+def limited_skip(self: Any, key: str, duration: float = 0.0) -> str:
+    """At most 2 runs of ``key`` at once; a third is skipped (lock_limit=2, skip)."""
+    _run(self, key, duration)
+    return key
