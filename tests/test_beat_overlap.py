@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from celery_singleton_lock.testing import CeleryWorker, redis_servers
@@ -16,15 +17,21 @@ from celery_singleton_lock.testing import CeleryWorker, redis_servers
 APPS = Path(__file__).parent / "apps"
 
 
-def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path) -> None:
-    """Ticks every 1 s of a 2.5 s LockedTask: runs never overlap, the ticks in between are skipped with a log
-    line, and beat goes on sending for the whole window."""
+@pytest.mark.parametrize("scope", ["run", "queue"])
+def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path, scope: str) -> None:
+    """Ticks every 1 s of a 2.5 s LockedTask: runs never overlap, and beat goes on sending for the whole window.
+
+    Run scope: the ticks in between reach the worker and are skipped with a log line. Queue scope: beat's own
+    ``apply_async`` finds the job queued or running and publishes nothing (it gets the job's AsyncResult back, never
+    None), so the worker receives one message per run.
+    """
     with redis_servers(2) as (broker, lock):
         env = {
             "CSL_BROKER": broker.url,
             "CSL_LOCK_URLS": lock.url,
             "CSL_RECORD": broker.url.rsplit("/", 1)[0] + "/2",
             "PYTHONPATH": str(APPS),
+            "CSL_SCOPE": scope,
         }
         worker = CeleryWorker("beat_overlap_app", "w1", cwd=str(APPS), log_path=str(tmp_path / "w.log"), env=env)
         beat_log = tmp_path / "beat.log"
@@ -47,8 +54,16 @@ def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path)
             worker.kill()
         runs = sorted(json.loads(r)[1:] for r in redis.Redis.from_url(env["CSL_RECORD"]).lrange("runs", 0, -1))
         log = worker.log()
-        sent = beat_log.read_text().count("Sending due task slow-tick")
+        beat_text = beat_log.read_text()
+        sent = beat_text.count("Sending due task slow-tick")
     assert sent >= 6
+    assert "Traceback" not in beat_text
     assert len(runs) >= 2
     assert all(b[0] >= a[1] for a, b in itertools.pairwise(runs)), f"overlapping runs: {runs}"
-    assert log.count("skipped duplicate in") >= 3
+    received = log.count("] received")
+    if scope == "run":
+        assert log.count("skipped duplicate in") >= 3
+    else:
+        assert log.count("skipped duplicate in") == 0
+        # one message per run (a run may still be queued or running when the test stops the worker)
+        assert len(runs) <= received <= len(runs) + 1 < sent
