@@ -29,6 +29,8 @@ EXAMPLES = [
     "examples.stock_decrement",
     "examples.cache_rebuild_storm",
     "examples.long_report",
+    "examples.tenant_exports",
+    "examples.reindex_latest",
     "examples.beat_app",
 ]
 if importlib.util.find_spec("prometheus_client"):  # the one example with a dependency of its own

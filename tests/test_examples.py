@@ -17,7 +17,9 @@ from examples import (
     nightly_job,
     payment_double_click,
     prometheus_metrics,
+    reindex_latest,
     stock_decrement,
+    tenant_exports,
 )
 from examples._harness import example_workers
 
@@ -85,3 +87,20 @@ def test_prometheus_counters_come_from_the_pool_processes(app_module: ModuleType
     assert figures["duplicate_skipped"] > 0
     assert figures["released"] > 0
     assert figures["this_run"] == {"acquired": 1, "duplicate_skipped": 3, "released": 1}
+
+
+def test_tenant_exports_never_more_than_the_limit_per_tenant(app_module: ModuleType) -> None:
+    """6 exports of one tenant and 2 of another at once, lock_limit=2: all run, never more than 2 of a tenant."""
+    figures = tenant_exports.main(app_module)
+    assert figures["ran"] == figures["sent"] == 8
+    assert figures["acme"] == {"exports": 6, "most_at_once": 2}
+    assert figures["tiny"]["exports"] == 2
+    assert figures["ok"]
+
+
+def test_reindex_latest_runs_the_newest_edit_only(app_module: ModuleType) -> None:
+    """5 edits while a reindex runs: the running one and then only the newest version; the others superseded."""
+    figures = reindex_latest.main(app_module)
+    assert figures["reindexed"] == [1, 6]
+    assert figures["superseded"] == 4
+    assert figures["ok"]
