@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.exceptions import DuplicateTaskNameWarning
+from celery.signals import task_success
 
-from celery_singleton_lock import LockedTask, LockLostError, signals
+from celery_singleton_lock import LockedTask, LockLostError, Skipped, signals
 from celery_singleton_lock.testing import (
     RedisServer,
     assert_holds_lock,
@@ -211,6 +212,32 @@ def test_signals_reach_receivers_in_this_process(
     (released,) = received("lock_released")
     assert released["task_id"] == first.id
     assert released["held"]
+
+
+def test_celerys_task_success_sees_a_skipped_duplicate_as_a_skipped_marker(tasks: SimpleNamespace, worker: Any) -> None:
+    """What the README promises Celery's own ``task_success`` receivers: it still fires for a skipped duplicate, with
+    ``result`` a ``Skipped`` (its reason naming the holder), while the job's own run gets its real return value."""
+    seen: dict[str, Any] = {}
+
+    def receiver(sender: Any = None, result: Any = None, **kwargs: Any) -> None:
+        seen[sender.request.id] = result
+
+    task_success.connect(receiver, weak=False)
+    try:
+        first = tasks.hold.delay(11)
+        assert tasks.gate.arrived.wait(WAIT)
+        duplicate = tasks.hold.delay(11)
+        assert_skipped_duplicate(duplicate, of=first.id, timeout=WAIT)
+        assert wait_for(lambda: duplicate.id in seen, timeout=WAIT)
+        tasks.gate.opened.set()
+        assert first.get(timeout=WAIT) == 11
+        assert wait_for(lambda: first.id in seen, timeout=WAIT)
+    finally:
+        task_success.disconnect(receiver)
+    skipped = seen[duplicate.id]
+    assert isinstance(skipped, Skipped), skipped
+    assert first.id in repr(skipped)
+    assert seen[first.id] == 11
 
 
 def test_fail_policy_fails_the_duplicate_naming_the_holder(tasks: SimpleNamespace, worker: Any) -> None:
