@@ -74,7 +74,9 @@ ACQUIRE_SCRIPT = """
 --         {HELD, the holder's owner, job, state, try and worker fields, each as '<length>:<value>' ('' for a key
 --          that is not a record), remaining ms}: one bulk string, not the whole record (a refusal is a duplicate's
 --          hot path, and parsing a reply costs per element); with a limit, the holder of this job's slot or else of
---          the lowest busy slot;
+--          the lowest busy slot; with a limit and every slot busy, a 4th element: each slot's owner in slot
+--          order, as '<length>:<value>' ('#' for a key that is not a record), so the client can tell a limit
+--          reached on a quorum from contenders that split the free slots;
 --         {DONE} when the done marker exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
@@ -83,18 +85,23 @@ if #KEYS > n + 1 and redis.call('EXISTS', KEYS[n + 2]) == 1 then
   return {2}
 end
 -- A refusal's reply: the brief (owner, job, state, try, worker) of the record under k, or '' for a foreign key.
-local function refusal(k, brief)
-  if not brief then
-    return {0, '', redis.call('PTTL', k)}
+local function refusal(k, brief, owners)
+  local text = ''
+  if brief then
+    local out = {}
+    for i = 1, 5 do
+      local v = brief[i] or ''
+      out[i] = #v .. ':' .. v
+    end
+    text = table.concat(out)
   end
-  local out = {}
-  for i = 1, 5 do
-    local v = brief[i] or ''
-    out[i] = #v .. ':' .. v
+  if owners then
+    return {0, text, redis.call('PTTL', k), table.concat(owners)}
   end
-  return {0, table.concat(out), redis.call('PTTL', k)}
+  return {0, text, redis.call('PTTL', k)}
 end
 local key, slot, owner, busy, busy_brief = nil, 0, nil, nil, nil
+local owners = n > 1 and {} or nil
 for s = 1, n do
   local k = KEYS[s == 1 and 1 or s + 1]
   if redis.call('EXISTS', k) == 0 then
@@ -103,8 +110,15 @@ for s = 1, n do
     end
   elseif redis.call('TYPE', k).ok ~= 'hash' then
     busy = busy or k
+    if owners then
+      owners[s] = '1:#'
+    end
   else
     local brief = redis.call('HMGET', k, 'owner', 'job', 'state', 'try', 'worker', 'open')
+    if owners then
+      local o = brief[1] or ''
+      owners[s] = #o .. ':' .. o
+    end
     if brief[1] == ARGV[1] or (ARGV[4] ~= '' and brief[1] == ARGV[4]) then
       key, slot, owner = k, s - 1, brief[1]
       break
@@ -121,7 +135,7 @@ for s = 1, n do
   end
 end
 if not key then
-  return refusal(busy, busy_brief)
+  return refusal(busy, busy_brief, owners)
 end
 local waiting, prev = false, false
 if owner then
@@ -426,6 +440,19 @@ def record_of(flat: Sequence[Any]) -> dict[str, str]:
 
 
 _BRIEF_FIELDS = ("owner", "job", "state", "try", "worker")
+
+
+def _prefixed(blob: bytes | str) -> list[str]:
+    """The values of ``<length>:<value>...`` (lengths in bytes, so values may hold any character)."""
+    data = blob.encode("utf-8", "surrogatepass") if isinstance(blob, str) else blob
+    out: list[str] = []
+    i = 0
+    while i < len(data):
+        colon = data.index(b":", i)
+        end = colon + 1 + int(data[i:colon])
+        out.append(data[colon + 1 : end].decode("utf-8", "surrogatepass"))
+        i = end
+    return out
 
 
 def _brief(blob: bytes | str) -> dict[str, str]:
@@ -1148,6 +1175,11 @@ class Redlock:
     hand-over and loss work per slot exactly as for a plain lock, and the fencing counter is the name's (shared by
     its slots). A refusal names one holder: this job's, or the lowest busy slot's. ``limit=1`` is the plain lock.
     Nodes that disagree on which slot is free (one restarted empty) settle on the slot a quorum granted, or retry.
+    With a limit, a fencing token is larger than that of every acquisition of the name that ended before it began;
+    holders that overlap (N may) can share a token when the nodes' counters diverged, so tokens order successive
+    holders and do not tell concurrent ones apart. Every instance on one name must use the same N: one with a
+    smaller N sees only its first slots (a plain lock sees slot 0), so while two deployed versions disagree, up to
+    the larger N hold the name at once.
     """
 
     DRIFT_FACTOR: ClassVar[float] = 0.01
@@ -1306,6 +1338,7 @@ class Redlock:
         fences: dict[int, int] = {}
         slots: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
+        full: list[list[str]] = []  # with a limit: each node refusing with every slot busy, its slots' owners
         errors: list[NodeError] = []
         done = False
         for i, answer in enumerate(answers):
@@ -1319,6 +1352,8 @@ class Redlock:
             else:
                 record = _brief(answer[1])
                 holders.append((record.get("owner", ""), int(answer[2]), record))
+                if len(answer) > 3:
+                    full.append(_prefixed(answer[3]))
         key = self._slots[0]
         granted = fences
         if self.limit > 1 and fences:
@@ -1371,11 +1406,16 @@ class Redlock:
         self.contended = count >= nodes.quorum
         self.split = refused and not self.contended
         if self.limit > 1:
-            # Every slot busy on enough nodes to deny the quorum: the limit is reached, whoever the holders are
-            # (each node names its lowest busy slot, which nodes need not agree on). Slots granted on some nodes,
-            # with every node answering, yet no slot on a quorum: contenders split the free slots; try again.
-            self.contended = refused
-            self.split = not refused and not errors and bool(fences)
+            # The limit is reached when every slot has one owner on a quorum of the nodes that refused with all
+            # slots busy (each slot is a lock of its own: at most one owner holds it on a quorum), or this job's
+            # own holder has a quorum (a job never holds two slots). Refusals short of that are contenders that
+            # split the free slots, as are slots granted on some nodes without a quorum for one: try again.
+            per_slot = [Counter(owners[s] for owners in full if s < len(owners)) for s in range(self.limit)]
+            limit_reached = all(c and c.most_common(1)[0][1] >= nodes.quorum for c in per_slot)
+            same_job = [h for h, _, r in holders if self.job and r.get("job") == self.job]
+            job_held = bool(same_job) and Counter(same_job).most_common(1)[0][1] >= nodes.quorum
+            self.contended = refused and (limit_reached or job_held)
+            self.split = (refused and not self.contended) or (not refused and not errors and bool(fences))
         return False
 
     def extend(self) -> bool:

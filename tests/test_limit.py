@@ -8,6 +8,7 @@ Every loop is bounded in count and in time.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -180,6 +181,65 @@ def test_a_limit_full_on_a_quorum_is_held_even_when_nodes_name_different_holders
     b.release()
     for k in keys:
         client.delete(k)
+
+
+def test_contenders_splitting_the_last_free_slot_is_a_split_vote_not_the_limit(
+    redis_trio: list[RedisServer], name: str
+) -> None:
+    """Review finding: limit 2, a holder on slot 0 everywhere, and the free slot 1 taken on node 1 by one contender
+    and on node 2 by another (arrived together): nobody holds slot 1 on a quorum. A third attempt, refused by nodes 1
+    and 2, was called "at the limit" (a duplicate: skipped by LockedTask) while a slot was free; it is a split."""
+    urls = urls_of(redis_trio)
+    holder = Redlock(urls, name, ttl=30, limit=2)
+    assert holder.acquire(blocking=False)
+    slot1 = slot_keys(name, 2)[1]
+    for server, owner in zip(redis_trio[:2], ("contender-x", "contender-y"), strict=True):
+        client = server.client()
+        client.hset(slot1, mapping={"owner": owner, "fence": "0"})
+        client.pexpire(slot1, 5_000)
+    lock = Redlock(urls, name, ttl=30, limit=2)
+    assert not lock.acquire(blocking=False)
+    assert lock.split and not lock.contended
+    # the same nodes with one contender holding slot 1 on a quorum: the limit is reached
+    for server in redis_trio[:2]:
+        server.client().hset(slot1, "owner", "contender-x")
+    again = Redlock(urls, name, ttl=30, limit=2)
+    assert not again.acquire(blocking=False)
+    assert again.contended and not again.split
+    holder.release()
+    for server in redis_trio:
+        server.client().delete(slot1)
+
+
+def test_instances_with_different_limits_admit_up_to_the_larger_one(redis_node: RedisServer, name: str) -> None:
+    """What the README says of changing N: the slots are 0..N-1 of each instance's own N, so a limit-2 and a limit-3
+    instance on one name admit up to 3 at once, a plain lock sees slot 0 only, and a limit-2 instance's view stops
+    at its two slots."""
+    url = redis_node.url
+    twos = [Redlock(url, name, ttl=10, limit=2) for _ in range(3)]
+    three = Redlock(url, name, ttl=10, limit=3)
+    plain = Redlock(url, name, ttl=10)
+    assert twos[0].acquire(blocking=False) and twos[1].acquire(blocking=False)
+    assert not twos[2].acquire(blocking=False) and twos[2].contended
+    assert not plain.acquire(blocking=False)  # slot 0 is busy
+    assert three.acquire(blocking=False) and three.slot == 2
+    assert len(twos[0].holders()) == 2
+    assert len(three.holders()) == 3
+    for lock in (*twos[:2], three):
+        lock.release()
+
+
+def test_with_a_limit_a_later_acquisition_gets_a_larger_fencing_token(nodes: list[str], name: str) -> None:
+    """Tokens order successive holders whatever slot each got: one that starts after another ended is larger."""
+    seen: list[int] = []
+    a = Redlock(nodes, name, ttl=10, limit=2)
+    b = Redlock(nodes, name, ttl=10, limit=2)
+    for _ in range(3):
+        assert a.acquire(blocking=False) and b.acquire(blocking=False)
+        seen += sorted((a.fencing_token, b.fencing_token))
+        a.release()
+        b.release()
+    assert all(later > earlier for earlier, later in itertools.pairwise(seen)), seen
 
 
 @given(st.text(min_size=1, max_size=40), st.integers(min_value=2, max_value=6))
