@@ -1242,6 +1242,7 @@ class Redlock:
         #: An owner token this lock may take over when it finds it holding the key (see ``transfer``).
         self.replaces: str | None = None
         self._fence: int | None = None
+        self._last_key = self._slots[0]
         self._reset_failure()
 
     def _reset_failure(self) -> None:
@@ -1267,7 +1268,7 @@ class Redlock:
     @property
     def key(self) -> str:
         """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
-        return self._lease.key if self._lease else self._slots[0]
+        return self._lease.key if self._lease else self._last_key
 
     @property
     def slot(self) -> int:
@@ -1382,6 +1383,7 @@ class Redlock:
             deadline = start + self.ttl - self._drift()
             if confirmed >= nodes.quorum and deadline > self._clock():
                 self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key)
+                self._last_key = key
                 self._fence = fence
                 self._reset_failure()
                 return True

@@ -237,8 +237,10 @@ def test_with_a_limit_a_later_acquisition_gets_a_larger_fencing_token(nodes: lis
     for _ in range(3):
         assert a.acquire(blocking=False) and b.acquire(blocking=False)
         seen += sorted((a.fencing_token, b.fencing_token))
+        slots = (a.slot, b.slot)
         a.release()
         b.release()
+        assert (a.slot, b.slot) == slots  # the last lease's slot, as the docstrings say
     assert all(later > earlier for earlier, later in itertools.pairwise(seen)), seen
 
 
