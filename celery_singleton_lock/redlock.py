@@ -70,13 +70,14 @@ ACQUIRE_SCRIPT = """
 -- A slot is taken in this order: the one holding our token or the token we may take over; else, when a slot is
 -- held by this same job, none (refused by that holder: a job never holds two slots); else the first free one.
 -- returns {ACQUIRED, fencing token (0 without fencing), slot index (0-based)} when the lease is ours (new, or
---          taken over);
+--          taken over); with a limit, and a free slot taken, a 4th element: the other slots' owners as below
+--          ('0:' for a free slot), which tell a contender that fails its quorum whether the limit is reached;
 --         {HELD, the holder's owner, job, state, try and worker fields, each as '<length>:<value>' ('' for a key
 --          that is not a record), remaining ms}: one bulk string, not the whole record (a refusal is a duplicate's
 --          hot path, and parsing a reply costs per element); with a limit, the holder of this job's slot or else of
 --          the lowest busy slot; with a limit and every slot busy, a 4th element: each slot's owner in slot
 --          order, as '<length>:<value>' ('#' for a key that is not a record), so the client can tell a limit
---          reached on a quorum from contenders that split the free slots;
+--          reached on a quorum of the nodes from contenders that split the free slots;
 --         {DONE} when the done marker exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
@@ -107,6 +108,9 @@ for s = 1, n do
   if redis.call('EXISTS', k) == 0 then
     if not key then
       key, slot = k, s - 1
+    end
+    if owners then
+      owners[s] = '0:'
     end
   elseif redis.call('TYPE', k).ok ~= 'hash' then
     busy = busy or k
@@ -167,6 +171,9 @@ if prev then
   redis.call('HSET', key, '_prev', prev)
 end
 redis.call('PEXPIRE', key, ARGV[2])
+if owners and not owner then
+  return {1, fence, slot, table.concat(owners)}
+end
 return {1, fence, slot}
 """
 
@@ -1339,7 +1346,7 @@ class Redlock:
         fences: dict[int, int] = {}
         slots: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
-        full: list[list[str]] = []  # with a limit: each node refusing with every slot busy, its slots' owners
+        full: list[list[str]] = []  # with a limit: the slots' owners as each node saw them ('' = free)
         errors: list[NodeError] = []
         done = False
         for i, answer in enumerate(answers):
@@ -1348,6 +1355,8 @@ class Redlock:
             elif answer[0] == ACQUIRED:
                 fences[i] = int(answer[1])
                 slots[i] = int(answer[2])
+                if len(answer) > 3:
+                    full.append(_prefixed(answer[3]))
             elif answer[0] == DONE:
                 done = True
             else:
@@ -1408,16 +1417,17 @@ class Redlock:
         self.contended = count >= nodes.quorum
         self.split = refused and not self.contended
         if self.limit > 1:
-            # The limit is reached when every slot has one owner on a quorum of the nodes that refused with all
-            # slots busy (each slot is a lock of its own: at most one owner holds it on a quorum), or this job's
-            # own holder has a quorum (a job never holds two slots). Refusals short of that are contenders that
-            # split the free slots, as are slots granted on some nodes without a quorum for one: try again.
-            per_slot = [Counter(owners[s] for owners in full if s < len(owners)) for s in range(self.limit)]
+            # The limit is reached when every slot has one owner on a quorum of the nodes, as the nodes that
+            # refused (every slot busy) and those that granted us a free slot saw them (each slot is a lock of its
+            # own: at most one owner holds it on a quorum); or when this job's own holder has a quorum of refusals
+            # (a job never holds two slots). Refusals short of that are contenders that split the free slots, as
+            # are grants on some nodes without a quorum for one slot: try again.
+            per_slot = [Counter(o[s] for o in full if s < len(o) and o[s]) for s in range(self.limit)]
             limit_reached = all(c and c.most_common(1)[0][1] >= nodes.quorum for c in per_slot)
             same_job = [h for h, _, r in holders if self.job and r.get("job") == self.job]
             job_held = bool(same_job) and Counter(same_job).most_common(1)[0][1] >= nodes.quorum
-            self.contended = refused and (limit_reached or job_held)
-            self.split = (refused and not self.contended) or (not refused and not errors and bool(fences))
+            self.contended = limit_reached or (refused and job_held)
+            self.split = not self.contended and (refused or (not errors and bool(fences)))
         return False
 
     def extend(self) -> bool:

@@ -211,6 +211,30 @@ def test_contenders_splitting_the_last_free_slot_is_a_split_vote_not_the_limit(
         server.client().delete(slot1)
 
 
+@pytest.mark.parametrize("stale", [True, False])
+def test_a_limit_reached_on_quorums_that_differ_per_slot_is_held_not_a_split(
+    redis_trio: list[RedisServer], name: str, stale: bool
+) -> None:
+    """Second review finding: A holds slot 0 on nodes 1-2, B slot 1 on nodes 2-3 (node 1 was out of B's reach), and
+    node 3's slot 0 is busy with a stale lease (``stale``) or free. The limit is reached, yet node 1 (slot 1 free)
+    and node 3 (slot 0 free, unless stale) grant: counting only the refusing nodes' owners called it a split, and
+    LockedTask re-sent the duplicate every 0.05-0.5 s instead of skipping it. Grants now report the slots' owners."""
+    n1, n2, n3 = urls_of(redis_trio)
+    d = Redlock([n3], name, ttl=30, limit=2, job="D")
+    assert d.acquire(blocking=False)
+    a = Redlock([n1, n2], name, ttl=30, limit=2, job="A")
+    b = Redlock([n2, n3], name, ttl=30, limit=2, job="B")
+    assert a.acquire(blocking=False) and a.slot == 0
+    assert b.acquire(blocking=False) and b.slot == 1
+    if not stale:
+        assert d.release()
+    c = Redlock([n1, n2, n3], name, ttl=30, limit=2, job="C")
+    assert not c.acquire(blocking=False)
+    assert c.contended and not c.split
+    for server in redis_trio:
+        server.client().delete(*slot_keys(name, 2))
+
+
 def test_instances_with_different_limits_admit_up_to_the_larger_one(redis_node: RedisServer, name: str) -> None:
     """What the README says of changing N: the slots are 0..N-1 of each instance's own N, so a limit-2 and a limit-3
     instance on one name admit up to 3 at once, a plain lock sees slot 0 only, and a limit-2 instance's view stops
