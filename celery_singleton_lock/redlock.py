@@ -49,6 +49,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from . import _resp
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
 
@@ -715,6 +716,16 @@ def _take(pool: ConnectionPool) -> tuple[Any, bool]:
         return pool.connection_class(**pool.connection_kwargs), False
 
 
+def _fast(conn: Any) -> bool:
+    """Whether our own RESP2 reader can serve ``conn`` (see ``_resp``): checked once per connection, once connected."""
+    if conn._sock is None:
+        return False
+    flag = conn.__dict__.get("_csl_fast")
+    if flag is None:
+        flag = conn._csl_fast = _resp.usable(conn)
+    return bool(flag)
+
+
 def _give(pool: ConnectionPool, conn: Any) -> None:
     entry = _idle.get(pool)
     if entry is not None and entry[0] == os.getpid() and len(entry[1]) < IDLE_MAX:
@@ -887,7 +898,7 @@ class NodeSet:
             try:
                 try:
                     try:
-                        results[i] = self._read(conn, deadline)
+                        results[i] = self._read(conn, deadline, own=self._own[i])
                     except RedisConnectionError:
                         if not reused:
                             raise
@@ -897,10 +908,10 @@ class NodeSet:
                         conn.disconnect()
                         conn = pool.connection_class(**pool.connection_kwargs)
                         conn.send_packed_command(packed, check_health=False)
-                        results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout)
+                        results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout, own=self._own[i])
                 except NoScriptError:
                     conn.send_command("EVAL", script.body, *command[2:])
-                    results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout)
+                    results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout, own=self._own[i])
             except RedisTimeoutError as exc:
                 if undo_on_timeout is not None:
                     undo, undo_keys, undo_args = undo_on_timeout
@@ -934,7 +945,10 @@ class NodeSet:
             return conn, False
         conn, reused = _take(pool)
         try:
-            conn.send_packed_command(packed, check_health=False)
+            if reused and _fast(conn):
+                _resp.send(conn, packed[0])
+            else:
+                conn.send_packed_command(packed, check_health=False)
         except (RedisError, OSError):
             if not reused:
                 raise
@@ -943,12 +957,15 @@ class NodeSet:
             conn.send_packed_command(packed, check_health=False)
         return conn, reused
 
-    def _read(self, conn: Any, deadline: float) -> Any:
+    def _read(self, conn: Any, deadline: float, *, own: bool = False) -> Any:
         remaining = deadline - mod_time.monotonic()
         # The common case: keep the socket's own timeout. Only when it is no longer than ours: a redis.Redis client
         # passed in may have none (or redis-py's 5 s default), and a frozen node would then hold the fan-out.
-        own = conn.socket_timeout
-        if own is not None and own <= self.socket_timeout and remaining >= 0.9 * self.socket_timeout:
+        timeout = conn.socket_timeout
+        keep = timeout is not None and timeout <= self.socket_timeout and remaining >= 0.9 * self.socket_timeout
+        if own and _fast(conn):
+            return _resp.read_reply(conn, None if keep else max(remaining, 0.001))
+        if keep:
             return conn.read_response(disconnect_on_error=False)
         return conn.read_response(timeout=max(remaining, 0.001), disconnect_on_error=False)
 
