@@ -171,6 +171,13 @@ def test_lock_nodes_down_then_back_the_job_waits_and_runs(rc: Cluster) -> None:
         rc.start_locks()
     assert result.get(timeout=30) == k
     assert len(rc.runs(k)) == 1
+    # what a monitor saw: the back-off copies as retries, one success, never a failure or a revoke
+    events: Events = rc.events  # type: ignore[attr-defined]
+    events.wait(result.id, "task-succeeded")
+    seen = events.types(result.id)
+    assert "task-retried" in seen, seen
+    assert seen.count("task-succeeded") == 1, seen
+    assert not {"task-failed", "task-revoked"} & set(seen), seen
 
 
 def test_sigkill_of_a_pool_child_redelivers_at_once_and_the_copy_waits_out_the_lease(rc: Cluster) -> None:
@@ -185,6 +192,14 @@ def test_sigkill_of_a_pool_child_redelivers_at_once_and_the_copy_waits_out_the_l
     assert len(rc.runs(k)) == 1
     assert len(rc.started(k)) == 2
     assert f"work[{result.id}] deferred in" in logs(rc), "the copy did not arrive while the lease was live"
+    events: Events = rc.events  # type: ignore[attr-defined]
+    events.wait(result.id, "task-succeeded")
+    seen = events.types(result.id)
+    # the copy waiting for its twin (the same task id) sends no event of its own (README, Monitoring): a monitor
+    # sees the killed run rejected, then the one run that succeeded; never a retry, revoke or failure
+    assert "task-rejected" in seen, seen
+    assert seen.count("task-succeeded") == 1, seen
+    assert not {"task-retried", "task-revoked", "task-failed"} & set(seen), seen
 
 
 def test_sigkill_of_a_whole_worker_redelivers_at_once_and_the_copy_waits(rc: Cluster) -> None:
