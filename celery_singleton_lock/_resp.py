@@ -15,13 +15,14 @@ Only for RESP2 connections that do not decode replies and hold no unread bytes i
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["parse", "read_reply", "send", "usable"]
+__all__ = ["Reader", "parse", "read_reply", "send", "usable"]
 
 _READ_SIZE = 65536
 
@@ -57,19 +58,24 @@ def send(conn: Any, data: bytes) -> None:
         raise RedisConnectionError(f"Error while writing to socket: {exc}") from None
 
 
-def read_reply(conn: Any, timeout: float | None = None) -> Any:
-    """One reply from ``conn``'s socket; ``timeout`` (s) overrides the socket's own for this read.
+def read_reply(conn: Any, deadline: float, timeout: float | None = None) -> Any:
+    """One reply from ``conn``'s socket, by ``deadline`` (``time.monotonic()``); ``timeout`` (s) overrides the
+    socket's own for the first read.
 
-    A top-level error reply is raised (redis-py's type for it); an error inside an array is returned in its place,
-    as redis-py does. The caller drops the connection on any exception (its state is then unknown).
+    The first read keeps the socket's timeout (setting one costs a system call): a lock call's reply nearly always
+    comes whole in it. A reply that needs more reads gets what is left until ``deadline`` for each, so a node that
+    trickles bytes cannot hold the caller past it. A top-level error reply is raised (redis-py's type for it); an
+    error inside an array is returned in its place, as redis-py does. The caller drops the connection on any
+    exception (its state is then unknown).
     """
     sock: socket.socket = conn._sock  # noqa: SLF001
     if sock is None:
         raise RedisConnectionError("Connection closed")
-    if timeout is not None:
+    reader = Reader(conn._parser.parse_error)  # noqa: SLF001
+    changed = timeout is not None
+    if changed:
         sock.settimeout(timeout)
     try:
-        data = b""
         while True:
             try:
                 chunk = sock.recv(_READ_SIZE)
@@ -79,54 +85,93 @@ def read_reply(conn: Any, timeout: float | None = None) -> Any:
                 raise RedisConnectionError(f"Error while reading from socket: {exc}") from None
             if not chunk:
                 raise RedisConnectionError("Connection closed by server.")
-            data = data + chunk if data else chunk
-            try:
-                value, end = parse(data, 0, conn._parser.parse_error)  # noqa: SLF001
-            except _Incomplete:
-                continue
-            if end != len(data):
-                # One command is in flight per connection: bytes after its reply mean we lost track of the stream.
-                raise RedisConnectionError("Protocol error: unexpected bytes after a reply")
-            break
+            if reader.feed(chunk):
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RedisTimeoutError("Timeout reading from socket")
+            sock.settimeout(remaining)
+            changed = True
     finally:
-        if timeout is not None:
+        if changed:
             sock.settimeout(conn.socket_timeout)
+    if reader.pos != len(reader.buffer):
+        # One command is in flight per connection: bytes after its reply mean we lost track of the stream.
+        raise RedisConnectionError("Protocol error: unexpected bytes after a reply")
+    value = reader.value
     if isinstance(value, ResponseError):
         raise value
     return value
 
 
+class Reader:
+    """A RESP2 reply parsed as its bytes arrive: each value once, whatever the number of chunks (re-parsing the
+    whole buffer per chunk made a large reply cost quadratic time). ``feed`` returns True when the reply is whole;
+    it is then in ``value``, and ``pos`` is the index after it in ``buffer``."""
+
+    def __init__(self, parse_error: Any = ResponseError) -> None:
+        self.buffer = bytearray()
+        self.pos = 0
+        self.value: Any = None
+        self.parsed = 0  # elements (not arrays) parsed so far, each exactly once
+        self._open: list[list[Any]] = []  # the arrays being filled: [items, still expected]
+        self._parse_error = parse_error
+
+    def feed(self, chunk: bytes) -> bool:
+        self.buffer += chunk
+        buf = self.buffer
+        while True:
+            pos = self.pos
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return False
+            kind = buf[pos]
+            value: Any
+            if kind == 36:  # '$' bulk string
+                size = int(buf[pos + 1 : eol])
+                if size < 0:
+                    value, end = None, eol + 2
+                else:
+                    end = eol + 4 + size
+                    if len(buf) < end:
+                        return False
+                    value = bytes(buf[eol + 2 : end - 2])
+            elif kind == 58:  # ':' integer
+                value, end = int(buf[pos + 1 : eol]), eol + 2
+            elif kind == 42:  # '*' array
+                count = int(buf[pos + 1 : eol])
+                self.pos = eol + 2
+                if count > 0:
+                    self._open.append([[], count])
+                    continue
+                value, end = (None if count < 0 else []), eol + 2
+            elif kind == 43:  # '+' simple string
+                value, end = bytes(buf[pos + 1 : eol]), eol + 2
+            elif kind == 45:  # '-' error
+                value = self._parse_error(bytes(buf[pos + 1 : eol]).decode("utf-8", "replace"))
+                if isinstance(value, RedisConnectionError):
+                    raise value
+                end = eol + 2
+            else:
+                raise InvalidResponse(f"Protocol Error: {bytes(buf[pos : eol + 2])!r}")
+            self.pos = end
+            self.parsed += 1
+            while self._open:  # put the value in its array; a full array is itself a value of the one around it
+                top = self._open[-1]
+                top[0].append(value)
+                top[1] -= 1
+                if top[1]:
+                    break
+                self._open.pop()
+                value = top[0]
+            else:
+                self.value = value
+                return True
+
+
 def parse(data: bytes, pos: int, parse_error: Any = ResponseError) -> tuple[Any, int]:
     """The RESP2 value starting at ``data[pos]`` and the index after it; raises ``_Incomplete`` when cut short."""
-    eol = data.find(b"\r\n", pos)
-    if eol < 0:
+    reader = Reader(parse_error)
+    if not reader.feed(data[pos:]):
         raise _Incomplete
-    kind = data[pos]
-    if kind == 58:  # ':' integer
-        return int(data[pos + 1 : eol]), eol + 2
-    if kind == 36:  # '$' bulk string
-        size = int(data[pos + 1 : eol])
-        if size < 0:
-            return None, eol + 2
-        end = eol + 2 + size
-        if len(data) < end + 2:
-            raise _Incomplete
-        return data[eol + 2 : end], end + 2
-    if kind == 42:  # '*' array
-        count = int(data[pos + 1 : eol])
-        if count < 0:
-            return None, eol + 2
-        items = []
-        at = eol + 2
-        for _ in range(count):
-            item, at = parse(data, at, parse_error)
-            items.append(item)
-        return items, at
-    if kind == 43:  # '+' simple string
-        return data[pos + 1 : eol], eol + 2
-    if kind == 45:  # '-' error
-        error = parse_error(data[pos + 1 : eol].decode("utf-8", "replace"))
-        if isinstance(error, RedisConnectionError):
-            raise error
-        return error, eol + 2
-    raise InvalidResponse(f"Protocol Error: {data[pos : eol + 2]!r}")
+    return reader.value, pos + reader.pos

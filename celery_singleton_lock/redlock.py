@@ -964,7 +964,7 @@ class NodeSet:
         timeout = conn.socket_timeout
         keep = timeout is not None and timeout <= self.socket_timeout and remaining >= 0.9 * self.socket_timeout
         if own and _fast(conn):
-            return _resp.read_reply(conn, None if keep else max(remaining, 0.001))
+            return _resp.read_reply(conn, deadline, None if keep else max(remaining, 0.001))
         if keep:
             return conn.read_response(disconnect_on_error=False)
         return conn.read_response(timeout=max(remaining, 0.001), disconnect_on_error=False)
