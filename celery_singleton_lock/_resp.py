@@ -71,7 +71,8 @@ def read_reply(conn: Any, deadline: float, timeout: float | None = None) -> Any:
     sock: socket.socket = conn._sock  # noqa: SLF001
     if sock is None:
         raise RedisConnectionError("Connection closed")
-    reader = Reader(conn._parser.parse_error)  # noqa: SLF001
+    parse_error = conn._parser.parse_error  # noqa: SLF001
+    reader: Reader | None = None
     changed = timeout is not None
     if changed:
         sock.settimeout(timeout)
@@ -85,7 +86,23 @@ def read_reply(conn: Any, deadline: float, timeout: float | None = None) -> Any:
                 raise RedisConnectionError(f"Error while reading from socket: {exc}") from None
             if not chunk:
                 raise RedisConnectionError("Connection closed by server.")
-            if reader.feed(chunk):
+            if reader is None:
+                # The common case, a whole reply in the first read: one pass, no parser state.
+                try:
+                    value, end = _parse(chunk, 0, parse_error)
+                except _Incomplete:
+                    reader = Reader(parse_error)
+                    done = reader.feed(chunk)
+                else:
+                    if end != len(chunk):
+                        raise _stream_lost()
+                    break
+            else:
+                done = reader.feed(chunk)
+            if done:
+                if reader.pos != len(reader.buffer):
+                    raise _stream_lost()
+                value = reader.value
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -95,13 +112,50 @@ def read_reply(conn: Any, deadline: float, timeout: float | None = None) -> Any:
     finally:
         if changed:
             sock.settimeout(conn.socket_timeout)
-    if reader.pos != len(reader.buffer):
-        # One command is in flight per connection: bytes after its reply mean we lost track of the stream.
-        raise RedisConnectionError("Protocol error: unexpected bytes after a reply")
-    value = reader.value
     if isinstance(value, ResponseError):
         raise value
     return value
+
+
+def _stream_lost() -> RedisConnectionError:
+    # One command is in flight per connection: bytes after its reply mean we lost track of the stream.
+    return RedisConnectionError("Protocol error: unexpected bytes after a reply")
+
+
+def _parse(data: bytes, pos: int, parse_error: Any) -> tuple[Any, int]:
+    """The RESP2 value at ``data[pos]`` and the index after it, in one recursive pass; ``_Incomplete`` when cut."""
+    eol = data.find(b"\r\n", pos)
+    if eol < 0:
+        raise _Incomplete
+    kind = data[pos]
+    if kind == 58:  # ':' integer
+        return int(data[pos + 1 : eol]), eol + 2
+    if kind == 36:  # '$' bulk string
+        size = int(data[pos + 1 : eol])
+        if size < 0:
+            return None, eol + 2
+        end = eol + 2 + size
+        if len(data) < end + 2:
+            raise _Incomplete
+        return data[eol + 2 : end], end + 2
+    if kind == 42:  # '*' array
+        count = int(data[pos + 1 : eol])
+        if count < 0:
+            return None, eol + 2
+        items = []
+        at = eol + 2
+        for _ in range(count):
+            item, at = _parse(data, at, parse_error)
+            items.append(item)
+        return items, at
+    if kind == 43:  # '+' simple string
+        return data[pos + 1 : eol], eol + 2
+    if kind == 45:  # '-' error
+        error = parse_error(data[pos + 1 : eol].decode("utf-8", "replace"))
+        if isinstance(error, RedisConnectionError):
+            raise error
+        return error, eol + 2
+    raise InvalidResponse(f"Protocol Error: {data[pos : eol + 2]!r}")
 
 
 class Reader:
@@ -171,7 +225,4 @@ class Reader:
 
 def parse(data: bytes, pos: int, parse_error: Any = ResponseError) -> tuple[Any, int]:
     """The RESP2 value starting at ``data[pos]`` and the index after it; raises ``_Incomplete`` when cut short."""
-    reader = Reader(parse_error)
-    if not reader.feed(data[pos:]):
-        raise _Incomplete
-    return reader.value, pos + reader.pos
+    return _parse(data, pos, parse_error)

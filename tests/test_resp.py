@@ -94,6 +94,13 @@ def test_the_parser_reads_what_redis_py_reads_and_waits_on_every_cut(value: Any)
     for cut in range(len(data)):
         with pytest.raises(_resp._Incomplete):
             _resp.parse(data[:cut], 0)
+    # the incremental reader (replies that take more than one read) agrees, fed in pieces of every size
+    for size in {1, 2, 3, 7, max(1, len(data) // 2), len(data)}:
+        reader = _resp.Reader()
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+        assert [reader.feed(p) for p in pieces] == [False] * (len(pieces) - 1) + [True]
+        assert reader.pos == len(data)
+        assert same(reader.value, value)
 
 
 def test_a_reply_in_many_chunks_is_parsed_once_not_again_per_chunk() -> None:
