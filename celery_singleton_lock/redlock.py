@@ -866,7 +866,8 @@ class NodeSet:
 
         Every command is written before any reply is read, so the cost is the slowest node's round trip, not the
         sum. A node that is down fails at connect; one that is paused or slow costs at most ``socket_timeout``
-        in total, however many such nodes there are (a shared deadline bounds the reads).
+        in total, however many such nodes there are (a shared deadline bounds the reads; on a client passed in,
+        redis-py's reader applies it per read, so a node trickling a reply byte by byte can take longer there).
 
         A node that timed out may still run the command later (a paused server reads its socket when it resumes).
         ``undo_on_timeout`` is then written on the *same* connection before it is closed, so the node runs it
