@@ -466,20 +466,7 @@ def _prefixed(blob: bytes | str) -> list[str]:
 def _brief(blob: bytes | str) -> dict[str, str]:
     """The fields of a refused acquire's answer: ``<length>:<value>`` each, in ``_BRIEF_FIELDS`` order (empty
     values, i.e. missing fields, are left out). Lengths are in bytes, so values may hold any character."""
-    data = blob.encode("utf-8", "surrogatepass") if isinstance(blob, str) else blob
-    out: dict[str, str] = {}
-    if not data:
-        return out
-    i = 0
-    for name in _BRIEF_FIELDS:
-        colon = data.index(b":", i)
-        end = colon + 1 + int(data[i:colon])
-        if end > colon + 1:
-            out[name] = data[colon + 1 : end].decode("utf-8", "surrogatepass")
-        i = end
-        if i >= len(data):
-            break
-    return out
+    return {name: value for name, value in zip(_BRIEF_FIELDS, _prefixed(blob), strict=False) if value}
 
 
 def _merged(records: Iterable[dict[str, str]]) -> dict[str, str]:
@@ -1364,7 +1351,7 @@ class Redlock:
         fences: dict[int, int] = {}
         slots: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
-        full: list[list[str]] = []  # with a limit: the slots' owners as each node saw them ('' = free)
+        slot_owners: list[list[str]] = []  # with a limit: the slots' owners as nodes saw them ('' = free)
         errors: list[NodeError] = []
         done = False
         for i, answer in enumerate(answers):
@@ -1374,14 +1361,14 @@ class Redlock:
                 fences[i] = int(answer[1])
                 slots[i] = int(answer[2])
                 if len(answer) > 3:
-                    full.append(_prefixed(answer[3]))
+                    slot_owners.append(_prefixed(answer[3]))
             elif answer[0] == DONE:
                 done = True
             else:
                 record = _brief(answer[1])
                 holders.append((record.get("owner", ""), int(answer[2]), record))
                 if len(answer) > 3:
-                    full.append(_prefixed(answer[3]))
+                    slot_owners.append(_prefixed(answer[3]))
         key = self._slots[0]
         granted = fences
         if self.limit > 1 and fences:
@@ -1440,7 +1427,7 @@ class Redlock:
             # own: at most one owner holds it on a quorum); or when this job's own holder has a quorum of refusals
             # (a job never holds two slots). Refusals short of that are contenders that split the free slots, as
             # are grants on some nodes without a quorum for one slot: try again.
-            per_slot = [Counter(o[s] for o in full if s < len(o) and o[s]) for s in range(self.limit)]
+            per_slot = [Counter(o[s] for o in slot_owners if s < len(o) and o[s]) for s in range(self.limit)]
             limit_reached = all(c and c.most_common(1)[0][1] >= nodes.quorum for c in per_slot)
             same_job = [h for h, _, r in holders if self.job and r.get("job") == self.job]
             job_held = bool(same_job) and Counter(same_job).most_common(1)[0][1] >= nodes.quorum
