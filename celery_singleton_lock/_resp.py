@@ -2,14 +2,16 @@
 
 redis-py's connection does the connecting (TLS, AUTH, SELECT, CLIENT SETNAME: everything a URL may ask), and we
 keep using its socket afterwards. A lock call is one command and one reply on a connection nobody else uses
-(``redlock._take``), so a reply is read whole into one buffer and parsed there: no per-line buffering, no decoding
-layer, no health-check bookkeeping. redis-py's own path measured ~15 µs of client CPU per round trip more than this
-(``benchmarks/bench_hotpath.py``, "raw socket" floor). Errors keep redis-py's types: ``-NOSCRIPT`` is a
+(``redlock._take``), so a reply that comes whole in the first read is parsed in one pass, and a longer one by
+:class:`Reader` as its bytes arrive: no per-line buffering, no decoding layer, no health-check bookkeeping. It
+saves ~3 µs of client CPU per round trip (``benchmarks/bench_hotpath.py``, docs/benchmarks.md). Errors keep
+redis-py's types: ``-NOSCRIPT`` is a
 ``NoScriptError``, ``-NOPERM`` a ``NoPermissionError`` (its ``parse_error``), a timeout a ``TimeoutError``, a closed
 or broken socket a ``ConnectionError``, and the connection is dropped by the caller as before.
 
 Only for RESP2 connections that do not decode replies and hold no unread bytes in redis-py's buffer
-(:func:`usable`); anything else goes through redis-py's ``read_response``.
+(:func:`usable`); anything else (RESP3, ``decode_responses``, hiredis's parser, a client passed in) goes through
+redis-py's ``read_response``.
 """
 
 from __future__ import annotations
