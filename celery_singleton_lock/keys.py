@@ -270,10 +270,48 @@ def _is_default(value: Any, default: Any) -> bool:
         return False
 
 
+class Binder:
+    """A signature, with what binding a call to it needs, worked out once (a task builds one per process).
+
+    :meth:`given` is ``signature.bind(*args, **kwargs).arguments`` as a dict. For a signature of plain parameters
+    only (positional-or-keyword: the usual task), a call whose arguments fit is bound here in a few dict operations;
+    anything else (``*args``, keyword-only or positional-only parameters, a call that does not fit) goes through
+    ``Signature.bind``, which also words the error. ``Signature.bind`` is most of a key's cost on a worker.
+    """
+
+    __slots__ = ("_index", "_names", "_required", "defaults", "signature")
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        self.signature = signature
+        parameters = signature.parameters
+        self.defaults: dict[str, Any] = {name: p.default for name, p in parameters.items()}
+        plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters.values())
+        self._names: tuple[str, ...] | None = tuple(parameters) if plain else None
+        self._index = {name: i for i, name in enumerate(parameters)}
+        self._required = tuple(name for name, p in parameters.items() if p.default is _EMPTY)
+
+    def given(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments given, by parameter name; raises TypeError (``Signature.bind``'s) when they do not fit."""
+        names = self._names
+        if names is not None and len(args) <= len(names):
+            out = dict(zip(names, args, strict=False))
+            fits = True
+            if kwargs:
+                index, count = self._index, len(args)
+                for name, value in kwargs.items():
+                    if index.get(name, -1) < count:  # unknown, or given positionally too
+                        fits = False
+                        break
+                    out[name] = value
+            if fits and (len(args) >= len(self._required) or all(n in out for n in self._required)):
+                return out
+        return dict(self.signature.bind(*args, **kwargs).arguments)
+
+
 def lock_key(
     prefix: str,
     task_name: str,
-    signature: inspect.Signature | None,
+    signature: inspect.Signature | Binder | None,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     *,
@@ -284,8 +322,9 @@ def lock_key(
     An argument equal to its parameter's default (by the same-job rule) is left out, as an omitted one is.
     """
     if signature is not None:
+        binder = signature if isinstance(signature, Binder) else Binder(signature)
         try:
-            bound = signature.bind(*args, **kwargs)
+            given = binder.given(args, kwargs)
         except TypeError as exc:
             raise UnserializableArgumentsError(
                 f"cannot build the lock key of {task_name}: arguments do not match its signature ({exc})"
@@ -293,15 +332,16 @@ def lock_key(
         # No apply_defaults(): bound.arguments holds the arguments actually given, and a given one equal to its
         # default is dropped too. So a parameter added later with a default changes no existing key, and old and
         # new workers of a rolling deploy agree on every job.
-        parameters = signature.parameters
-        given = bound.arguments
+        defaults = binder.defaults
         if unique_on is not None:
-            missing = [n for n in unique_on if n not in parameters]
+            missing = [n for n in unique_on if n not in defaults]
             if missing:
                 raise ConfigurationError(f"lock_unique_on of {task_name} names unknown argument(s): {missing}")
             given = {n: given[n] for n in unique_on if n in given}
         arguments: dict[str, Any] = {
-            name: value for name, value in given.items() if not _is_default(value, parameters[name].default)
+            name: value
+            for name, value in given.items()
+            if (default := defaults[name]) is _EMPTY or not _is_default(value, default)
         }
     else:  # no usable signature (e.g. a C function): positional and keyword arguments as given
         arguments = {"args": list(args), "kwargs": dict(kwargs)}

@@ -44,7 +44,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -75,7 +75,7 @@ from .decision import (
     decide,
 )
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
-from .keys import custom_key, lock_key
+from .keys import Binder, custom_key, lock_key
 from .redlock import Redlock, sibling_key
 from .renewal import Lease, flush_stats, watchdog
 
@@ -253,6 +253,8 @@ class _Run:
     """Per-delivery state, kept on the request (one Task instance serves every thread of a process)."""
 
     key: str
+    task_id: str = ""
+    retries: int = 0  # the request's retries (read once: each ``self.request`` is a thread-local stack lookup)
     lock: Redlock | None = None
     lease: Lease | None = None
     outcome: Skipped | None = None
@@ -272,7 +274,7 @@ class _Options:
     interval: float
     on_duplicate: DuplicatePolicy
     on_unavailable: UnavailablePolicy
-    signature: inspect.Signature | None
+    signature: Binder | None  # the body's signature, ready to bind calls to (see keys.Binder)
     max_countdown: float | None  # half the broker's visibility timeout, if it has one
     done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
     done_window_short: float  # ... and when none is
@@ -607,7 +609,7 @@ class LockedTask(Task):  # type: ignore[misc]
             settings = settings_for(self.app)
             ttl = float(self.lock_ttl) if self.lock_ttl is not None else settings.ttl
             try:
-                signature: inspect.Signature | None = inspect.signature(self.run)
+                signature: Binder | None = Binder(inspect.signature(self.run))
             except (TypeError, ValueError):
                 signature = None
             visibility = _visibility_timeout(self.app)
@@ -632,7 +634,9 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The lock key of a call with these arguments (what ``celery locks`` lists)."""
-        options = self._options()
+        return self._key(self._options(), args, kwargs)
+
+    def _key(self, options: _Options, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         prefix = options.settings.prefix
         key_fn = type(self).lock_key
         if key_fn is not None:
@@ -843,8 +847,9 @@ class LockedTask(Task):  # type: ignore[misc]
         """Gather the facts of this delivery, let :func:`~celery_singleton_lock.decision.decide` choose, act."""
         request = self.request
         options = self._options()
-        key = self.lock_key_for(*args, **kwargs)
-        run = _Run(key)
+        key = self._key(options, args, kwargs)
+        retries = int(request.retries or 0)
+        run = _Run(key, task_id, retries)
         request._singleton_lock = run  # noqa: SLF001 - Celery's Context is our per-delivery state holder
         if options.on_duplicate == "replace" and getattr(request, _SINCE_HEADER, None):
             # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
@@ -852,7 +857,7 @@ class LockedTask(Task):  # type: ignore[misc]
             if newer is not None:
                 self._replaced(run, task_id, newer)
                 return
-        lock = self._new_lock(key, task_id, options)
+        lock = self._new_lock(key, task_id, options, retries)
         acquired = lock.acquire(blocking=False)
         redelivered = bool(
             getattr(request, _REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered")
@@ -860,14 +865,14 @@ class LockedTask(Task):  # type: ignore[misc]
         run.redelivered = redelivered
         if acquired and not redelivered:
             # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
-            self._hold(run, lock, task_id)
+            self._hold(run, lock, options, request)
             return
         facts = self._facts(lock, acquired, task_id, redelivered, options)
         for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
             decision = decide(facts)
             act = decision.act
             if act is Act.RUN:
-                self._hold(run, lock, task_id)
+                self._hold(run, lock, options, request)
                 return
             if act is Act.LOOK_UP:
                 facts = dataclasses.replace(facts, succeeded=self._already_succeeded(task_id))
@@ -887,7 +892,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 # token: take that over (a few times at most).
                 for _ in range(3):
                     reserved = lock.held_by
-                    lock = self._new_lock(key, task_id, options)
+                    lock = self._new_lock(key, task_id, options, retries)
                     lock.replaces = reserved
                     acquired = lock.acquire(blocking=False)
                     record = lock.holder_record or {}
@@ -1019,7 +1024,9 @@ class LockedTask(Task):  # type: ignore[misc]
         self._skip_quietly(run, Skipped(reason, run.key, task_id, "settled"))
         return True
 
-    def _new_lock(self, key: str, task_id: str, options: _Options) -> Redlock:
+    def _new_lock(self, key: str, task_id: str, options: _Options, retries: int | None = None) -> Redlock:
+        if retries is None:
+            retries = int(self.request.retries or 0)
         settings = options.settings
         return Redlock(
             settings.nodes,
@@ -1033,17 +1040,17 @@ class LockedTask(Task):  # type: ignore[misc]
                 "name": self.name,
                 "worker": _worker,
                 "at": str(int(time.time() * 1000)),
-                "try": str(self.request.retries or 0),
+                "try": str(retries),
             },
         )
 
-    def _hold(self, run: _Run, lock: Redlock, task_id: str) -> None:
-        options = self._options()
-        if run.parked or getattr(self.request, _PARKED_HEADER, None):
+    def _hold(self, run: _Run, lock: Redlock, options: _Options, request: Any) -> None:
+        task_id = run.task_id
+        if run.parked or getattr(request, _PARKED_HEADER, None):
             self._unpark(run.key, task_id, options)
         run.lock = lock
         run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, task_id))
-        self._count("acquired")
+        self._count("acquired", options)
         signals.lock_acquired.send(sender=self, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
 
     def _already_succeeded(self, task_id: str) -> bool:
@@ -1343,9 +1350,7 @@ class LockedTask(Task):  # type: ignore[misc]
                     # the other copy can start late, so the marker lasts the whole window.
                     # A retry's marker too: for a retry the marker is the only proof of its success (it never asks
                     # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
-                    done_for=options.done_window
-                    if run.redelivered or self.request.retries
-                    else options.done_window_short,
+                    done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
                     waited_for=options.done_window,
                     cooldown=float(self.lock_cooldown),
                 )
@@ -1354,8 +1359,8 @@ class LockedTask(Task):  # type: ignore[misc]
         except Exception:  # a release that failed still ends within ttl: log, never mask the task's outcome
             logger.exception("releasing lock %s failed; it expires within its ttl", run.key)
             return
-        self._count("released")
-        signals.lock_released.send(sender=self, key=run.key, task_id=self.request.id, held=held)
+        self._count("released", options)
+        signals.lock_released.send(sender=self, key=run.key, task_id=run.task_id, held=held)
         if options.on_duplicate in ("reschedule", "replace"):
             self._wake_next(run.key, options)
 
@@ -1485,6 +1490,6 @@ class LockedTask(Task):  # type: ignore[misc]
             reason,
         )
 
-    def _count(self, event: str) -> None:
-        settings = self._options().settings
+    def _count(self, event: str, options: _Options | None = None) -> None:
+        settings = (options or self._options()).settings
         watchdog().count(settings.nodes, settings.prefix, event)

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from kombu.utils import json as kombu_json
 
 from celery_singleton_lock.errors import ConfigurationError, UnserializableArgumentsError
-from celery_singleton_lock.keys import canonical, custom_key, lock_key
+from celery_singleton_lock.keys import Binder, canonical, custom_key, lock_key
 
 D = decimal.Decimal
 UTC = dt.timezone.utc
@@ -642,3 +642,58 @@ def test_canonical_text_examples() -> None:
     assert canonical(b"ab") == "b2:ab"
     assert canonical("6162") == "s4:6162"
     assert canonical(D("1.50")) == canonical(D("15E-1")) == "@decimal:15E-1;"
+
+
+_KINDS = [
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.VAR_POSITIONAL,
+    inspect.Parameter.KEYWORD_ONLY,
+    inspect.Parameter.VAR_KEYWORD,
+]
+
+
+@st.composite
+def signatures(draw: st.DrawFn) -> inspect.Signature:
+    """Valid signatures: kinds in order, at most one of each var kind, no required parameter after a defaulted
+    positional one; mostly plain positional-or-keyword parameters (the Binder's fast path)."""
+    plain_only = draw(st.booleans())
+    kinds = sorted(draw(st.lists(st.sampled_from(_KINDS[1:2] if plain_only else _KINDS), max_size=5)), key=_KINDS.index)
+    params: list[inspect.Parameter] = []
+    defaulted = False
+    seen: set[Any] = set()
+    for i, kind in enumerate(kinds):
+        if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            if kind in seen:
+                continue
+            seen.add(kind)
+            params.append(inspect.Parameter(f"p{i}", kind))
+            continue
+        positional = kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        default = inspect.Parameter.empty
+        if draw(st.booleans()) or (positional and defaulted):
+            default = draw(st.sampled_from([None, 0, "d"]))
+            defaulted = defaulted or positional
+        params.append(inspect.Parameter(f"p{i}", kind, default=default))
+    return inspect.Signature(params)
+
+
+@settings(max_examples=400)
+@given(signatures(), st.data())
+def test_the_binder_binds_every_call_as_signature_bind_does(sig: inspect.Signature, data: st.DataObject) -> None:
+    """keys.Binder's fast path (plain parameters) gives ``Signature.bind``'s arguments, or its TypeError."""
+    names = [*sig.parameters, "other"]
+    count = data.draw(st.integers(0, len(sig.parameters) + 1))
+    args = tuple(range(count))
+    kwargs = dict.fromkeys(data.draw(st.sets(st.sampled_from(names), max_size=len(names))), -1)
+    try:
+        expected: dict[str, Any] | type[TypeError] = dict(sig.bind(*args, **kwargs).arguments)
+    except TypeError:
+        expected = TypeError
+    try:
+        got: dict[str, Any] | type[TypeError] = Binder(sig).given(args, kwargs)
+    except TypeError:
+        got = TypeError
+    assert got == expected
+    if expected is not TypeError:
+        assert lock_key("p:", "t", Binder(sig), args, kwargs) == lock_key("p:", "t", sig, args, kwargs)
