@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import itertools
 import os
 import random
 import re
@@ -1224,7 +1225,7 @@ class Redlock:
             raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
-        if record is not None and {"owner", "fence", "waiting"} & set(record):
+        if record and ("owner" in record or "fence" in record or "waiting" in record):
             raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
         self.name = name
@@ -1234,10 +1235,10 @@ class Redlock:
         self.timeout = timeout
         self.job = job
         self._label = f"{token}:" if token else ""
-        fields = dict(record or {})
+        fields = dict(record) if record else {}
         if job is not None:
             fields["job"] = job
-        self._fields: tuple[str, ...] = tuple(x for kv in fields.items() for x in kv)
+        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
         self.limit = limit
         self._slots = slot_keys(name, limit)
         self._keys: tuple[str, ...] = (
@@ -1255,24 +1256,29 @@ class Redlock:
         self.replaces: str | None = None
         self._fence: int | None = None
         self._last_key = self._slots[0]
-        self._reset_failure()
+        # The attempt's findings (split, done, held_by...) start as the class's defaults: none.
+
+    #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
+    split: bool = False
+    #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
+    done: bool = False
+    #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that a
+    #: decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its remaining
+    #: lease (s).
+    held_by: str | None = None
+    holder_record: dict[str, str] | None = None
+    held_for: float | None = None
+    #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
+    node_errors: tuple[NodeError, ...] = ()
+    #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock), False
+    #: when unanswered nodes could have made the difference (the lock state is unknown).
+    contended: bool = False
 
     def _reset_failure(self) -> None:
-        #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
-        self.split = False
-        #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
-        self.done = False
-        #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that
-        #: a decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its
-        #: remaining lease (s).
-        self.held_by: str | None = None
-        self.holder_record: dict[str, str] | None = None
-        self.held_for: float | None = None
-        #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
-        self.node_errors: tuple[NodeError, ...] = ()
-        #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock),
-        #: False when unanswered nodes could have made the difference (the lock state is unknown).
-        self.contended = False
+        """Back to the class's defaults (no finding), whatever an earlier attempt found."""
+        self.split = self.done = self.contended = False
+        self.held_by = self.holder_record = self.held_for = None
+        self.node_errors = ()
 
     def __repr__(self) -> str:
         return f"Redlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
@@ -1348,6 +1354,18 @@ class Redlock:
             (token, ttl_ms, self._fencing, self.replaces or "", self.job or "", self._limit_arg, *self._fields),
             undo_on_timeout=(_UNDO, self._slots, (token,)),
         )
+        if self.limit == 1 and all(type(a) is list and a[0] == ACQUIRED for a in answers):
+            # The common case, every node granted the one key: the general path below with nothing to undo, fence
+            # or settle, when every node gave the same fencing token (always so on one node).
+            fence = int(answers[0][1])
+            deadline = start + self.ttl - self._drift()
+            if all(int(a[1]) == fence for a in answers) and deadline > self._clock():
+                key = self._slots[0]
+                self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key)
+                self._last_key = key
+                self._fence = fence
+                self._reset_failure()
+                return True
         fences: dict[int, int] = {}
         slots: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
@@ -1547,13 +1565,13 @@ class Redlock:
             token = lease.token if lease is not None else ""
             answers = self.nodes.run(
                 _FINISH,
-                (lease.key if lease is not None else self.name, done_key_for(self.name, self.job)),
+                (lease.key if lease is not None else self.name, self._keys[-1]),  # the done marker's key
                 (
                     token,
                     max(1, int(done_for * 1000)),
                     max(1, int(waited_for * 1000)),
                     int(cooldown * 1000),
-                    self._new_token(),
+                    self._new_token() if cooldown > 0 else "",  # the cooldown record's owner, if one is kept
                 ),
             )
         freed = sum(1 for a in answers if a == 1)
