@@ -286,14 +286,17 @@ class Binder:
         parameters = signature.parameters
         self.defaults: dict[str, Any] = {name: p.default for name, p in parameters.items()}
         plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters.values())
+        self._required = tuple(name for name, p in parameters.items() if p.default is _EMPTY)
+        # The fast path counts on the required parameters coming first, as Python makes them (a signature built by
+        # hand may skip that check).
+        plain = plain and tuple(parameters)[: len(self._required)] == self._required
         self._names: tuple[str, ...] | None = tuple(parameters) if plain else None
         self._index = {name: i for i, name in enumerate(parameters)}
-        self._required = tuple(name for name, p in parameters.items() if p.default is _EMPTY)
 
     def given(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments given, by parameter name; raises TypeError (``Signature.bind``'s) when they do not fit."""
         names = self._names
-        if names is not None and len(args) <= len(names):
+        if names is not None and type(args) in (tuple, list) and len(args) <= len(names):
             out = dict(zip(names, args, strict=False))
             fits = True
             if kwargs:
@@ -339,9 +342,7 @@ def lock_key(
                 raise ConfigurationError(f"lock_unique_on of {task_name} names unknown argument(s): {missing}")
             given = {n: given[n] for n in unique_on if n in given}
         arguments: dict[str, Any] = {
-            name: value
-            for name, value in given.items()
-            if (default := defaults[name]) is _EMPTY or not _is_default(value, default)
+            name: value for name, value in given.items() if not _is_default(value, defaults[name])
         }
     else:  # no usable signature (e.g. a C function): positional and keyword arguments as given
         arguments = {"args": list(args), "kwargs": dict(kwargs)}

@@ -1565,7 +1565,7 @@ class Redlock:
             token = lease.token if lease is not None else ""
             answers = self.nodes.run(
                 _FINISH,
-                (lease.key if lease is not None else self.name, self._keys[-1]),  # the done marker's key
+                (lease.key if lease is not None else self.name, done_key_for(self.name, self.job)),
                 (
                     token,
                     max(1, int(done_for * 1000)),

@@ -697,3 +697,31 @@ def test_the_binder_binds_every_call_as_signature_bind_does(sig: inspect.Signatu
     assert got == expected
     if expected is not TypeError:
         assert lock_key("p:", "t", Binder(sig), args, kwargs) == lock_key("p:", "t", sig, args, kwargs)
+
+
+def test_binder_edge_cases_key_and_fail_as_signature_bind_does() -> None:
+    """Review of c6caff2: the fast binding must agree with ``Signature.bind`` (and the key with the old code's)
+    where a plain-parameter signature meets an odd call."""
+
+    def f(a: Any, b: Any = 1) -> None: ...
+
+    sig = inspect.signature(f)
+    # An argument that IS the Parameter.empty sentinel (pickle, apply()), given for a required parameter: left out,
+    # as by the code before the Binder (the keys below are that code's).
+    empty = inspect.Parameter.empty
+    assert lock_key("p:", "t", sig, (empty,), {}) == "p:t:v2:44136fa355b3678a1146ad16f7e8649e"
+    assert lock_key("p:", "t", sig, (empty, 2), {}) == "p:t:v2:90808c318ca9fcf7edf71df993d88bf3"
+    # args that are not a tuple or list: bound (or refused) by Signature.bind, with its wording.
+    assert lock_key("p:", "t", sig, (x for x in (5,)), {}) == lock_key("p:", "t", sig, (5,), {})
+    with pytest.raises(UnserializableArgumentsError, match="must be an iterable, not NoneType"):
+        lock_key("p:", "t", sig, None, {})  # type: ignore[arg-type]
+    # A hand-built signature with a required parameter after a defaulted one: still "missing a required argument".
+    odd = inspect.Signature(
+        [
+            inspect.Parameter("a", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=1),
+            inspect.Parameter("b", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ],
+        __validate_parameters__=False,
+    )
+    with pytest.raises(UnserializableArgumentsError, match="missing a required argument: 'b'"):
+        lock_key("p:", "t", odd, (5,), {})

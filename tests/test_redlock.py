@@ -27,7 +27,7 @@ from celery_singleton_lock.errors import (
     LockNotAcquiredError,
     LockUnavailableError,
 )
-from celery_singleton_lock.redlock import NodeSet, Redlock, fence_key_for, redact_url
+from celery_singleton_lock.redlock import NodeSet, Redlock, done_key_for, fence_key_for, redact_url
 from celery_singleton_lock.testing import RedisServer, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(90)  # a hung fan-out fails its test instead of stalling the run
@@ -702,3 +702,30 @@ def test_split_vote_is_not_contention(redis_trio: list[RedisServer], name: str) 
     assert lock.contended
     assert not lock.split
     assert lock.held_by == "contender-a"
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_finish_marks_the_current_job_done_when_job_was_set_after_construction(
+    redis_node: RedisServer, name: str, limit: int
+) -> None:
+    """``job`` is a public attribute: a lock built without one and given one later must still write its done marker
+    to ``done_key_for(name, job)``, never over the fencing counter or another holder's slot (review of 332d47f: the
+    marker went to the constructor's last key)."""
+    client = redis.Redis.from_url(redis_node.url)
+    lock = Redlock(redis_node.url, name, ttl=10.0, limit=limit)
+    other = Redlock(redis_node.url, name, ttl=10.0, limit=limit)
+    assert lock.acquire(blocking=False)
+    token = lock.fencing_token
+    if limit > 1:
+        assert other.acquire(blocking=False)  # the other slot
+    lock.job = "task-1"
+    assert lock.finish(done_for=5.0, waited_for=5.0)
+    assert client.exists(done_key_for(name, "task-1"))
+    assert client.ttl(fence_key_for(name)) == -1  # the counter never expires
+    if limit > 1:
+        assert other.extend()  # its slot is still its own
+        other.release()
+    after = Redlock(redis_node.url, name, ttl=10.0, limit=limit)
+    assert after.acquire(blocking=False)
+    assert after.fencing_token > token
+    after.release()
