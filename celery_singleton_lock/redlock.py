@@ -1433,7 +1433,9 @@ class Redlock:
         refused = len(holders) > len(nodes) - nodes.quorum
         count = 0
         if holders:
-            holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]
+            holder, count = holders[0][0], len(holders)
+            if any(h != holder for h, _, _ in holders):  # not one owner everywhere: the most reported one
+                holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]
             self.held_by = holder
             self.held_for = max(ms for h, ms, _ in holders if h == holder) / 1000.0
             self.holder_record = _merged(r for h, _, r in holders if h == holder)
