@@ -223,7 +223,7 @@ class SkipBench:
         """Take the skip path's lock as ANOTHER JOB does while it runs (a record of no job would be deferred)."""
         locked = self.apps.locked
         options = dataclasses.replace(locked._options(), ttl=HOLD_TTL)
-        blocker = locked._new_lock(locked.lock_key_for(HELD_ARG), f"holder-{uuid.uuid4()}", options)
+        blocker = locked._new_lock(locked.lock_key_for(HELD_ARG), f"holder-{uuid.uuid4()}", options, 0)
         if not blocker.acquire(blocking=False):
             raise RuntimeError(f"could not take {blocker.name}")
         return blocker

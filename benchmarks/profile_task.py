@@ -151,7 +151,7 @@ class Bench:
         # LockedTask writes it for a running task (a record of no job would be deferred, not skipped).
         self.held_arg = -1 - os.getpid()
         self.held_key = locked.lock_key_for(self.held_arg)
-        self.blocker = locked._new_lock(self.held_key, f"holder-{uuid.uuid4()}", self.options)
+        self.blocker = locked._new_lock(self.held_key, f"holder-{uuid.uuid4()}", self.options, 0)
         if not self.blocker.acquire(blocking=False):
             raise RuntimeError(f"could not take {self.held_key}")
 
@@ -273,7 +273,7 @@ class Bench:
 
         locked, options, nodes, serial = self.locked, self.options, self.nodes, self.serial
         blocker, held_key = self.blocker, self.held_key
-        failed = locked._new_lock(held_key, str(uuid.uuid4()), options)
+        failed = locked._new_lock(held_key, str(uuid.uuid4()), options, 0)
         if failed.acquire(blocking=False):
             raise RuntimeError("the held key was free")
 
@@ -281,7 +281,7 @@ class Bench:
             locked.lock_key_for(i)
 
         def p_new_lock(i: int) -> None:
-            locked._new_lock("singleton_lock:bench.locked:abc", "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options)
+            locked._new_lock("singleton_lock:bench.locked:abc", "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options, 0)
 
         def p_redlock(i: int) -> None:
             Redlock(nodes, "singleton_lock:bench.locked:abc", ttl=60.0, token="t")
@@ -292,7 +292,7 @@ class Bench:
             lock.release()
 
         def p_acquire_finish(i: int) -> None:  # LockedTask's own lock: record fields, job, done marker
-            lock = locked._new_lock(f"piece:{next(serial)}", str(uuid.uuid4()), options)
+            lock = locked._new_lock(f"piece:{next(serial)}", str(uuid.uuid4()), options, 0)
             lock.acquire(blocking=False)
             lock.finish(done_for=options.done_window_short, waited_for=options.done_window)
 
@@ -314,7 +314,7 @@ class Bench:
             locked._count("released")
 
         def p_failed_acquire(i: int) -> None:
-            locked._new_lock(held_key, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options).acquire(blocking=False)
+            locked._new_lock(held_key, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options, 0).acquire(blocking=False)
 
         def p_decide(i: int) -> None:
             decide(locked._facts(failed, False, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", False, options))

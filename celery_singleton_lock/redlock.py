@@ -1360,12 +1360,7 @@ class Redlock:
             fence = int(answers[0][1])
             deadline = start + self.ttl - self._drift()
             if all(int(a[1]) == fence for a in answers) and deadline > self._clock():
-                key = self._slots[0]
-                self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key)
-                self._last_key = key
-                self._fence = fence
-                self._reset_failure()
-                return True
+                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=self._slots[0]))
         fences: dict[int, int] = {}
         slots: dict[int, int] = {}
         holders: list[tuple[str, int, dict[str, str]]] = []
@@ -1414,11 +1409,7 @@ class Redlock:
             # Under Redlock's assumptions the lease is ours until start + ttl - drift on our clock.
             deadline = start + self.ttl - self._drift()
             if confirmed >= nodes.quorum and deadline > self._clock():
-                self._lease = _Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key)
-                self._last_key = key
-                self._fence = fence
-                self._reset_failure()
-                return True
+                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key))
         # Failed: undo where we set the key, putting back a record we took over (a retry's hand-over that another
         # delivery must still find). A node that timed out got the undo already, on the same connection (see
         # NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
@@ -1454,6 +1445,14 @@ class Redlock:
             self.contended = limit_reached or (refused and job_held)
             self.split = not self.contended and (refused or (not errors and bool(fences)))
         return False
+
+    def _won(self, lease: _Lease) -> bool:
+        """An attempt took ``lease``: it is this lock's now, and nothing of an earlier attempt's findings stays."""
+        self._lease = lease
+        self._last_key = lease.key
+        self._fence = lease.fence
+        self._reset_failure()
+        return True
 
     def extend(self) -> bool:
         """Reset the lease to ``ttl`` if we still hold it.

@@ -274,7 +274,7 @@ class _Options:
     interval: float
     on_duplicate: DuplicatePolicy
     on_unavailable: UnavailablePolicy
-    signature: Binder | None  # the body's signature, ready to bind calls to (see keys.Binder)
+    binder: Binder | None  # the body's signature, ready to bind calls to (None: no usable signature)
     max_countdown: float | None  # half the broker's visibility timeout, if it has one
     done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
     done_window_short: float  # ... and when none is
@@ -609,9 +609,9 @@ class LockedTask(Task):  # type: ignore[misc]
             settings = settings_for(self.app)
             ttl = float(self.lock_ttl) if self.lock_ttl is not None else settings.ttl
             try:
-                signature: Binder | None = Binder(inspect.signature(self.run))
+                binder: Binder | None = Binder(inspect.signature(self.run))
             except (TypeError, ValueError):
-                signature = None
+                binder = None
             visibility = _visibility_timeout(self.app)
             on_duplicate = self.lock_on_duplicate or settings.on_duplicate
             _check_limit(self.name, self.lock_limit, on_duplicate)
@@ -621,7 +621,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 interval=ttl * settings.renew_fraction,
                 on_duplicate=on_duplicate,
                 on_unavailable=self.lock_on_unavailable or settings.on_unavailable,
-                signature=signature,
+                binder=binder,
                 # A message held unacked past the visibility timeout (a countdown waiting in the worker) is restored
                 # by the broker and then exists twice: a copy re-sent every time it waits would multiply.
                 max_countdown=visibility / 2 if visibility else None,
@@ -641,7 +641,7 @@ class LockedTask(Task):  # type: ignore[misc]
         key_fn = type(self).lock_key
         if key_fn is not None:
             return custom_key(prefix, self.name, key_fn, args, kwargs)
-        return lock_key(prefix, self.name, options.signature, args, kwargs, unique_on=self.lock_unique_on)
+        return lock_key(prefix, self.name, options.binder, args, kwargs, unique_on=self.lock_unique_on)
 
     # -- the client side -----------------------------------------------------------------------------------------
 
@@ -1024,9 +1024,7 @@ class LockedTask(Task):  # type: ignore[misc]
         self._skip_quietly(run, Skipped(reason, run.key, task_id, "settled"))
         return True
 
-    def _new_lock(self, key: str, task_id: str, options: _Options, retries: int | None = None) -> Redlock:
-        if retries is None:
-            retries = int(self.request.retries or 0)
+    def _new_lock(self, key: str, task_id: str, options: _Options, retries: int) -> Redlock:
         settings = options.settings
         return Redlock(
             settings.nodes,
