@@ -91,7 +91,7 @@ def read_reply(conn: Any, deadline: float, timeout: float | None = None) -> Any:
             if reader is None:
                 # The common case, a whole reply in the first read: one pass, no parser state.
                 try:
-                    value, end = _parse(chunk, 0, parse_error)
+                    value, end = parse(chunk, 0, parse_error)
                 except _Incomplete:
                     reader = Reader(parse_error)
                     done = reader.feed(chunk)
@@ -124,7 +124,7 @@ def _stream_lost() -> RedisConnectionError:
     return RedisConnectionError("Protocol error: unexpected bytes after a reply")
 
 
-def _parse(data: bytes, pos: int, parse_error: Any) -> tuple[Any, int]:
+def parse(data: bytes, pos: int, parse_error: Any = ResponseError) -> tuple[Any, int]:
     """The RESP2 value at ``data[pos]`` and the index after it, in one recursive pass; ``_Incomplete`` when cut."""
     eol = data.find(b"\r\n", pos)
     if eol < 0:
@@ -147,7 +147,7 @@ def _parse(data: bytes, pos: int, parse_error: Any) -> tuple[Any, int]:
         items = []
         at = eol + 2
         for _ in range(count):
-            item, at = _parse(data, at, parse_error)
+            item, at = parse(data, at, parse_error)
             items.append(item)
         return items, at
     if kind == 43:  # '+' simple string
@@ -223,8 +223,3 @@ class Reader:
             else:
                 self.value = value
                 return True
-
-
-def parse(data: bytes, pos: int, parse_error: Any = ResponseError) -> tuple[Any, int]:
-    """The RESP2 value starting at ``data[pos]`` and the index after it; raises ``_Incomplete`` when cut short."""
-    return _parse(data, pos, parse_error)
