@@ -7,10 +7,12 @@ every rule lives here, with no I/O, no Celery and no clock, so the whole table i
 =============================  =====================================================================================
 outcome of the acquire          action
 =============================  =====================================================================================
-acquired                        RUN; a redelivered first attempt LOOKs UP the result backend, DONE if it says SUCCESS
-                                (a retry never asks: the backend's SUCCESS may be its predecessor's, after
+acquired                        RUN; a redelivered first attempt LOOKs UP the result backend, DONE if it holds a final
+                                state (SUCCESS, FAILURE, REVOKED: the job ran to an end, whichever)
+                                (a retry never asks: the backend's state may be its predecessor's, after
                                 retry(throw=False); for a retry the done marker alone says "finished")
-done (the job's done marker)    DONE: this task id already succeeded (however late this copy starts)
+done (the job's done marker)    DONE: this task id already ran to an end, success or failure (however late this copy
+                                starts)
 split vote                      RETRY_NOW a few times with jitter, then DEFER soon: never skipped as a duplicate
 no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAILABLE (fail), RUN_UNGUARDED (run)
 held by this task id, queued    TAKE_OVER the reservation ``lock_scope="queue"`` made at ``apply_async`` (a first try;
@@ -18,7 +20,7 @@ held by this task id, queued    TAKE_OVER the reservation ``lock_scope="queue"``
 held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once; only by a later try)
 held by this task id, cooldown  DONE: it finished and is cooling down
 held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
-held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if SUCCESS, else DEFER until the
+held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if final, else DEFER until the
                                 twin's lease would end (never skipped as its own duplicate, never run beside it)
 held by another job             duplicate: SKIP (skip), FAIL_DUPLICATE (fail), DEFER (reschedule, replace; chord members
                                 always): when the holder's lease would end (its release wakes it before that)
@@ -67,7 +69,7 @@ class Act(enum.Enum):
     LOOK_UP = "look up"  #: read the result backend's state of this task id, then decide again
     TAKE_OVER = "take over"  #: acquire again, taking over the holder (our own retry's hand-over)
     RETRY_NOW = "retry now"  #: acquire again after a short jittered pause (split vote)
-    DONE = "done"  #: this task id already succeeded: do not run, store nothing
+    DONE = "done"  #: this task id already ran to an end: do not run, store nothing
     SKIP = "skip"  #: a duplicate of another job: store REVOKED naming the holder, do not run
     FAIL_DUPLICATE = "fail duplicate"  #: a duplicate: fail with DuplicateTaskError
     DEFER = "defer"  #: re-send this delivery (same task id) to run after ``countdown`` s
@@ -87,7 +89,9 @@ class Facts:
     redelivered: bool = False  #: the broker says so, or we re-sent it to wait for its twin
     retries: int = 0  #: this delivery's ``request.retries``
     holder_try: int | None = None  #: the holder record's ``try`` (its delivery's retries), None: unknown
-    succeeded: bool | None = None  #: the result backend says SUCCESS for this id; None: not looked up (yet)
+    #: the result backend holds a final state (SUCCESS, FAILURE, REVOKED) for this id: the job ran to an end, and a
+    #: copy of it must not run it again, whichever end it was; None: not looked up (yet)
+    ended: bool | None = None
     in_chord: bool = False
     on_duplicate: DuplicatePolicy = "skip"
     on_unavailable: UnavailablePolicy = "retry"
@@ -113,18 +117,18 @@ class Decision:
 def decide(f: Facts) -> Decision:
     """The action for a delivery with these facts (see the module's table)."""
     if f.outcome == "done":
-        return Decision(Act.DONE, reason="already succeeded")
+        return Decision(Act.DONE, reason="already ran")
     # The result backend speaks for a task id's FIRST attempt only: a body that went on after retry(throw=False)
-    # and returned stored SUCCESS for the id while its retry is still to run. A retry's only proof of an earlier
-    # success is the done marker (outcome "done", checked in the acquire itself).
-    succeeded = f.succeeded if f.retries == 0 else False
+    # and returned (or raised) stored a final state for the id while its retry is still to run. A retry's only proof
+    # of an earlier end is the done marker (outcome "done", checked in the acquire itself).
+    ended = f.ended if f.retries == 0 else False
     if f.outcome == "acquired":
         if f.took_over or f.retries > 0:
             # Our own retry's hand-over taken over, or a retry that found the lock free: it runs.
             return Decision(Act.RUN)
-        if succeeded:
-            return Decision(Act.DONE, reason="already succeeded")
-        if f.redelivered and succeeded is None:
+        if ended:
+            return Decision(Act.DONE, reason="already ran")
+        if f.redelivered and ended is None:
             return Decision(Act.LOOK_UP)
         return Decision(Act.RUN)
     if f.outcome == "split":
@@ -149,7 +153,7 @@ def decide(f: Facts) -> Decision:
             # earlier one) would run that attempt again and fork the retry chain.
             return Decision(Act.TAKE_OVER)
         if f.holder_state == COOLDOWN:
-            return Decision(Act.DONE, reason="already succeeded")
+            return Decision(Act.DONE, reason="already ran")
         if f.holder_try is not None and f.holder_try < f.retries:
             # The attempt before this retry still holds the lock: it sent this retry and is ending (unwinding its
             # body, or going on after retry(throw=False)); it hands over when its body ends. Look again soon.
@@ -158,11 +162,11 @@ def decide(f: Facts) -> Decision:
             return _defer(f, min(remaining, f.interval, 1.0) + 0.05 + 0.2 * f.jitter, "predecessor")
         # The same job, held by another delivery of it (acks_late after a crash, a visibility-timeout redelivery):
         # look again when its lease would end (a dead holder stops renewing, so at most a ttl away), unless it
-        # succeeded meanwhile.
-        if succeeded is None:
+        # ended meanwhile.
+        if ended is None:
             return Decision(Act.LOOK_UP)
-        if succeeded:
-            return Decision(Act.DONE, reason="already succeeded")
+        if ended:
+            return Decision(Act.DONE, reason="already ran")
         return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "redelivered")
     if f.holder_job is None:
         # Not a LockedTask's record (a plain Redlock, a key of another tool, an old format): nothing says it is a

@@ -50,7 +50,7 @@ from typing import Any, ClassVar, cast
 
 import click
 from celery import Task, bootsteps
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_revoked, worker_process_shutdown
 from celery.states import READY_STATES
 from celery.utils import uuid
@@ -152,16 +152,14 @@ return replaced
 """
 #: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
 DEFAULT_QUEUE_TTL = 600.0
-#: Queue scope: how long a reservation may stay "sending" (its publish under way) before it expires.
-SENDING_TTL = 10.0
-#: Queue scope: how long a duplicate call waits for another call's publish under way before it sends its own.
+#: Queue scope: how long a duplicate call waits for another call's publish under way before it sends a copy of that
+#: call's job (same task id; see LockedTask._reserve).
 SENDING_WAIT = 2.0
 _SCOPES = ("run", "queue")
 # apply_async options whose messages are reserved at the worker only (a chord counts its members' own ids).
 _GROUPED = frozenset({"chord", "group_id", "chain"})
 #: Seconds a copy that found its job done, but no result stored, waits before saying so (see _settle_done).
 SETTLE_GRACE = 10.0
-_SUCCESS = "SUCCESS"
 
 
 #: How a Skipped's repr begins: what a worker's main process (which sees only the repr) and the log filter look for.
@@ -667,9 +665,31 @@ class LockedTask(Task):  # type: ignore[misc]
         ):
             own_id = task_id is not None
             task_id = task_id or uuid()
-            existing, lock, lease = self._reserve(args or (), kwargs or {}, task_id, options, own_id=own_id)
+            existing, lock, lease, stand_in = self._reserve(args or (), kwargs or {}, task_id, options, own_id=own_id)
             if existing is not None:
                 return existing
+            if stand_in is not None:
+                # Another call's publish of this job is still under way (slow), or its producer died after it: its
+                # message may exist or never will. This call sends a copy of THAT job (its task id, marked as a
+                # copy): whichever arrives first runs it; the other finds the job held or done by its own id and
+                # stops (one run). Never a second job: that is what ran a job twice.
+                headers = {**(options.pop("headers", None) or {}), _REDELIVERY_HEADER: 1}
+                sent = super().apply_async(
+                    args,
+                    kwargs,
+                    task_id=stand_in,
+                    producer=producer,
+                    link=link,
+                    link_error=link_error,
+                    shadow=shadow,
+                    headers=headers,
+                    **options,
+                )
+                if self._options().on_duplicate == "fail":  # the job exists now, for sure: this call was its duplicate
+                    raise DuplicateTaskError(
+                        self.lock_key_for(*(args or ()), **(kwargs or {})), task_name=self.name, holder_task_id=stand_in
+                    )
+                return sent
             try:
                 sent = super().apply_async(
                     args,
@@ -701,15 +721,18 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _reserve(
         self, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
-    ) -> tuple[Any, Redlock | None, float]:
+    ) -> tuple[Any, Redlock | None, float, str | None]:
         """Queue scope: reserve this call's job for ``task_id`` before it is published.
 
-        Returns ``(existing, None, 0)`` when the job is already queued, running, being retried or cooling down (its
-        ``AsyncResult``: nothing is to be sent), and ``(None, lock, lease)`` when this call reserved it. The
-        reservation is "sending" until the message was published (a duplicate meanwhile is sent, and sorted out by
-        the worker: never handed the id of a message that may never exist), then "queued" for ``lease`` s; it is
-        released if the publish fails. When Redis cannot tell (no quorum, a split that persists, an unknown
-        holder), ``(None, None, 0)``: the message is sent, and the worker's run-time check is the guard.
+        Returns ``(existing, None, 0, None)`` when the job is already queued, running, being retried or cooling down
+        (its ``AsyncResult``: nothing is to be sent), and ``(None, lock, lease, None)`` when this call reserved it.
+        The reservation is "sending" until the message was published, then "queued"; it lasts ``lease`` s either
+        way, and is released if the publish raises. A duplicate that finds it "sending" waits up to SENDING_WAIT
+        for the publish; when it is still "sending" then (a slow publish, or a producer that died between its
+        publish and marking it sent), ``(None, None, 0, holder)``: this call sends a copy of the holder's job under
+        the holder's task id, never a job of its own, and never hands its caller the id of a message that may not
+        exist without sending one. When Redis cannot tell (no quorum, a split that persists, an unknown holder),
+        ``(None, None, 0, None)``: the message is sent, and the worker's run-time check is the guard.
         """
         key = self.lock_key_for(*args, **kwargs)
         options_ = self._options()
@@ -722,7 +745,11 @@ class LockedTask(Task):  # type: ignore[misc]
         lock = Redlock(
             options_.settings.nodes,
             key,
-            ttl=min(lease, SENDING_TTL),
+            # "sending" lasts the whole lease, not a few seconds: a producer that dies between its publish and
+            # marking the reservation sent leaves a message that may wait in the queue for as long (a busy worker),
+            # and the job must stay reserved for it. A producer that died before its publish leaves no message:
+            # the next call's copy (see the stand-in above) runs the job under the reservation's id.
+            ttl=lease,
             fencing=False,
             job=task_id,
             record={
@@ -737,7 +764,7 @@ class LockedTask(Task):  # type: ignore[misc]
             splits, deadline = 0, time.monotonic() + SENDING_WAIT
             for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
                 if lock.acquire(blocking=False):
-                    return None, lock, lease
+                    return None, lock, lease, None
                 if lock.split and splits < SPLIT_RETRIES:
                     # Contenders that split the nodes try again after a jittered pause.
                     splits += 1
@@ -753,36 +780,43 @@ class LockedTask(Task):  # type: ignore[misc]
             logger.warning(
                 "%s: could not reserve lock %s; sending (checked at the worker)", self.name, key, exc_info=True
             )
-            return None, None, 0.0
-        if lock.done:  # this very task id already succeeded
-            return self.AsyncResult(task_id), None, 0.0
+            return None, None, 0.0, None
+        if lock.done:  # this very task id already ran
+            return self.AsyncResult(task_id), None, 0.0, None
         record = lock.holder_record or {}
         holder, state = record.get("job"), record.get("state")
-        if not lock.contended or holder is None or state in (ENDING, SENDING, None):
-            # Not a job that exists for sure (a publish under way, a run being ended, a record of no job): sent.
-            return None, None, 0.0
-        if holder == task_id:  # sent again with its own id while queued or running: one message is enough
-            return self.AsyncResult(task_id), None, 0.0
+        policy = options_.on_duplicate
+        if not lock.contended or holder is None or state in (ENDING, None):
+            # Not a job that exists for sure (a run being ended, a record of no job): sent.
+            return None, None, 0.0, None
+        if state == SENDING and policy in ("reschedule", "replace"):
+            return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
+        if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
+            return self.AsyncResult(task_id), None, 0.0, None
         if holder == self.request.id and state == RUNNING:
             # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
             # skips it if it arrives while this run still holds the job.
-            return None, None, 0.0
-        policy = options_.on_duplicate
+            return None, None, 0.0, None
         if policy in ("reschedule", "replace"):  # it runs after the holder: sent, and waits at the worker
-            return None, None, 0.0
+            return None, None, 0.0, None
         signals.duplicate_skipped.send(sender=self, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
-        if policy == "fail":
+        if policy == "fail" and state != SENDING:
             raise DuplicateTaskError(key, task_name=self.name, holder_task_id=holder)
-        reason = f"duplicate of {self.name} not sent: lock {key} held by task {holder} ({state})"
+        if state == SENDING:
+            reason = f"duplicate of {self.name} sent as a copy of task {holder} (lock {key}: its publish is under way)"
+        else:
+            reason = f"duplicate of {self.name} not sent: lock {key} held by task {holder} ({state})"
         logger.debug("%s", reason)
-        if own_id and not self.ignore_result:
+        if own_id and holder != task_id and not self.ignore_result:
             # The caller chose this id and may wait on it: say at once what became of it (as a skip at the worker
             # would), not PENDING forever. The call still returns the existing job's result.
             try:
                 self.backend.mark_as_revoked(task_id, reason, request=None)
             except Exception:
                 logger.debug("could not store the duplicate state of %s", task_id, exc_info=True)
-        return self.AsyncResult(holder), None, 0.0
+        if state == SENDING:
+            return None, None, 0.0, holder
+        return self.AsyncResult(holder), None, 0.0, None
 
     def revoke_queued(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
         """Revoke a queue-scope job's message and free its reservation now (``args``/``kwargs``: the call's).
@@ -875,7 +909,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 self._hold(run, lock, options, request)
                 return
             if act is Act.LOOK_UP:
-                facts = dataclasses.replace(facts, succeeded=self._already_succeeded(task_id))
+                facts = dataclasses.replace(facts, ended=self._already_ended(task_id))
                 continue
             if act is Act.RETRY_NOW:
                 # Contenders that arrived together split the nodes and nobody got a quorum (or the attempt that
@@ -976,7 +1010,7 @@ class LockedTask(Task):  # type: ignore[misc]
         task_id = facts.task_id
         if act is Act.DONE:
             if not self._settle_done(run, task_id):
-                self._skip_quietly(run, Skipped("already succeeded", run.key, task_id, "done"))
+                self._skip_quietly(run, Skipped("already ran", run.key, task_id, "done"))
         elif act is Act.RUN_UNGUARDED:
             self._unavailable(run, lock, task_id, options, "run")
         elif act is Act.FAIL_UNAVAILABLE:
@@ -1014,7 +1048,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 self._defer(run, SETTLE_GRACE, "settling", {_SETTLE_HEADER: 1})
                 return True
             reason = (
-                f"{self.name}[{task_id}] already succeeded (lock {run.key}), but the run that succeeded stored no "
+                f"{self.name}[{task_id}] already ran (lock {run.key}), but the run that ended stored no "
                 "result: it was killed after the job finished"
             )
             self.backend.mark_as_revoked(task_id, reason, request=None)
@@ -1051,9 +1085,11 @@ class LockedTask(Task):  # type: ignore[misc]
         self._count("acquired", options)
         signals.lock_acquired.send(sender=self, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
 
-    def _already_succeeded(self, task_id: str) -> bool:
+    def _already_ended(self, task_id: str) -> bool:
+        """The result backend holds a final state for ``task_id``: success, failure or revoke, its job ran to an end
+        (a copy of it never runs it again, whichever end it was)."""
         try:
-            return bool(self.backend.get_state(task_id) == _SUCCESS)
+            return self.backend.get_state(task_id) in READY_STATES
         except Exception:  # no usable result backend: we cannot tell, so run (at least once beats lost)
             logger.debug("cannot read the state of %s: running it", task_id, exc_info=True)
             return False
@@ -1090,7 +1126,6 @@ class LockedTask(Task):  # type: ignore[misc]
             # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
             # lease must have ended (a live holder's renewals keep it ~ttl away).
             headers = {_PARKED_HEADER: 1, _REDELIVERY_HEADER: 1} if run.parked else {}
-            headers[_SINCE_HEADER] = _since(request)
             self._defer(run, decision.countdown, "duplicate", headers, f"lock {run.key} {held}", holder_id)
             return
         reason = f"duplicate of {self.name} skipped: lock {run.key} {held}"
@@ -1150,6 +1185,9 @@ class LockedTask(Task):  # type: ignore[misc]
             if reason == "unavailable":
                 raise LockUnavailableError(run.key)
             raise DuplicateTaskError(run.key, task_name=self.name, holder_task_id=holder_id)
+        # Every copy carries when its call first reached a worker: "replace" orders calls by first arrival, and a
+        # first delivery re-sent for any reason (no quorum, a split vote, a "sending" holder) is still that call.
+        headers = {_SINCE_HEADER: _since(request), **headers}
         if run.redelivered or reason == "redelivered":
             # Another copy of this message may exist (or will: the broker's own redelivery): the copy sent here
             # keeps saying so, so that when it runs it asks whether the job already succeeded, and its success
@@ -1310,10 +1348,18 @@ class LockedTask(Task):  # type: ignore[misc]
         if run.outcome is not None:
             return run.outcome
         run.entered = True
-        succeeded = False
+        succeeded = ended = False
         try:
             result = self.run(*args, **kwargs)
-            succeeded = True
+            succeeded = ended = True
+        except (Retry, Ignore):
+            raise  # not an end of the job: a retry follows, or the message is dropped unrecorded
+        except Reject as exc:
+            ended = not exc.requeue  # requeued: the job runs again; not requeued: Celery stores FAILURE
+            raise
+        except Exception:
+            ended = True  # FAILURE: the job ran to its end; a copy of it (a waiting call, a redelivery) must not run
+            raise
         finally:
             # Before the tracer stores the result: a caller who waits for it and re-enqueues is never skipped.
             if run.handover_ttl is not None:
@@ -1321,18 +1367,21 @@ class LockedTask(Task):  # type: ignore[misc]
                 # retry(throw=False)), the job is the retry's. Not before: the body was still inside the job.
                 self._hand_over(run, run.handover_ttl)
             else:
-                self._release(run, done=succeeded)
+                self._release(run, done=ended, succeeded=succeeded)
         return result
 
     # -- exits -------------------------------------------------------------------------------------------------
 
-    def _release(self, run: _Run, *, done: bool = False) -> None:
-        """Give the lock up; after a success, mark this task id done (see ``Redlock.finish``) in the same round trip.
+    def _release(self, run: _Run, *, done: bool = False, succeeded: bool = False) -> None:
+        """Give the lock up; after the job's end (a success or a failure: ``done``), mark this task id done (see
+        ``Redlock.finish``) in the same round trip; only a success starts a cooldown.
 
         Timeline of what the done marker prevents: this run releases, a redelivered copy of the same task id
-        (waiting on a countdown, or arriving late) takes the lock, finds no SUCCESS stored (not yet, or no result
+        (waiting on a countdown, or arriving late) takes the lock, finds no final state stored (not yet, or no result
         backend at all), and runs the job a second time. With the marker, that copy's acquire answers DONE and it
-        stops, while a different job is not affected at all (the marker is a key of its own, per task id).
+        stops, while a different job is not affected at all (the marker is a key of its own, per task id). A
+        failure ends the job as much as a success does: a waiting call's fallback copy that ran it again after a
+        FAILURE would run a job twice.
         """
         lock, lease = run.lock, run.lease
         run.lock = run.lease = None
@@ -1350,7 +1399,7 @@ class LockedTask(Task):  # type: ignore[misc]
                     # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
                     done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
                     waited_for=options.done_window,
-                    cooldown=float(self.lock_cooldown),
+                    cooldown=float(self.lock_cooldown) if succeeded else 0.0,
                 )
             else:
                 held = lock.release()

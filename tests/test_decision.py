@@ -37,7 +37,7 @@ def every_fact() -> Iterator[Facts]:
         holder,
         state,
         redelivered,
-        succeeded,
+        ended,
         (chord, dup),
         unav,
         split,
@@ -72,7 +72,7 @@ def every_fact() -> Iterator[Facts]:
             redelivered=redelivered,
             retries=retries,
             holder_try=holder_try,
-            succeeded=succeeded,
+            ended=ended,
             in_chord=chord,
             on_duplicate=dup,
             on_unavailable=unav,
@@ -90,12 +90,12 @@ def every_fact() -> Iterator[Facts]:
 def check(f: Facts, d: Decision) -> None:
     """Every guarantee the decision must keep, for one combination of facts."""
     act = d.act
-    known_success = f.succeeded and f.retries == 0  # the backend speaks for a first attempt only
+    known_success = f.ended and f.retries == 0  # the backend speaks for a first attempt only
     # The body runs only under the lock, and never after a known success (but our own retry's hand-over runs).
     if act is Act.RUN:
         assert f.outcome == "acquired"
         assert not known_success or f.took_over
-        assert not (f.redelivered and f.retries == 0 and f.succeeded is None and not f.took_over)
+        assert not (f.redelivered and f.retries == 0 and f.ended is None and not f.took_over)
     if act is Act.RUN_UNGUARDED:
         assert f.outcome == "unavailable" and f.on_unavailable == "run"
     # Never skipped as its own duplicate, nor as the duplicate of a record that names no job, nor of a reservation
@@ -115,7 +115,7 @@ def check(f: Facts, d: Decision) -> None:
         assert f.outcome == "done" or known_success or f.holder_state == COOLDOWN
     # The backend is asked about a first attempt only, and once.
     if act is Act.LOOK_UP:
-        assert f.retries == 0 and f.succeeded is None
+        assert f.retries == 0 and f.ended is None
     # The attempt that sent this retry is never waited for a whole ttl.
     if f.outcome == "held" and f.holder_job == ME and f.holder_try is not None and f.holder_try < f.retries:
         if f.holder_state != COOLDOWN and (f.holder_state != HANDOVER or f.took_over):
@@ -142,7 +142,7 @@ def check(f: Facts, d: Decision) -> None:
     # Acting on LOOK_UP / TAKE_OVER changes the facts so that no delivery loops.
     if act is Act.LOOK_UP:
         for answer in (False, True):
-            assert decide(dataclasses.replace(f, succeeded=answer)).act is not Act.LOOK_UP
+            assert decide(dataclasses.replace(f, ended=answer)).act is not Act.LOOK_UP
     if act is Act.TAKE_OVER:
         assert f.holder_job == ME
         if f.holder_state in (QUEUED, SENDING):  # the queue-scope reservation of this message: its first attempt
@@ -175,9 +175,9 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
     [
         (Facts("acquired", ME), Act.RUN, ""),
         (Facts("acquired", ME, redelivered=True), Act.LOOK_UP, ""),
-        (Facts("acquired", ME, redelivered=True, succeeded=True), Act.DONE, "already succeeded"),
-        (Facts("acquired", ME, redelivered=True, succeeded=False), Act.RUN, ""),
-        (Facts("acquired", ME, redelivered=True, succeeded=True, took_over=True), Act.RUN, ""),
+        (Facts("acquired", ME, redelivered=True, ended=True), Act.DONE, "already ran"),
+        (Facts("acquired", ME, redelivered=True, ended=False), Act.RUN, ""),
+        (Facts("acquired", ME, redelivered=True, ended=True, took_over=True), Act.RUN, ""),
         (Facts("acquired", ME, redelivered=True, retries=2), Act.RUN, ""),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING, holder_try=0, retries=1), Act.RETRY_NOW, ""),
         (
@@ -185,9 +185,9 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
             Act.DEFER,
             "predecessor",
         ),
-        (Facts("held", ME, holder_job=ME, holder_try=1, retries=1, succeeded=None), Act.DEFER, "redelivered"),
+        (Facts("held", ME, holder_job=ME, holder_try=1, retries=1, ended=None), Act.DEFER, "redelivered"),
         (Facts("held", ME, holder_job=None, attempt=3, max_retries=3), Act.FAIL_UNAVAILABLE, ""),
-        (Facts("done", ME), Act.DONE, "already succeeded"),
+        (Facts("done", ME), Act.DONE, "already ran"),
         (Facts("split", ME), Act.RETRY_NOW, ""),
         (Facts("split", ME, split_retries=SPLIT_RETRIES), Act.DEFER, "split vote"),
         (Facts("unavailable", ME), Act.DEFER, "unavailable"),
@@ -198,7 +198,7 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, holder_try=0, retries=1), Act.TAKE_OVER, ""),
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, holder_try=0, retries=0), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, took_over=True), Act.LOOK_UP, ""),
-        (Facts("held", ME, holder_job=ME, holder_state=COOLDOWN), Act.DONE, "already succeeded"),
+        (Facts("held", ME, holder_job=ME, holder_state=COOLDOWN), Act.DONE, "already ran"),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED), Act.TAKE_OVER, ""),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED, redelivered=True), Act.TAKE_OVER, ""),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED, took_over=True), Act.LOOK_UP, ""),
@@ -206,8 +206,8 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("held", ME, holder_job=ME, holder_state=SENDING), Act.TAKE_OVER, ""),
         (Facts("held", ME, holder_job=OTHER, holder_state=SENDING), Act.DEFER, "sending"),
         (Facts("held", ME, holder_job=ME, holder_state=RUNNING), Act.LOOK_UP, ""),
-        (Facts("held", ME, holder_job=ME, holder_state=RUNNING, succeeded=False), Act.DEFER, "redelivered"),
-        (Facts("held", ME, holder_job=ME, holder_state=ENDING, succeeded=True), Act.DONE, "already succeeded"),
+        (Facts("held", ME, holder_job=ME, holder_state=RUNNING, ended=False), Act.DEFER, "redelivered"),
+        (Facts("held", ME, holder_job=ME, holder_state=ENDING, ended=True), Act.DONE, "already ran"),
         (Facts("held", ME, holder_job=OTHER, holder_state=RUNNING), Act.SKIP, ""),
         (Facts("held", ME, holder_job=OTHER, holder_state=HANDOVER), Act.SKIP, ""),
         (Facts("held", ME, holder_job=OTHER, holder_state=COOLDOWN), Act.SKIP, ""),

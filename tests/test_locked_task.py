@@ -291,7 +291,7 @@ def test_a_finished_job_whose_result_was_never_stored_does_not_leave_its_caller_
     assert killed_run.acquire(blocking=False)
     killed_run.finish(done_for=60, waited_for=60)  # ... and the process died before storing its result
     result = app.work.apply_async((k,), task_id=task_id)
-    with pytest.raises(TaskRevokedError, match="already succeeded"):
+    with pytest.raises(TaskRevokedError, match="already ran"):
         result.get(timeout=20)
     assert cluster.runs(k) == []
 

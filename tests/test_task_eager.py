@@ -34,7 +34,7 @@ def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celer
 
     again = job.apply(args=(1,), task_id="job-1")
     assert isinstance(again.get(), Skipped)
-    assert again.get().reason == "already succeeded"
+    assert again.get().reason == "already ran"
 
     other = job.apply(args=(1,), task_id="job-2")
     assert other.get() == 1

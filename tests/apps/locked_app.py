@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.signals import task_postrun
 from kombu.utils.json import register_type
 
 from celery_singleton_lock import LockedTask
@@ -328,3 +329,53 @@ def limited_skip(self: Any, key: str, duration: float = 0.0) -> str:
     """At most 2 runs of ``key`` at once; a third is skipped (lock_limit=2, skip)."""
     _run(self, key, duration)
     return key
+
+
+# -- issue 19's findings (tests/test_findings.py) ----------------------------------------------------------------
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
+def later_or_fail(self: Any, key: str, duration: float = 0.0, fail: bool = False) -> str:
+    """Reschedule; records its run, then fails when ``fail`` (a waiting call whose run fails)."""
+    _run(self, key, duration)
+    if fail:
+        raise RuntimeError("failing on purpose")
+    return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="replace")
+def latest_or_fail(self: Any, key: str, value: str, duration: float = 0.0, fail: bool = False) -> str:
+    """Replace; records its run, then fails when ``fail``."""
+    _run(self, key, duration)
+    if fail:
+        raise RuntimeError("failing on purpose")
+    return value
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="replace", lock_ttl=9.0)
+def latest_slow(self: Any, key: str, value: str, duration: float = 0.0) -> str:
+    """Replace with a 9 s ttl: a delivery re-sent for a "sending" holder comes back a renewal interval (3 s) later."""
+    _run(self, key, duration)
+    return value
+
+
+_HANDLED = {"locked_app.later_or_fail", "locked_app.latest_or_fail", "locked_app.latest_slow", "locked_app.q_work"}
+
+
+@task_postrun.connect
+def _record_handled(task_id: str = "", task: Any = None, **_: Any) -> None:
+    """Every delivery of the tasks above, run or not (a skipped copy too): tests wait for a copy to be handled."""
+    if task is not None and task.name in _HANDLED:
+        record.rpush("handled", task_id)
+
+
+@app.task(shared=False, bind=True)
+def gate(self: Any, name: str, timeout: float = 60.0) -> bool:
+    """A plain task that keeps its pool process busy until the test opens ``gate:<name>`` (or ``timeout`` s)."""
+    end_by = time.monotonic() + timeout
+    record.rpush("gated", name)
+    while time.monotonic() < end_by:  # bounded by timeout
+        if record.get(f"gate:{name}"):
+            return True
+        time.sleep(0.05)
+    return False
