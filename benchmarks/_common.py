@@ -159,8 +159,9 @@ PIN_HELP = (
 
 
 @contextlib.contextmanager
-def pinned_servers(count: int, pin: str) -> Iterator[list[RedisServer]]:
-    """``redis_servers(count)``, with this process and the servers placed on CPUs as ``pin`` says (see PIN_HELP).
+def pinned_servers(count: int, pin: str, binary: str | None = None) -> Iterator[list[RedisServer]]:
+    """``redis_servers(count, binary=binary)``, with this process and the servers placed on CPUs as ``pin`` says
+    (see PIN_HELP).
 
     The servers inherit the affinity they are started with (every thread of theirs); threads this process starts
     later inherit the client's. The original affinity is restored on exit.
@@ -176,7 +177,7 @@ def pinned_servers(count: int, pin: str) -> Iterator[list[RedisServer]]:
             os.sched_setaffinity(0, {cpus[1]})
         elif pin == "same":
             os.sched_setaffinity(0, {cpus[0]})
-        with redis_servers(count) as servers:
+        with redis_servers(count, binary=binary) as servers:
             if pin == "split":
                 os.sched_setaffinity(0, {cpus[0]})
             yield servers

