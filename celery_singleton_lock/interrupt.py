@@ -28,12 +28,13 @@ import logging
 import signal
 import sys
 import threading
-from types import FrameType
+from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any, Final
 
 from .errors import LockLostError
 
-__all__ = ["INTERRUPT_SIGNAL", "Target"]
+__all__ = ["INTERRUPT_SIGNAL", "Target", "outside_body"]
 
 logger = logging.getLogger("celery_singleton_lock.interrupt")
 
@@ -49,6 +50,15 @@ INTERRUPT_SIGNAL: Final[int | None] = (
 _current: Target | None = None
 _sent = False  # an interrupt signal is on its way: the handler must not pass it on
 _previous: Any = None  # the handler ours replaced
+# Functions whose own code runs around a body, never inside it (LockedTask.__call__): see outside_body.
+_OUTSIDE: set[CodeType] = set()
+
+
+def outside_body(function: Callable[..., Any]) -> None:
+    """Declare ``function`` the frame that calls the body: a signal handled while its own code runs comes after the
+    body ended (in its ``finally``, before the release disarms the run), and is dropped, not raised there. (Or just
+    before the body starts, a few bytecodes after the acquire: that loss is then left to ``check_lock()``.)"""
+    _OUTSIDE.add(function.__code__)
 
 
 class Target:
@@ -135,6 +145,9 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     global _sent
     ours, _sent = _sent, False
     target = _current
+    if frame is not None and frame.f_code in _OUTSIDE and target is not None:
+        target._take()  # noqa: SLF001 - the body has ended: drop its interrupt
+        target = None
     for _ in range(64):  # bounded: nested inline runs
         if target is None:
             break

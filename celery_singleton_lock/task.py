@@ -75,7 +75,7 @@ from .decision import (
     decide,
 )
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
-from .interrupt import Target
+from .interrupt import Target, outside_body
 from .keys import Binder, custom_key, lock_key
 from .redlock import Redlock, sibling_key
 from .renewal import Lease, flush_stats, watchdog
@@ -1559,3 +1559,6 @@ class LockedTask(Task):  # type: ignore[misc]
     def _count(self, event: str, options: _Options | None = None) -> None:
         settings = (options or self._options()).settings
         watchdog().count(settings.nodes, settings.prefix, event)
+
+
+outside_body(LockedTask.__call__)  # lock_on_lost="interrupt": a signal handled in __call__'s own code is not the body's

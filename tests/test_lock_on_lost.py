@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -21,9 +22,9 @@ import redis
 from celery import Celery
 from worker_cluster import Cluster, cluster, new_key, polling
 
-from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock import LockedTask, LockLostError, interrupt
 from celery_singleton_lock.errors import ConfigurationError
-from celery_singleton_lock.interrupt import Target
+from celery_singleton_lock.interrupt import INTERRUPT_SIGNAL, Target
 
 TTL = 3.0
 WAIT = 30.0  # seconds any single outcome may take on a loaded CI machine
@@ -175,6 +176,31 @@ def test_an_interrupt_after_the_body_ended_does_nothing() -> None:
     assert live.arm()
     with pytest.raises(LockLostError, match="now"):
         fire_and_wait(live, LockLostError("now"))
+    live.disarm()
+
+
+def test_a_signal_handled_in_call_itself_is_dropped(app: Celery) -> None:
+    """A loss signalled while LockedTask.__call__'s own code runs (its finally, after the body returned, before the
+    release disarms the run) raises nothing there; handled in any other frame (a body's), it raises."""
+    frames: list[Any] = []
+
+    @app.task(base=LockedTask, bind=True, shared=False)
+    def grab(self: Any) -> None:
+        frames.append(sys._getframe(1))  # the frame that called the body
+
+    grab.apply().get()
+    (call_frame,) = frames
+    assert call_frame.f_code is LockedTask.__call__.__code__
+    late = Target()
+    assert late.arm()
+    late.error = LockLostError("late")  # what fire() sets before it signals
+    interrupt._handler(INTERRUPT_SIGNAL or 0, call_frame)
+    late.disarm()
+    live = Target()
+    assert live.arm()
+    live.error = LockLostError("in the body")
+    with pytest.raises(LockLostError, match="in the body"):
+        interrupt._handler(INTERRUPT_SIGNAL or 0, sys._getframe())
     live.disarm()
 
 
