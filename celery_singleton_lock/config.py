@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_TTL",
     "DuplicatePolicy",
     "LockSettings",
+    "LostPolicy",
     "UnavailablePolicy",
     "settings_for",
 ]
@@ -29,6 +30,9 @@ logger = logging.getLogger("celery_singleton_lock.config")
 
 DuplicatePolicy = Literal["skip", "fail", "reschedule", "replace"]
 UnavailablePolicy = Literal["retry", "fail", "run"]
+#: What a LockedTask body does when its lock is lost (a task option only): go on (and ask ``check_lock()``), or be
+#: interrupted with LockLostError where the pool allows it (see celery_singleton_lock.interrupt).
+LostPolicy = Literal["continue", "interrupt"]
 
 DEFAULT_TTL: Final = 60.0
 _PREFIX: Final = "singleton_lock_"

@@ -59,7 +59,7 @@ from kombu.utils import json as kombu_json
 from kombu.utils.imports import symbol_by_name
 
 from . import signals
-from .config import DuplicatePolicy, LockSettings, UnavailablePolicy, check_policy, check_ttl, settings_for
+from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy, check_policy, check_ttl, settings_for
 from .decision import (
     COOLDOWN,
     ENDING,
@@ -75,6 +75,7 @@ from .decision import (
     decide,
 )
 from .errors import ConfigurationError, DuplicateTaskError, LockLostError, LockUnavailableError
+from .interrupt import Target, outside_body
 from .keys import Binder, custom_key, lock_key
 from .redlock import Redlock, sibling_key
 from .renewal import Lease, flush_stats, watchdog
@@ -261,6 +262,7 @@ class _Run:
     handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
     parked: bool = False  # this delivery's job waits in the key's waiting line (see LockedTask._park)
     superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
+    interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,7 @@ class _Options:
     interval: float
     on_duplicate: DuplicatePolicy
     on_unavailable: UnavailablePolicy
+    on_lost: LostPolicy
     binder: Binder | None  # the body's signature, ready to bind calls to (None: no usable signature)
     max_countdown: float | None  # half the broker's visibility timeout, if it has one
     done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
@@ -409,6 +412,7 @@ class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
             raise _StartError(message) from None
         logger.info("celery_singleton_lock: %s", settings.describe())
         _warn_about_broker(parent.app)
+        _warn_about_pool(parent)
         super().__init__(parent, **kwargs)
 
 
@@ -424,6 +428,31 @@ def _warn_about_broker(app: Any) -> None:
     for finding in findings:
         if finding.level in ("error", "warning"):
             logger.warning("celery_singleton_lock: %s: %s; %s", finding.subject, finding.message, finding.fix)
+
+
+# Pools whose bodies run in threads of one process (eventlet's green threads included): nothing can raise in them.
+_THREAD_POOLS = frozenset({"celery.concurrency.thread", "celery.concurrency.eventlet"})
+
+
+def _warn_about_pool(worker: Any) -> None:
+    """Say at worker start which lock_on_lost='interrupt' tasks this pool cannot interrupt.
+
+    A warning, not a refusal: one app is often served by several workers with different pools and queues, and a
+    threads worker that never receives those tasks is fine; a body that does run there warns again when it starts.
+    """
+    pool = getattr(getattr(worker, "pool_cls", None), "__module__", None)
+    if pool not in _THREAD_POOLS:
+        return
+    names = sorted(
+        t.name for t in list(worker.app.tasks.values()) if isinstance(t, LockedTask) and t.lock_on_lost == "interrupt"
+    )
+    if names:
+        logger.warning(
+            "celery_singleton_lock: lock_on_lost='interrupt' of %s cannot work in the %s pool (a body in a thread "
+            "cannot be interrupted): use the prefork, solo or gevent pool for them",
+            ", ".join(names),
+            pool.rsplit(".", 1)[-1],
+        )
 
 
 @worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
@@ -531,6 +560,12 @@ class LockedTask(Task):  # type: ignore[misc]
         holds one slot with everything a plain lock gives (renewal, loss detection, fencing token, release; a dead
         holder's slot frees within ttl), on the same quorum. A redelivered or retried job never takes a second
         slot. Run scope only, and not with ``"replace"`` or ``lock_enqueue_check`` (both mean "one of this job").
+    ``lock_on_lost``
+        what the body does when its lock is lost while it runs (renewal refused, or no quorum for one interval):
+        ``"continue"`` (default: it goes on; ``self.check_lock()`` raises from then on) or ``"interrupt"``:
+        :class:`LockLostError` is raised inside the body, in the prefork and solo pools (through a signal to the
+        main thread, like the soft time limit) and gevent (thrown into the greenlet); not in the threads or eventlet
+        pool (a warning says so). Best effort: code blocked in C sees it when it returns to Python.
 
     Inside the body, ``self.lock_held()`` (no I/O) says whether the lock is still ours, ``self.check_lock()``
     raises :class:`LockLostError` if not, and ``self.fencing_token`` is this run's fencing token.
@@ -546,6 +581,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_scope: ClassVar[str] = "run"
     lock_queue_ttl: ClassVar[float] = DEFAULT_QUEUE_TTL
     lock_limit: ClassVar[int] = 1
+    lock_on_lost: ClassVar[LostPolicy] = "continue"
     Request = "celery_singleton_lock.task:LockedRequest"
 
     _lock_options: _Options | None = None
@@ -582,6 +618,7 @@ class LockedTask(Task):  # type: ignore[misc]
             check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {cls.name}")
         if cls.lock_on_unavailable is not None:
             check_policy(cls.lock_on_unavailable, UnavailablePolicy, f"lock_on_unavailable of {cls.name}")
+        check_policy(cls.lock_on_lost, LostPolicy, f"lock_on_lost of {cls.name}")
         if cls.lock_key is not None and not callable(cls.lock_key):
             raise ConfigurationError(f"lock_key of {cls.name} must be a function returning a string")
         if cls.lock_unique_on is not None and (
@@ -619,6 +656,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 interval=ttl * settings.renew_fraction,
                 on_duplicate=on_duplicate,
                 on_unavailable=self.lock_on_unavailable or settings.on_unavailable,
+                on_lost=self.lock_on_lost,
                 binder=binder,
                 # A message held unacked past the visibility timeout (a countdown waiting in the worker) is restored
                 # by the broker and then exists twice: a copy re-sent every time it waits would multiply.
@@ -1081,9 +1119,12 @@ class LockedTask(Task):  # type: ignore[misc]
         if run.parked or getattr(request, _PARKED_HEADER, None):
             self._unpark(run.key, task_id, options)
         run.lock = lock
-        run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, task_id))
+        target = Target() if options.on_lost == "interrupt" else None
+        run.lease = watchdog().register(lock, options.interval, functools.partial(self._on_lost, task_id, target))
         self._count("acquired", options)
         signals.lock_acquired.send(sender=self, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
+        if target is not None:  # last: the body runs next, in this thread or greenlet
+            self._arm(run, target)
 
     def _already_ended(self, task_id: str) -> bool:
         """The result backend holds a final state for ``task_id``: success, failure or revoke, its job ran to an end
@@ -1383,6 +1424,7 @@ class LockedTask(Task):  # type: ignore[misc]
         failure ends the job as much as a success does: a waiting call's fallback copy that ran it again after a
         FAILURE would run a job twice.
         """
+        self._disarm(run)  # first: the body has ended, a loss noticed from now on must not interrupt what follows
         lock, lease = run.lock, run.lease
         run.lock = run.lease = None
         if lease is not None:
@@ -1462,6 +1504,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
         The record is marked ``open``: the retry's own first acquire, refused by it, does not mark it ``waiting``.
         """
+        self._disarm(run)
         if run.lease is not None:
             watchdog().unregister(run.lease)
             run.lease = None
@@ -1524,19 +1567,47 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 
-    def _on_lost(self, task_id: str, lease: Lease, reason: str) -> None:
+    def _on_lost(self, task_id: str, target: Target | None, lease: Lease, reason: str) -> None:
         """Called in the watchdog's thread when renewal fails."""
         self._count("lost")
         signals.lock_lost.send(sender=self, key=lease.lock.name, task_id=task_id, reason=reason)
         logger.warning(
-            "Lock %s of %s[%s] LOST while running: %s; the task should stop before further side effects "
-            "(self.check_lock() raises from now on)",
+            "Lock %s of %s[%s] LOST while running: %s; %s",
             lease.lock.name,
             self.name,
             task_id,
             reason,
+            "interrupting the body (lock_on_lost='interrupt')"
+            if target is not None and target.armed
+            else "the task should stop before further side effects (self.check_lock() raises from now on)",
         )
+        if target is not None:
+            target.fire(LockLostError(f"lock {lease.lock.name} of {self.name} lost: {reason}", key=lease.lock.name))
+
+    _uninterruptible_warned: ClassVar[set[str]] = set()
+
+    def _arm(self, run: _Run, target: Target) -> None:
+        """lock_on_lost="interrupt": make this run's body interruptible where it runs (see the interrupt module)."""
+        if target.arm():
+            run.interrupt = target
+        elif self.name not in LockedTask._uninterruptible_warned:
+            LockedTask._uninterruptible_warned.add(self.name)
+            logger.warning(
+                "%s has lock_on_lost='interrupt', but its body runs in a thread other than the main one (threads or "
+                "eventlet pool, an in-process test worker): it is NOT interrupted when its lock is lost; use the "
+                "prefork, solo or gevent pool, or call self.check_lock() before side effects",
+                self.name,
+            )
+
+    @staticmethod
+    def _disarm(run: _Run) -> None:
+        if run.interrupt is not None:
+            run.interrupt.disarm()
+            run.interrupt = None
 
     def _count(self, event: str, options: _Options | None = None) -> None:
         settings = (options or self._options()).settings
         watchdog().count(settings.nodes, settings.prefix, event)
+
+
+outside_body(LockedTask.__call__)  # lock_on_lost="interrupt": a signal handled in __call__'s own code is not the body's

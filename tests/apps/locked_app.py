@@ -20,7 +20,7 @@ from celery import Celery
 from celery.signals import task_postrun
 from kombu.utils.json import register_type
 
-from celery_singleton_lock import LockedTask
+from celery_singleton_lock import LockedTask, LockLostError
 
 BROKER = os.environ["CSL_BROKER"]
 app = Celery("locked_app", broker=BROKER, backend=os.environ.get("CSL_BACKEND") or BROKER.rsplit("/", 1)[0] + "/1")
@@ -151,6 +151,39 @@ def watch_lock(self: Any, key: str, duration: float) -> dict[str, Any]:
             break
         time.sleep(0.02)
     return {"lost_at": lost_at, "error": error}
+
+
+def _until_lost(task: Any, key: str, after: float) -> dict[str, Any]:
+    """Sleep in short steps until the lock is lost (20 s at most), then ``after`` s more; record a LockLostError
+    that reaches the body, and the end marker when the body reaches its end."""
+    record.rpush("started", json.dumps([key, task.request.id, os.getpid(), time.time()]))
+    try:
+        for _ in range(400):  # bounded: 20 s
+            if not task.lock_held():
+                break
+            time.sleep(0.05)
+        end_by = time.monotonic() + after
+        for _ in range(int(after / 0.05) + 2):  # bounded by count and by ``after``
+            if time.monotonic() >= end_by:
+                break
+            time.sleep(0.05)
+    except LockLostError as exc:
+        record.rpush("interrupted", json.dumps([key, task.request.id, str(exc)]))
+        raise
+    record.rpush("ended", json.dumps([key, task.request.id]))
+    return {"held": task.lock_held()}
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5, lock_on_lost="interrupt")
+def interruptible(self: Any, key: str, after: float = 10.0) -> dict[str, Any]:
+    """lock_on_lost="interrupt" with a short ttl (renewed every 0.5 s): a loss is raised inside the sleep loop."""
+    return _until_lost(self, key, after)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5)
+def uninterrupted(self: Any, key: str, after: float = 1.0) -> dict[str, Any]:
+    """The default lock_on_lost ("continue"): the body runs to its end after a loss; it reports lock_held()."""
+    return _until_lost(self, key, after)
 
 
 @app.task(
