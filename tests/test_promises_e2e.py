@@ -207,6 +207,7 @@ def test_a_callers_own_task_id_gets_the_existing_job_and_its_own_id_is_revoked(c
     own = f"own-{k2}"
     assert mod.q_work.apply_async((k2, 0.5), task_id=own, countdown=1).id == own
     assert mod.q_work.apply_async((k2, 0.5), task_id=own).id == own
+    assert mod.app.AsyncResult(own).state == "PENDING"  # still waiting for its countdown: not told "duplicate"
     assert first.get(timeout=30) == k
     assert mod.app.AsyncResult(own).get(timeout=30) == k2
     assert [r[1] for r in c.wait_runs(k, 1, 5)] == [first.id]
