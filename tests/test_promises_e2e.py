@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -341,7 +342,7 @@ def test_a_duplicate_under_the_fail_policy_runs_its_errbacks(c: Cluster, p: Modu
 
 @pytest.mark.parametrize("replace_at", ["task", "settings"])
 def test_a_worker_refuses_to_start_with_lock_limit_and_replace(
-    redis_node: RedisServer, tmp_path: object, replace_at: str
+    redis_node: RedisServer, tmp_path: Path, replace_at: str
 ) -> None:
     """README, per-key limits: "not with replace ... (the worker refuses to start with them)": a real
     ``celery worker`` with lock_limit=2 and "replace" (on the task, or in the settings) exits non-zero with one line
@@ -350,16 +351,21 @@ def test_a_worker_refuses_to_start_with_lock_limit_and_replace(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(APPS), env.get("PYTHONPATH", "")]))
     args = [sys.executable, "-m", "celery", "-A", "limit_replace_app", "worker", "-P", "solo", "-l", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
-    proc = subprocess.Popen(
-        args, cwd=str(APPS), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args, cwd=str(APPS), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
-        output, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the worker started (still running after 60 s):\n{output.decode()[-2000:]}")
-    text = output.decode(errors="replace")
+        for _ in polling(60, 0.1):
+            if proc.poll() is not None or " ready." in log.read_text(errors="replace"):
+                break
+    finally:
+        if proc.poll() is None:  # it started (or hangs): stop it, then fail below
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    text = log.read_text(errors="replace")
+    assert " ready." not in text, f"the worker started:\n{text[-2000:]}"
     assert proc.returncode != 0, text
     lines = [line for line in text.splitlines() if "replace" in line]
     assert len(lines) == 1, text
