@@ -281,6 +281,11 @@ class _Options:
     done_window_short: float  # ... and when none is
     whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
 
+    @property
+    def waits_in_line(self) -> bool:
+        """A duplicate waits in its key's line, woken by a holder's release (only these policies' holders wake it)."""
+        return self.on_duplicate in ("reschedule", "replace")
+
 
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
 #: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
@@ -973,7 +978,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
                 facts = dataclasses.replace(facts, took_over=True)
                 continue
-            if act is Act.DEFER and decision.reason == "duplicate" and not run.parked:
+            if act is Act.DEFER and decision.reason == "duplicate" and not run.parked and options.waits_in_line:
                 # Wait in the key's line, to be woken when the holder releases; then look once more, since the
                 # holder may have released (and found nobody waiting) just before this job joined the line.
                 run.parked = self._park(run, task_id, options)
@@ -1450,7 +1455,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         self._count("released", options)
         signals.lock_released.send(sender=self, key=run.key, task_id=run.task_id, held=held)
-        if options.on_duplicate in ("reschedule", "replace"):
+        if options.waits_in_line:
             self._wake_next(run.key, options)
 
     def retry(
