@@ -126,7 +126,7 @@ class _Spawner:
         if not _LINUX or threading.current_thread() is threading.main_thread():
             return subprocess.Popen(argv, **kwargs)  # noqa: S603 - our own argv
         with self._lock:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # not yet, or in a forked child: start one
                 self._thread = threading.Thread(target=self._serve, name="csl-spawner", daemon=True)
                 self._thread.start()
         future: Future[subprocess.Popen[bytes]] = Future()
@@ -144,13 +144,15 @@ class _Reapable(Protocol):
 # What runs, for the SIGTERM handler below: the servers and workers started and not yet stopped.
 _live: weakref.WeakSet[_Reapable] = weakref.WeakSet()
 _sigterm_installed = False
+_sigterm_owner = 0  # the pid that installed the handler: a forked child inherits it, and the parent's children
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     """Kill what runs, then die of SIGTERM as if this handler were not there."""
-    for child in list(_live):
-        with contextlib.suppress(Exception):
-            child._reap()  # noqa: SLF001
+    if os.getpid() == _sigterm_owner:  # a forked child (multiprocessing) must not kill its parent's servers
+        for child in list(_live):
+            with contextlib.suppress(Exception):
+                child._reap()  # noqa: SLF001
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -161,10 +163,10 @@ def _reap_on_sigterm() -> None:
     Where the kernel does not kill the children (not Linux), this is what stops them when the owner is
     terminated. A handler of the program's own (or SIGTERM ignored) is left alone.
     """
-    global _sigterm_installed  # noqa: PLW0603 - once per process
+    global _sigterm_installed, _sigterm_owner  # once per process
     if _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
-    _sigterm_installed = True
+    _sigterm_installed, _sigterm_owner = True, os.getpid()
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
 

@@ -141,3 +141,30 @@ def test_on_linux_a_sigkilled_owner_takes_its_servers_along(tmp_path: Path) -> N
         proc.send_signal(signal.SIGKILL)
         proc.wait(WAIT)
         assert_gone(servers)
+
+
+FORKED_CHILD = """
+import os, signal, sys, warnings
+import redis
+from celery_singleton_lock.testing import RedisServer
+
+server = RedisServer(unixsocket=True).start()  # its socket file lives in the server's own temporary directory
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+ warns of fork() in a process with threads
+    pid = os.fork()
+if pid == 0:  # a forked child (multiprocessing's fork start method) that is terminated
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(3)
+_, status = os.waitpid(pid, 0)
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1, redis.Redis.from_url(server.unix_url).ping())
+server.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() only")
+def test_a_forked_child_s_sigterm_leaves_its_parent_s_servers_alone(tmp_path: Path) -> None:
+    """A child forked from the owner inherits the SIGTERM handler: terminated, it dies of SIGTERM and leaves the
+    owner's server alone (it still answers on its unix socket, which lives in the directory a reap removes)."""
+    with owner([sys.executable, "-c", FORKED_CHILD], tmp_path) as proc:
+        out, _ = proc.communicate(timeout=WAIT)
+    assert out.decode().split()[-2:] == [str(int(signal.SIGTERM)), "True"], out.decode()
