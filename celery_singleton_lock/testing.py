@@ -20,6 +20,7 @@ in fixtures.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -99,6 +100,8 @@ _LAUNCHER = (
 def _owned(args: list[str]) -> list[str]:
     """``args`` run so that the child dies with this process (Linux; elsewhere ``args`` as they are)."""
     if _LINUX and sys.executable:
+        if shutil.which(args[0]) is None:  # Popen's own error, which the launcher's exit status would hide
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args[0])
         return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *args]
     return args
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_singleton_lock.testing import wait_for
+from celery_singleton_lock.testing import RedisServer, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 60.0  # a bound, not an expectation: a pytest start on two busy cores can take long
@@ -168,3 +168,11 @@ def test_a_forked_child_s_sigterm_leaves_its_parent_s_servers_alone(tmp_path: Pa
     with owner([sys.executable, "-c", FORKED_CHILD], tmp_path) as proc:
         out, _ = proc.communicate(timeout=WAIT)
     assert out.decode().split()[-2:] == [str(int(signal.SIGTERM)), "True"], out.decode()
+
+
+def test_a_missing_binary_is_still_named_at_start(tmp_path: Path) -> None:
+    """A redis-server binary that does not exist fails the start with FileNotFoundError naming it (not an exit
+    status of the launcher)."""
+    missing = str(tmp_path / "no-such-redis-server")
+    with pytest.raises(FileNotFoundError, match="no-such-redis-server"), RedisServer(binary=missing):
+        pytest.fail("the server must not start")
