@@ -692,6 +692,27 @@ def visibility_finding(task: str, ttl: float, visibility_timeout: float | None) 
     )
 
 
+def _transport_import_finding(app: Any) -> Finding | None:
+    """An error when kombu's transport for the broker does not import (a missing extra): the worker cannot start on
+    it either, and no visibility timeout can be read from it. None when it imports."""
+    try:
+        app.connection_for_write().transport  # noqa: B018 - importing the transport is the check
+    except ImportError as exc:
+        url = app.conf.broker_write_url or app.conf.broker_url or ""
+        first = url[0] if isinstance(url, list | tuple) and url else url
+        scheme = str(first).split(";", 1)[0].split(":", 1)[0].split("+", 1)[0].lower()  # the scheme only: no secret
+        kind = {"rediss": "redis", "sentinel": "redis"}.get(scheme, scheme or "amqp")  # kombu's extras' names
+        return Finding(
+            "error",
+            "visibility-timeout",
+            f"broker transport {kind}",
+            f"kombu's {kind} transport failed to import ({exc}): the worker cannot start on this broker, and its "
+            "visibility timeout cannot be read",
+            f"install the transport's dependencies: pip install 'kombu[{kind}]' (what celery[{kind}] installs)",
+        )
+    return None
+
+
 def acks_late_finding(
     task: str, *, acks_late: bool, reject_on_worker_lost: bool, retry_on_worker_lost: bool
 ) -> Finding:
@@ -798,13 +819,16 @@ def broker_findings(app: Any) -> list[Finding]:
         default_ttl = None
     visibility = _visibility_timeout(app)
     out: list[Finding] = []
+    broken = _transport_import_finding(app) if visibility is None else None
+    if broken is not None:  # "no visibility timeout" would be wrong: the transport that has one did not import
+        out.append(broken)
     for name in sorted(app.tasks):
         task = app.tasks[name]
         if not isinstance(task, LockedTask):
             continue
         # As LockedTask._options resolves it: the task's lock_ttl, else singleton_lock_ttl.
         ttl = float(task.lock_ttl) if task.lock_ttl is not None else default_ttl
-        if ttl is not None:
+        if ttl is not None and broken is None:
             out.append(visibility_finding(name, ttl, visibility))
         out.append(
             acks_late_finding(
