@@ -41,7 +41,7 @@ from celery.utils.time import maybe_make_aware
 from celery.utils.time import timezone as celery_timezone
 
 from .config import LockSettings, settings_for
-from .redlock import Redlock, redact_url
+from .redlock import Redlock
 from .task import _StartError, check_start
 
 __all__ = [
@@ -322,7 +322,7 @@ def _split_vote(lock: Redlock) -> bool:
 
 
 def _nodes(settings: LockSettings) -> str:
-    urls = ", ".join(redact_url(u) for u in settings.urls)
+    urls = ", ".join(settings.redacted_urls)
     return f"{len(settings.urls)} node(s) [{urls}], quorum {settings.nodes.quorum}"
 
 

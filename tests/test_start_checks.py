@@ -31,6 +31,11 @@ PASSWORD = "s3cr3t-start-pw"
 INVALID: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "bad setting value": ({"singleton_lock_ttl": -1}, {}, "singleton_lock_ttl must be a number of seconds"),
     "misspelt setting": ({"singleton_lock_tll": 5}, {}, "unknown setting(s) singleton_lock_tll"),
+    "not a URL in singleton_lock_urls": (
+        {"singleton_lock_urls": [5]},
+        {},
+        "singleton_lock_urls[0] must be a Redis URL",
+    ),
     "bad task option value": ({}, {"lock_on_duplicate": "skipp"}, "lock_on_duplicate of config_app.noop must be one"),
     "misspelt task option": ({}, {"lock_ttll": 5}, "unknown option(s) of config_app.noop: lock_ttll (did you mean"),
     "celery-singleton's option": ({}, {"lock_expiry": 60}, "lock_expiry: use lock_ttl"),
