@@ -40,9 +40,9 @@ from celery.schedules import schedule as interval_schedule
 from celery.utils.time import maybe_make_aware
 from celery.utils.time import timezone as celery_timezone
 
+from ._startup import StartError, check_start
 from .config import LockSettings, settings_for
 from .redlock import Redlock
-from .task import _StartError, check_start
 
 __all__ = [
     "MIN_CLAIM_TTL",
@@ -335,7 +335,7 @@ class _OneLineStartError(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], _StartError))
+        return not (record.exc_info and isinstance(record.exc_info[1], StartError))
 
 
 logging.getLogger("celery.beat").addFilter(_OneLineStartError())

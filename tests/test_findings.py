@@ -67,7 +67,14 @@ def test_a_duplicate_during_a_slow_publish_sends_a_copy_of_that_job_not_a_second
         slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
         slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
 
-        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name="locked_app.q_work")
+        @slow.task(
+            base=LockedTask,
+            bind=True,
+            lock_unique_on=["key"],
+            lock_scope="queue",
+            name="locked_app.q_work",
+            shared=False,
+        )
         def q_work(self: Any, key: str, duration: float = 0.0, note: Any = None) -> str:  # the worker's q_work
             return key  # pragma: no cover - runs in the worker
 

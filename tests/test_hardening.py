@@ -15,9 +15,11 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask, Skipped
+from celery_singleton_lock._brokers import visibility_timeout as _visibility_timeout
+from celery_singleton_lock._handover import end_lease_of
+from celery_singleton_lock._run import DONE_MARGIN
 from celery_singleton_lock.errors import DuplicateTaskError
 from celery_singleton_lock.redlock import NodeSet, Redlock, done_key_for
-from celery_singleton_lock.task import DONE_MARGIN, _visibility_timeout
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -280,9 +282,9 @@ def test_a_hard_time_limit_ends_only_the_killed_run_s_lease(app: Celery, redis_n
     key = job.lock_key_for(3)
     twin = Redlock(app.conf.singleton_lock_urls, key, ttl=10, job="X", record={"state": "run", "worker": "111@h"})
     assert twin.acquire(blocking=False)
-    job._end_lease_of("X", key, "222@h")  # the killed child was 222
+    end_lease_of(job, "X", key, "222@h")  # the killed child was 222
     assert redis_node.client().hget(key, "owner") == twin.token.encode()
-    job._end_lease_of("X", key, "111@h")
+    end_lease_of(job, "X", key, "111@h")
     assert redis_node.client().hget(key, "state") == b"ending"
     assert 0 < redis_node.client().pttl(key) <= 1000
 
@@ -305,7 +307,7 @@ def test_the_undo_snapshot_does_not_grow_with_retries(redis_node: RedisServer, n
 def test_an_odd_try_field_is_an_unknown_try() -> None:
     """A record's 'try' that is not a plain decimal number (another tool's record, '²' counts as a digit to
     str.isdigit) is unknown, never an error in before_start."""
-    from celery_singleton_lock.task import _try_of  # noqa: PLC0415
+    from celery_singleton_lock._run import try_of as _try_of  # noqa: PLC0415
 
     assert _try_of({"try": "3"}) == 3
     assert _try_of({"try": "\u00b2"}) is None

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock._startup import SettingsStep as _SettingsStep
+from celery_singleton_lock._startup import StartError as _StartError
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.redlock import Redlock, done_key_for, fence_key_for, slot_keys
-from celery_singleton_lock.task import _SettingsStep, _StartError
 from celery_singleton_lock.testing import RedisServer, wait_for
 
 pytestmark = pytest.mark.timeout(120)

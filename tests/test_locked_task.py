@@ -23,8 +23,8 @@ import pytest
 import redis
 from celery.exceptions import TaskRevokedError
 
+from celery_singleton_lock._delivery import SETTLE_GRACE
 from celery_singleton_lock.redlock import Redlock, done_key_for
-from celery_singleton_lock.task import SETTLE_GRACE
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
 
 APPS = Path(__file__).parent / "apps"

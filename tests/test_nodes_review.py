@@ -17,6 +17,7 @@ from kombu.utils import json as kombu_json
 from topologies import Cluster, SentinelSet
 
 from celery_singleton_lock import LockedTask, Redlock
+from celery_singleton_lock._line import wake_next
 from celery_singleton_lock.redlock import NodeSet, _key_slot, sibling_key
 from celery_singleton_lock.testing import RedisServer, redis_servers, wait_for
 
@@ -106,7 +107,7 @@ def test_the_documented_acl_set_can_wake_a_waiting_duplicate(fresh_node: RedisSe
     line, messages = sibling_key(key, ":waiters"), sibling_key(key, ":parked")
     admin.zadd(line, {"w-1": 1})
     admin.hset(messages, "w-1", kombu_json.dumps(dict(waits.signature((1,), task_id="w-1"))))
-    waits._wake_next(key, waits._options())  # what the holder's release does
+    wake_next(waits, key, waits._options())  # what the holder's release does
     # Fails: ZPOPMIN is refused (NOPERM), so the waiter is still in line and was not sent.
     assert admin.zcard(line) == 0
 

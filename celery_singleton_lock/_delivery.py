@@ -1,0 +1,406 @@
+"""The delivery: a message reaches a worker; gather the facts, let :func:`~celery_singleton_lock.decision.decide`
+choose, act. And its end: the release, after a success or a failure.
+
+Life of one delivery (the tracer calls ``before_start``, then ``__call__``, then stores the result)::
+
+    start          key = prefix + task name + hash(bound arguments); one acquire round trip to every node at once;
+                   the lock's value is a holder record (owner, fence, state, job = task id, name, worker, at)
+      |- acquired ..................... run: the watchdog renews the lease every ttl/3 while the body runs
+      |- this task id is done ......... (its done marker exists) stop: never run a finished job again
+      |- held by a different job ...... duplicate: the task's policy (skip, fail, reschedule, replace)
+      |- held by this same task id .... a redelivery (acks_late, visibility timeout): never skipped, never run
+      |                                 beside its live twin: re-sent with a countdown of the remaining lease
+      |- handed over by self.retry() .. this is the retry: take the lock over atomically and run
+      |- split vote ................... retried at once with jitter, then re-sent soon: never a duplicate
+      '- no quorum answered ........... retry with back-off (default) / fail / run unguarded
+    release        the body's ``finally`` releases the lock (owner-checked) BEFORE the tracer stores the result, so a
+                   caller who waits for the result and re-enqueues at once is never skipped; the job's end (a
+                   success or a failure) also leaves the task id's done marker, in the same round trip
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery.states import READY_STATES
+
+from . import _line as line
+from . import _resend as resend
+from . import signals
+from ._monitoring import Skipped
+from ._run import (
+    ATTEMPT_HEADER,
+    PARKED_HEADER,
+    REDELIVERY_HEADER,
+    SETTLE_HEADER,
+    SINCE_HEADER,
+    WOKEN_HEADER,
+    Options,
+    Run,
+    try_of,
+)
+from .config import UnavailablePolicy
+from .decision import COOLDOWN, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
+from .errors import DuplicateTaskError, LockUnavailableError
+from .interrupt import Target
+from .policies import policy_for
+from .redlock import Redlock
+from .renewal import watchdog
+
+if TYPE_CHECKING:
+    from .task import LockedTask
+
+__all__ = ["SETTLE_GRACE", "release", "start"]
+
+logger = logging.getLogger("celery_singleton_lock.task")
+
+#: Seconds a copy that found its job done, but no result stored, waits before saying so (see settle_done).
+SETTLE_GRACE = 10.0
+
+
+def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
+    """Gather the facts of this delivery, let :func:`~celery_singleton_lock.decision.decide` choose, act."""
+    request = task.request
+    options = task._options()
+    key = task._key(options, args, kwargs)
+    retries = int(request.retries or 0)
+    run = Run(key, task_id, retries)
+    request._singleton_lock = run
+    if options.policy.replaces and getattr(request, SINCE_HEADER, None):
+        # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
+        newer = line.superseded_by(task, key, task_id, options)
+        if newer is not None:
+            line.replaced(task, run, task_id, newer)
+            return
+    lock = task._new_lock(key, task_id, options, retries)
+    acquired = lock.acquire(blocking=False)
+    redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
+    run.redelivered = redelivered
+    if acquired and not redelivered:
+        # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
+        hold(task, run, lock, options, request)
+        return
+    facts = gather(task, lock, acquired, task_id, redelivered, options)
+    for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
+        decision = decide(facts)
+        act = decision.act
+        if act is Act.RUN:
+            hold(task, run, lock, options, request)
+            return
+        if act is Act.LOOK_UP:
+            facts = dataclasses.replace(facts, ended=already_ended(task, task_id))
+            continue
+        if act is Act.RETRY_NOW:
+            # Contenders that arrived together split the nodes and nobody got a quorum (or the attempt that
+            # sent this retry is still ending): try again after a jittered pause (Redlock's rule for a split),
+            # instead of skipping every contender as the others' duplicate, or waiting a whole interval.
+            time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+            acquired = lock.acquire(blocking=False)
+            facts = gather(task, lock, acquired, task_id, redelivered, options, facts)
+            facts = dataclasses.replace(facts, split_retries=facts.split_retries + 1)
+            continue
+        if act is Act.TAKE_OVER:
+            # Our own retry's hand-over, or our queue-scope reservation: take it over atomically (a fresh owner
+            # token, like every attempt). A reservation marked sent by its client in between has a new owner
+            # token: take that over (a few times at most).
+            for _ in range(3):
+                reserved = lock.held_by
+                lock = task._new_lock(key, task_id, options, retries)
+                lock.replaces = reserved
+                acquired = lock.acquire(blocking=False)
+                record = lock.holder_record or {}
+                if acquired or record.get("job") != task_id or record.get("state") not in (QUEUED, SENDING):
+                    break
+            facts = gather(task, lock, acquired, task_id, redelivered, options, facts)
+            facts = dataclasses.replace(facts, took_over=True)
+            continue
+        if act is Act.DEFER and decision.reason == "duplicate" and not run.parked and options.waits_in_line:
+            # Wait in the key's line, to be woken when the holder releases; then look once more, since the
+            # holder may have released (and found nobody waiting) just before this job joined the line.
+            run.parked = line.park(task, run, task_id, options)
+            if run.superseded_by is not None:
+                line.replaced(task, run, task_id, run.superseded_by)
+                return
+            if run.parked:
+                acquired = lock.acquire(blocking=False)
+                facts = gather(task, lock, acquired, task_id, redelivered, options, facts)
+                continue
+        if acquired:
+            lock.release()  # DONE after a redelivery got the lock: give it back at once
+        carry_out(task, run, decision, facts, lock, options)
+        return
+    raise AssertionError(f"no decision settled for {task.name}[{task_id}]: {facts}")  # pragma: no cover
+
+
+def gather(
+    task: LockedTask,
+    lock: Redlock,
+    acquired: bool,  # noqa: FBT001
+    task_id: str,
+    redelivered: bool,  # noqa: FBT001
+    options: Options,
+    previous: Facts | None = None,
+) -> Facts:
+    """The facts of this delivery after ``lock``'s last attempt."""
+    outcome: Outcome
+    if acquired:
+        outcome = "acquired"
+    elif lock.done:
+        outcome = "done"
+    elif lock.split:
+        outcome = "split"
+    elif not lock.contended:
+        outcome = "unavailable"
+    else:
+        outcome = "held"
+    record = lock.holder_record or {}
+    # What this attempt saw; everything else about the delivery stays as it was in ``previous``.
+    seen: dict[str, Any] = {
+        "outcome": outcome,
+        "holder_job": record.get("job"),
+        "holder_state": record.get("state"),
+        "holder_remaining": lock.held_for,
+        "holder_try": try_of(record),
+        "jitter": random.random(),  # noqa: S311 - jitter, not crypto
+    }
+    if previous is not None:
+        return dataclasses.replace(previous, **seen)
+    request = task.request
+    settings = options.settings
+    return Facts(
+        **seen,
+        task_id=task_id,
+        redelivered=redelivered,
+        retries=int(request.retries or 0),
+        in_chord=bool(request.chord),
+        on_duplicate=options.on_duplicate,
+        on_unavailable=options.on_unavailable,
+        attempt=int(getattr(request, ATTEMPT_HEADER, 0) or 0),
+        max_retries=settings.max_retries,
+        ttl=options.ttl,
+        interval=options.interval,
+        retry_delay=settings.retry_delay,
+        retry_max_delay=settings.retry_max_delay,
+        max_countdown=options.max_countdown,
+    )
+
+
+def carry_out(task: LockedTask, run: Run, decision: Decision, facts: Facts, lock: Redlock, options: Options) -> None:
+    """Carry out an action that does not run the body under the lock."""
+    act = decision.act
+    task_id = facts.task_id
+    if act is Act.DONE:
+        if not settle_done(task, run, task_id):
+            resend.skip_quietly(task, run, Skipped("already ran", run.key, task_id, "done"))
+    elif act is Act.RUN_UNGUARDED:
+        unavailable(task, run, lock, task_id, options, "run")
+    elif act is Act.FAIL_UNAVAILABLE:
+        unavailable(task, run, lock, task_id, options, "fail")
+        errors = [str(e) for e in lock.node_errors] or [f"held by {lock.held_by!r}, a record of no task"]
+        raise LockUnavailableError(run.key, node_errors=errors)
+    elif act is Act.DEFER and decision.reason == "unavailable":
+        unavailable(task, run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
+    elif act is Act.DEFER and decision.reason == "unknown holder":
+        resend.defer(task, run, decision.countdown, decision.reason, {ATTEMPT_HEADER: facts.attempt + 1})
+    elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "predecessor", "sending"):
+        resend.defer(task, run, decision.countdown, decision.reason, {})
+    else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
+        duplicate(task, run, decision, facts)
+
+
+def settle_done(task: LockedTask, run: Run, task_id: str) -> bool:
+    """A copy of a finished job stops: make sure whoever waits on the task id learns something.
+
+    The done marker is written in the release round trip, before the tracer stores the result: a run killed in
+    between (a pool child SIGKILLed, a node slow to answer the release) finished the job but stored nothing, and
+    its redelivered copy stops here. Its caller would wait forever, and so would every caller of a duplicate
+    skipped in its favour. But a live twin may be just about to store its SUCCESS (the same gap, seen from the
+    other side), and REVOKED stored first would reach a waiter before it (the Redis backend publishes every
+    state) or even overwrite it (the backend's read-then-set is not atomic). So when the backend holds no final
+    state, this copy is re-sent once, SETTLE_GRACE s later, and only that second look stores REVOKED, if the
+    state is still not final then. True when this copy has its outcome already (re-sent, or REVOKED stored).
+    """
+    request = task.request
+    if request.is_eager or task.ignore_result or request.ignore_result:
+        return False
+    try:
+        if task.backend.get_state(task_id) in READY_STATES:
+            return False
+        if not getattr(request, SETTLE_HEADER, None):
+            resend.defer(task, run, SETTLE_GRACE, "settling", {SETTLE_HEADER: 1})
+            return True
+        reason = (
+            f"{task.name}[{task_id}] already ran (lock {run.key}), but the run that ended stored no "
+            "result: it was killed after the job finished"
+        )
+        task.backend.mark_as_revoked(task_id, reason, request=None)
+    except Exception:  # no usable result backend: nobody can wait on it either
+        logger.debug("cannot settle the state of %s", task_id, exc_info=True)
+        return False
+    resend.skip_quietly(task, run, Skipped(reason, run.key, task_id, "settled"))
+    return True
+
+
+def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: Any) -> None:
+    task_id = run.task_id
+    if run.parked or getattr(request, PARKED_HEADER, None):
+        line.unpark(task, run.key, task_id, options)
+    run.lock = lock
+    target = Target() if options.on_lost == "interrupt" else None
+    run.lease = watchdog().register(lock, options.interval, functools.partial(task._on_lost, task_id, target))
+    task._count("acquired", options)
+    signals.lock_acquired.send(sender=task, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
+    if target is not None:  # last: the body runs next, in this thread or greenlet
+        task._arm(run, target)
+
+
+def already_ended(task: LockedTask, task_id: str) -> bool:
+    """The result backend holds a final state for ``task_id``: success, failure or revoke, its job ran to an end
+    (a copy of it never runs it again, whichever end it was)."""
+    try:
+        return task.backend.get_state(task_id) in READY_STATES
+    except Exception:  # no usable result backend: we cannot tell, so run (at least once beats lost)
+        logger.debug("cannot read the state of %s: running it", task_id, exc_info=True)
+        return False
+
+
+def duplicate(task: LockedTask, run: Run, decision: Decision, facts: Facts) -> None:
+    """Another job holds the lock: say so, then let the task's policy act (chord members always reschedule)."""
+    task_id, holder_id = facts.task_id, facts.holder_job
+    policy = policy_for("reschedule" if facts.in_chord else task._options().on_duplicate)
+    task._count("skipped")
+    signals.duplicate_skipped.send(
+        sender=task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy.name
+    )
+    if facts.holder_state == COOLDOWN:
+        until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=facts.holder_remaining or 0)
+        held = f"task {holder_id} finished; cooling down until {until.isoformat(timespec='seconds')}"
+    elif task.lock_limit > 1 and holder_id != task_id:
+        held = f"at its limit of {task.lock_limit} runs (one by task {holder_id})"
+    else:
+        held = f"held by task {holder_id}"
+    # Celery's own line for this delivery says "skipped duplicate" or "deferred" with the same words (see
+    # _SkipLogFilter): one INFO line per skip, not two.
+    logger.debug("Task %s[%s] is a duplicate: lock %s %s (%s)", task.name, task_id, run.key, held, policy.name)
+    policy.act(_Duplicate(task, run, holder_id, held), decision)
+
+
+class _Duplicate:
+    """The delivery's side of a policy's :meth:`~celery_singleton_lock.policies.Policy.act`."""
+
+    __slots__ = ("held", "holder_id", "run", "task")
+
+    def __init__(self, task: LockedTask, run: Run, holder_id: str | None, held: str) -> None:
+        self.task, self.run, self.holder_id, self.held = task, run, holder_id, held
+
+    @property
+    def woken(self) -> bool:
+        return self.run.parked and bool(getattr(self.task.request, WOKEN_HEADER, None))
+
+    def revoke(self) -> None:
+        task, run, request = self.task, self.run, self.task.request
+        reason = f"duplicate of {task.name} skipped: lock {run.key} {self.held}"
+        # Storing REVOKED costs a read and a write on the result backend, most of a skip's cost: only for a caller
+        # who can read it (ignore_result on the task or the message means nobody will).
+        if not (request.is_eager or task.ignore_result or request.ignore_result):
+            task.backend.mark_as_revoked(run.task_id, reason, request=None)
+        resend.skip_quietly(task, run, Skipped(reason, run.key, self.holder_id))
+
+    def fail(self) -> NoReturn:
+        raise DuplicateTaskError(self.run.key, task_name=self.task.name, holder_task_id=self.holder_id)
+
+    def wait(self, countdown: float) -> None:
+        # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
+        # lease must have ended (a live holder's renewals keep it ~ttl away).
+        run = self.run
+        headers = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
+        detail = f"lock {run.key} {self.held}"
+        resend.defer(self.task, run, countdown, "duplicate", headers, detail, self.holder_id)
+
+    def back_in_line(self) -> None:
+        run = self.run
+        said = f"waiting in line for lock {run.key} {self.held}"
+        resend.skip_quietly(self.task, run, Skipped(said, run.key, self.holder_id, "deferred"))
+
+
+def unavailable(
+    task: LockedTask,
+    run: Run,
+    lock: Redlock,
+    task_id: str,
+    options: Options,
+    policy: UnavailablePolicy,
+    countdown: float = 0.0,
+    attempt: int = 0,
+) -> None:
+    errors = [str(e) for e in lock.node_errors]
+    task._count("unavailable")
+    signals.lock_unavailable.send(sender=task, key=run.key, task_id=task_id, policy=policy, errors=errors)
+    if policy == "run":
+        logger.warning(
+            "Task %s[%s] runs UNGUARDED (singleton_lock_on_unavailable='run'): lock %s unavailable: %s",
+            task.name,
+            task_id,
+            run.key,
+            "; ".join(errors),
+        )
+    elif policy == "retry":
+        if task.request.is_eager:  # nothing can wait in eager mode: the caller is told at once
+            raise LockUnavailableError(run.key, node_errors=errors)
+        logger.warning(
+            "Task %s[%s] waits %.1fs: no quorum for lock %s (attempt %d): %s",
+            task.name,
+            task_id,
+            countdown,
+            run.key,
+            attempt,
+            "; ".join(errors),
+        )
+        resend.defer(task, run, countdown, "unavailable", {ATTEMPT_HEADER: attempt})
+
+
+def release(task: LockedTask, run: Run, *, done: bool = False, succeeded: bool = False) -> None:
+    """Give the lock up; after the job's end (a success or a failure: ``done``), mark this task id done (see
+    ``Redlock.finish``) in the same round trip; only a success starts a cooldown.
+
+    Timeline of what the done marker prevents: this run releases, a redelivered copy of the same task id
+    (waiting on a countdown, or arriving late) takes the lock, finds no final state stored (not yet, or no result
+    backend at all), and runs the job a second time. With the marker, that copy's acquire answers DONE and it
+    stops, while a different job is not affected at all (the marker is a key of its own, per task id). A
+    failure ends the job as much as a success does: a waiting call's fallback copy that ran it again after a
+    FAILURE would run a job twice.
+    """
+    task._disarm(run)  # first: the body has ended, a loss noticed from now on must not interrupt what follows
+    lock, lease = run.lock, run.lease
+    run.lock = run.lease = None
+    if lease is not None:
+        watchdog().unregister(lease)
+    if lock is None:
+        return
+    options = task._options()
+    try:
+        if done:
+            held = lock.finish(
+                # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
+                # the other copy can start late, so the marker lasts the whole window.
+                # A retry's marker too: for a retry the marker is the only proof of its success (it never asks
+                # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
+                done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
+                waited_for=options.done_window,
+                cooldown=float(task.lock_cooldown) if succeeded else 0.0,
+            )
+        else:
+            held = lock.release()
+    except Exception:  # a release that failed still ends within ttl: log, never mask the task's outcome
+        logger.exception("releasing lock %s failed; it expires within its ttl", run.key)
+        return
+    task._count("released", options)
+    signals.lock_released.send(sender=task, key=run.key, task_id=run.task_id, held=held)
+    if options.waits_in_line:
+        line.wake_next(task, run.key, options)

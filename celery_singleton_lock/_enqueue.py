@@ -1,0 +1,294 @@
+"""The enqueue side: what ``apply_async`` does before a message is published.
+
+Queue scope (``lock_scope="queue"``) reserves the job for the call's task id before its message is published,
+so that a duplicate call publishes nothing and gets the existing job; the enqueue check
+(``lock_enqueue_check``) returns a running job's result instead of sending a duplicate of it. The worker's
+run-time check (the delivery room) stays the guard of both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery.signals import task_revoked
+from celery.utils import uuid
+
+from . import signals
+from ._run import END_LEASE, REDELIVERY_HEADER, is_locked_task, worker_id
+from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
+from .errors import DuplicateTaskError
+from .redlock import Redlock
+
+if TYPE_CHECKING:
+    from .task import LockedTask
+
+__all__ = ["DEFAULT_QUEUE_TTL", "SENDING_WAIT", "free_reservation", "reserve", "revoke_queued", "running_run", "send"]
+
+logger = logging.getLogger("celery_singleton_lock.task")
+
+#: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
+DEFAULT_QUEUE_TTL = 600.0
+#: Queue scope: how long a duplicate call waits for another call's publish under way before it sends a copy of that
+#: call's job (same task id; see reserve).
+SENDING_WAIT = 2.0
+# apply_async options under which the enqueue check stands aside: the message must go out as asked.
+_DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
+# apply_async options whose messages are reserved at the worker only (a chord counts its members' own ids).
+_GROUPED = frozenset({"chord", "group_id", "chain"})
+
+
+def send(
+    task: LockedTask,
+    publish: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    *,
+    linked: bool,
+) -> Any:
+    """``apply_async`` of a LockedTask: ``publish(args, kwargs, task_id=..., **options)`` is Celery's own.
+
+    With ``lock_scope="queue"`` a call whose job is queued or running returns that job (see :func:`reserve`);
+    with ``lock_enqueue_check``, a call whose job is running returns that run.
+    """
+    if (
+        task.lock_scope == "queue"
+        and not task.app.conf.task_always_eager
+        and not _GROUPED.intersection(options)
+        # A re-send of the delivery running here (self.retry(), a deferred copy): it is the job already.
+        and not (task_id is not None and task_id == task.request.id)
+    ):
+        own_id = task_id is not None
+        task_id = task_id or uuid()
+        existing, lock, lease, stand_in = reserve(task, args or (), kwargs or {}, task_id, options, own_id=own_id)
+        if existing is not None:
+            return existing
+        if stand_in is not None:
+            # Another call's publish of this job is still under way (slow), or its producer died after it: its
+            # message may exist or never will. This call sends a copy of THAT job (its task id, marked as a
+            # copy): whichever arrives first runs it; the other finds the job held or done by its own id and
+            # stops (one run). Never a second job: that is what ran a job twice.
+            headers = {**(options.pop("headers", None) or {}), REDELIVERY_HEADER: 1}
+            sent = publish(args, kwargs, task_id=stand_in, headers=headers, **options)
+            if task._options().policy.raises:  # the job exists now, for sure: this call was its duplicate
+                key = task.lock_key_for(*(args or ()), **(kwargs or {}))
+                raise DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
+            return sent
+        try:
+            sent = publish(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            if lock is not None:  # nothing was sent: nothing may stay reserved
+                lock.release()
+            raise
+        if lock is not None:
+            # Sent: now a duplicate may be told to wait on it. (Refused when a worker took it over already.)
+            lock.transfer(lease, {"state": QUEUED})
+        return sent
+    if task.lock_enqueue_check and not (
+        linked or task.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
+    ):
+        running = running_run(task, args or (), kwargs or {}, task_id)
+        if running is not None:
+            return running
+    return publish(args, kwargs, task_id=task_id, **options)
+
+
+def reserve(
+    task: LockedTask, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
+) -> tuple[Any, Redlock | None, float, str | None]:
+    """Queue scope: reserve this call's job for ``task_id`` before it is published.
+
+    Returns ``(existing, None, 0, None)`` when the job is already queued, running, being retried or cooling down
+    (its ``AsyncResult``: nothing is to be sent), and ``(None, lock, lease, None)`` when this call reserved it.
+    The reservation is "sending" until the message was published, then "queued"; it lasts ``lease`` s either
+    way, and is released if the publish raises. A duplicate that finds it "sending" waits up to SENDING_WAIT
+    for the publish; when it is still "sending" then (a slow publish, or a producer that died between its
+    publish and marking it sent), ``(None, None, 0, holder)``: this call sends a copy of the holder's job under
+    the holder's task id, never a job of its own, and never hands its caller the id of a message that may not
+    exist without sending one. When Redis cannot tell (no quorum, a split that persists, an unknown holder),
+    ``(None, None, 0, None)``: the message is sent, and the worker's run-time check is the guard.
+    """
+    key = task.lock_key_for(*args, **kwargs)
+    options_ = task._options()
+    wait = _delay_of(options)
+    lease = wait + float(task.lock_queue_ttl)
+    expires = _expires_in(options.get("expires"))
+    if expires is not None:  # a message that expires unseen frees its job when it would have expired
+        lease = min(lease, max(expires, 0.0) + 1.0)
+    lease = max(lease, 0.01)
+    lock = Redlock(
+        options_.settings.nodes,
+        key,
+        # "sending" lasts the whole lease, not a few seconds: a producer that dies between its publish and
+        # marking the reservation sent leaves a message that may wait in the queue for as long (a busy worker),
+        # and the job must stay reserved for it. A producer that died before its publish leaves no message:
+        # the next call's copy (see the stand-in above) runs the job under the reservation's id.
+        ttl=lease,
+        fencing=False,
+        job=task_id,
+        record={
+            "state": SENDING,
+            "name": task.name,
+            "worker": worker_id(),
+            "at": str(int(time.time() * 1000)),
+            "open": "1",
+        },
+    )
+    try:
+        splits, deadline = 0, time.monotonic() + SENDING_WAIT
+        for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
+            if lock.acquire(blocking=False):
+                return None, lock, lease, None
+            if lock.split and splits < SPLIT_RETRIES:
+                # Contenders that split the nodes try again after a jittered pause.
+                splits += 1
+                time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+                continue
+            sending = (lock.holder_record or {}).get("state") == SENDING
+            if not (lock.contended and sending) or time.monotonic() >= deadline:
+                break
+            # Another call of the job is publishing right now (a double click): wait the few ms until its message
+            # is sent (then this call gets it) or its publish failed (then this call reserves the job itself).
+            time.sleep(0.005)
+    except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
+        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
+        return None, None, 0.0, None
+    if lock.done:  # this very task id already ran
+        return task.AsyncResult(task_id), None, 0.0, None
+    record = lock.holder_record or {}
+    holder, state = record.get("job"), record.get("state")
+    policy = options_.policy
+    if not lock.contended or holder is None or state in (ENDING, None):
+        # Not a job that exists for sure (a run being ended, a record of no job): sent.
+        return None, None, 0.0, None
+    if state == SENDING and policy.waits_in_line:
+        return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
+    if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
+        return task.AsyncResult(task_id), None, 0.0, None
+    if holder == task.request.id and state == RUNNING:
+        # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
+        # skips it if it arrives while this run still holds the job.
+        return None, None, 0.0, None
+    if policy.waits_in_line:  # it runs after the holder: sent, and waits at the worker
+        return None, None, 0.0, None
+    signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
+    if policy.raises and state != SENDING:
+        raise DuplicateTaskError(key, task_name=task.name, holder_task_id=holder)
+    if state == SENDING:
+        reason = f"duplicate of {task.name} sent as a copy of task {holder} (lock {key}: its publish is under way)"
+    else:
+        reason = f"duplicate of {task.name} not sent: lock {key} held by task {holder} ({state})"
+    logger.debug("%s", reason)
+    if own_id and holder != task_id and not task.ignore_result:
+        # The caller chose this id and may wait on it: say at once what became of it (as a skip at the worker
+        # would), not PENDING forever. The call still returns the existing job's result.
+        try:
+            task.backend.mark_as_revoked(task_id, reason, request=None)
+        except Exception:
+            logger.debug("could not store the duplicate state of %s", task_id, exc_info=True)
+    if state == SENDING:
+        return None, None, 0.0, holder
+    return task.AsyncResult(holder), None, 0.0, None
+
+
+def revoke_queued(task: LockedTask, task_id: str, *args: Any, **kwargs: Any) -> bool:
+    """Revoke a queue-scope job's message and free its reservation now (``args``/``kwargs``: the call's).
+
+    ``AsyncResult.revoke()`` alone frees the reservation only when a worker meets the revoked message (at its
+    countdown, or when it reaches the front of the queue). True when a reservation was freed and the message
+    revoked; False when there was none (a worker had taken the job over already: it runs, or ran, and is left
+    alone).
+    """
+    freed = free_reservation(task, task_id, task.lock_key_for(*args, **kwargs))
+    if freed:  # revoked only while still queued: a running job is left alone (a revoke would mark it REVOKED)
+        task.app.control.revoke(task_id)
+    return freed
+
+
+def free_reservation(task: LockedTask, task_id: str, key: str) -> bool:
+    """Delete the queue-scope reservation of ``task_id`` on ``key``, if it is still one (not yet taken over)."""
+    # While this holds the key (one round trip), its record says "ending": a duplicate sent meanwhile is sent.
+    lock = Redlock(
+        task._options().settings.nodes,
+        key,
+        ttl=END_LEASE,
+        fencing=False,
+        job=task_id,
+        record={"state": ENDING, "name": task.name},
+    )
+    if lock.acquire(blocking=False):  # nothing held it
+        lock.release()
+        return False
+    record = lock.holder_record or {}
+    if not (lock.contended and record.get("job") == task_id and record.get("state") == QUEUED):
+        return False
+    lock.replaces = lock.held_by  # atomic: only if the reservation's owner still holds it
+    if lock.acquire(blocking=False):
+        lock.release()
+        return True
+    return False
+
+
+def running_run(task: LockedTask, args: Any, kwargs: Any, task_id: str | None) -> Any:
+    """The AsyncResult of the run holding this call's lock right now, or None (also when Redis cannot tell).
+
+    A call with its own ``task_id`` is always sent: its caller waits on that id, which another run's result
+    would leave PENDING forever.
+    """
+    if task_id is not None:
+        return None
+    try:
+        key = task.lock_key_for(*args, **kwargs)
+        record = Redlock(task._options().settings.nodes, key).holder()
+    except Exception:  # the worker's check is the guard; at enqueue, when in doubt, send
+        logger.debug("enqueue check of %s failed; sending", task.name, exc_info=True)
+        return None
+    holder_id = record.get("job") if record else None
+    if record is None or holder_id is None or record.get("state") in (ENDING, COOLDOWN):
+        return None
+    signals.duplicate_skipped.send(sender=task, key=key, task_id=None, holder_task_id=holder_id, policy="enqueue")
+    logger.info("%s not sent: the same job is running as task %s (lock %s)", task.name, holder_id, key)
+    return task.AsyncResult(holder_id)
+
+
+def _delay_of(options: dict[str, Any]) -> float:
+    """Seconds until a message sent with these options is due (its countdown or ETA), 0 when due now."""
+    countdown, eta = options.get("countdown"), options.get("eta")
+    if eta is not None:
+        if isinstance(eta, str):
+            eta = dt.datetime.fromisoformat(eta)
+        aware = eta if eta.tzinfo is not None else eta.replace(tzinfo=dt.timezone.utc)
+        return max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
+    return max(0.0, float(countdown or 0))
+
+
+def _expires_in(expires: Any) -> float | None:
+    """Seconds until a message with this ``expires`` option expires (None: it does not)."""
+    if expires is None:
+        return None
+    if isinstance(expires, dt.datetime):
+        aware = expires if expires.tzinfo is not None else expires.replace(tzinfo=dt.timezone.utc)
+        return (aware - dt.datetime.now(dt.timezone.utc)).total_seconds()
+    if isinstance(expires, str):
+        return _expires_in(dt.datetime.fromisoformat(expires))
+    return float(expires)
+
+
+@task_revoked.connect(weak=False)  # type: ignore[untyped-decorator]
+def _free_revoked_reservation(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A worker met a revoked or expired message of a queue-scope job: free the job's reservation at once."""
+    # Celery sends the task as sender and the delivery's Context as request (whose "task" is only a name).
+    task = sender
+    if not is_locked_task(task) or task.lock_scope != "queue" or request is None:
+        return
+    try:
+        key = task.lock_key_for(*(request.args or ()), **(request.kwargs or {}))
+        free_reservation(task, request.id, key)
+    except Exception:  # the reservation still ends with its lease
+        logger.warning("could not free the reservation of %s[%s]", task.name, request.id, exc_info=True)

@@ -1,0 +1,190 @@
+"""The waiting line of a key: duplicates that run after the holder (``reschedule``), or the newest of them
+(``replace``), woken by the holder's release instead of polling.
+
+The line (a sorted set of task ids by first arrival, and each one's message) lives on the first lock node: it only
+makes waiting faster. Every waiter also has a fallback copy (re-sent for when the holder's lease would end), so a
+lost line costs time, never a job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kombu.utils import json as kombu_json
+
+from . import _resend as resend
+from . import signals
+from ._monitoring import Skipped
+from ._run import PARKED_HEADER, REDELIVERY_HEADER, SINCE_HEADER, WOKEN_HEADER, Options, Run, since, text
+from .redlock import sibling_key
+
+if TYPE_CHECKING:
+    from .task import LockedTask
+
+__all__ = ["WAITERS_TTL", "park", "replaced", "superseded_by", "unpark", "waiters", "wake_next"]
+
+logger = logging.getLogger("celery_singleton_lock.task")
+
+#: How long a key's waiting line outlives its last change, at least (each park refreshes it).
+WAITERS_TTL = 600.0
+# Pop the oldest waiter of a key: its task id leaves the line, and its message is returned (nil when none waits).
+_POP_WAITER = """
+local popped = redis.call('ZPOPMIN', KEYS[1])
+if #popped == 0 then return false end
+local message = redis.call('HGET', KEYS[2], popped[1])
+redis.call('HDEL', KEYS[2], popped[1])
+return message
+"""
+# Park a job under lock_on_duplicate="replace", by the time its call first reached a worker (ARGV[2]): a job waiting
+# in line that arrived later wins, and this one is marked superseded by the newest ({'self', its id}); otherwise
+# every other waiting job (all older) leaves the line, marked superseded by this one (ARGV[5] .. their id = this id),
+# and their ids are returned. KEYS[1] line, KEYS[2] messages; ARGV: id, arrival (ms), message, expiry (ms),
+# supersession key prefix.
+# The supersession keys share the line's hash tag, so every key lives in one Cluster slot.
+_PARK_REPLACING = """
+local newer = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES')
+for i = 1, #newer, 2 do
+  if newer[i] ~= ARGV[1] then
+    local newest = redis.call('ZRANGE', KEYS[1], -1, -1)[1]
+    redis.call('SET', ARGV[5] .. ARGV[1], newest, 'PX', ARGV[4])
+    return {'self', newest}
+  end
+end
+local replaced = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if id ~= ARGV[1] then
+    replaced[#replaced + 1] = id
+  end
+end
+for _, id in ipairs(replaced) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('SET', ARGV[5] .. id, ARGV[1], 'PX', ARGV[4])
+end
+redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return replaced
+"""
+
+
+def waiters(key: str, options: Options) -> tuple[Any, str, str]:
+    """The client holding ``key``'s waiting line (the first lock node), and the line's two keys."""
+    return options.settings.nodes.clients[0], sibling_key(key, ":waiters"), sibling_key(key, ":parked")
+
+
+def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
+    """Put this rescheduled duplicate in its key's waiting line, with the message that wakes it.
+
+    The line (a sorted set of task ids by arrival, and each one's message) lives on the first lock node: it only
+    makes waiting faster. The holder's release wakes the oldest waiter at once; without the line (the node is
+    down, the message cannot be encoded) every waiter still has its fallback copy. False when not parked.
+    """
+    request = task.request
+    if request.is_eager or (task.serializer or task.app.conf.task_serializer) != "json":
+        # Eager: nothing waits. Another serializer: the line stores JSON, which would change the arguments (int
+        # dict keys, tuples): such a waiter has its fallback copy only.
+        return False
+    replace = options.policy.replaces
+    if replace and request.chord:
+        return False  # a chord member must run: never in a line where a newer call could replace it
+    try:
+        arrived = since(request)
+        woken = dict(
+            resend.copy(task, {PARKED_HEADER: 1, WOKEN_HEADER: 1, REDELIVERY_HEADER: 1, SINCE_HEADER: arrived})
+        )
+        message = kombu_json.dumps(woken)  # type: ignore[no-untyped-call]
+        client, line, messages = waiters(run.key, options)
+        expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+        if replace:
+            answer = client.eval(
+                _PARK_REPLACING,
+                2,
+                line,
+                messages,
+                task_id,
+                arrived,
+                message,
+                expire_ms,
+                sibling_key(run.key, ":superseded:"),
+            )
+            superseded(task, run, task_id, [text(x) for x in answer or ()])
+            return True
+        pipe = client.pipeline(transaction=False)
+        pipe.zadd(line, {task_id: arrived}, nx=True)  # a job re-parked keeps its place
+        pipe.hset(messages, task_id, message)
+        pipe.pexpire(line, expire_ms)
+        pipe.pexpire(messages, expire_ms)
+        pipe.execute()
+    except Exception:  # the fallback copy still wakes it
+        logger.debug("could not park %s[%s] in line for %s", task.name, task_id, run.key, exc_info=True)
+        return False
+    return True
+
+
+def superseded(task: LockedTask, run: Run, task_id: str, answer: list[str]) -> None:
+    """Tell the callers of the jobs a "replace" park took out of the line (``answer``: see _PARK_REPLACING)."""
+    if answer[:1] == ["self"]:
+        # A newer call waits in line: that one wins. This call's job is marked superseded (its other copy stops
+        # on it), and stops here.
+        run.superseded_by = answer[1]
+        return
+    for replaced in answer:
+        reason = f"superseded by task {task_id}: a newer {task.name} of lock {run.key} waits in its place"
+        signals.duplicate_skipped.send(
+            sender=task, key=run.key, task_id=replaced, holder_task_id=task_id, policy="replace"
+        )
+        if not task.ignore_result:
+            try:
+                task.backend.mark_as_revoked(replaced, reason, request=None)
+            except Exception:  # its fallback copy says so again when it stops
+                logger.debug("could not store the supersession of %s", replaced, exc_info=True)
+
+
+def replaced(task: LockedTask, run: Run, task_id: str, newer: str) -> None:
+    """This delivery's job was replaced in the line by ``newer`` ("replace"): it does not run."""
+    request = task.request
+    reason = f"superseded by task {newer}: a newer {task.name} of lock {run.key} runs in its place"
+    if not (request.is_eager or task.ignore_result or request.ignore_result):
+        task.backend.mark_as_revoked(task_id, reason, request=None)
+    resend.skip_quietly(task, run, Skipped(reason, run.key, newer))
+
+
+def superseded_by(task: LockedTask, key: str, task_id: str, options: Options) -> str | None:
+    """The task id that replaced this waiting job ("replace"), or None."""
+    try:
+        client, _, _ = waiters(key, options)
+        value = client.get(sibling_key(key, ":superseded:") + task_id)
+    except Exception:  # cannot tell: the job runs (at least once beats lost)
+        logger.debug("cannot read whether %s was superseded", task_id, exc_info=True)
+        return None
+    return None if value is None else text(value)
+
+
+def unpark(task: LockedTask, key: str, task_id: str, options: Options) -> None:
+    """This job got the lock: take it out of the line (a copy woken for it later would only stop on DONE)."""
+    try:
+        client, line, messages = waiters(key, options)
+        pipe = client.pipeline(transaction=False)
+        pipe.zrem(line, task_id)
+        pipe.hdel(messages, task_id)
+        pipe.execute()
+    except Exception:
+        logger.debug("could not unpark %s[%s]", task.name, task_id, exc_info=True)
+
+
+def wake_next(task: LockedTask, key: str, options: Options) -> None:
+    """After a release: send the oldest waiter of ``key`` to run now (it takes the lock, or waits again)."""
+    try:
+        client, line, messages = waiters(key, options)
+        message = client.eval(_POP_WAITER, 2, line, messages)
+        if message is None:
+            return
+        woken = task.app.signature(kombu_json.loads(message))  # type: ignore[no-untyped-call]
+        woken.apply_async(countdown=None)
+    except Exception:  # the waiter's fallback copy still wakes it
+        logger.warning("could not wake the next waiter of lock %s", key, exc_info=True)
+        return
+    logger.debug("woke %s[%s], waiting for lock %s", woken.task, woken.id, key)

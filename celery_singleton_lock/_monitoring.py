@@ -1,0 +1,167 @@
+"""What monitors see of a delivery that did not run: the Skipped marker, the worker's log line, Celery's events.
+
+Deciding in ``before_start`` and returning early from ``__call__`` costs about as much as a no-op task; raising
+``Ignore`` or ``Reject`` from ``before_start`` costs ~35-47x that (the tracer builds and formats a traceback), and
+a duplicate storm is all skips. A delivery that does not run therefore returns a :class:`Skipped` marker from
+``__call__`` with ``request.ignore_result`` set, so the tracer stores nothing over the outcome we stored (or over
+the twin's), and its callbacks, chain and chord are cleared (the re-sent copy carries them). The worker's main
+process sees only the marker's repr: :class:`LockedRequest` turns it into the right event, and a log filter into
+the right line.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from celery.signals import worker_process_shutdown
+from celery.worker.request import Request
+
+from . import _handover as handover
+from ._run import HOST, is_locked_task
+from .renewal import flush_stats
+
+__all__ = ["KIND_EVENT", "SKIP_MARK", "LockedRequest", "Skipped", "parse_skipped"]
+
+logger = logging.getLogger("celery_singleton_lock.task")
+
+#: How a Skipped's repr begins: what a worker's main process (which sees only the repr) and the log filter look for.
+SKIP_MARK = "<celery_singleton_lock.Skipped:"
+#: The Celery event a worker sends for each kind of Skipped, instead of task-succeeded (None: no event at all).
+KIND_EVENT: dict[str, str | None] = {
+    "duplicate": "task-revoked",  # another job holds the lock: REVOKED
+    "settled": "task-revoked",  # a copy of a job whose run succeeded but was killed before storing its result
+    "deferred": "task-retried",  # a first delivery re-sent to run later (reschedule, replace, outage back-off, ...)
+    # A copy of a job that succeeded, or one waiting for its twin: the task id's state is its twin's, so nothing is
+    # said (a task-retried after the twin's task-succeeded would turn SUCCESS into RETRY in Celery's event state).
+    "done": None,
+    "waiting": None,
+}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What ``__call__`` returns for a delivery that did not run the body.
+
+    ``kind`` is ``"duplicate"`` (skipped: another job holds the lock, or replaced it in line), ``"deferred"`` (re-sent
+    to run later: reschedule, replace, an outage back-off, a split vote), ``"done"`` (a copy of a job that already
+    succeeded), ``"waiting"`` (a copy of a job re-sent to wait for its twin), or ``"settled"`` (a copy of a job whose
+    successful run was killed before it stored its result: REVOKED is stored for it). Celery's events report
+    duplicate and settled as ``task-revoked`` and deferred as ``task-retried``, and nothing for done and waiting
+    (their task id's own run reports it), never ``task-succeeded``; the worker's log line says what happened.
+    """
+
+    reason: str
+    key: str
+    holder_task_id: str | None
+    kind: str = "duplicate"
+
+    def __repr__(self) -> str:
+        # The main process parses this (see LockedRequest.send_event): kind, the holder's id with its length (a task
+        # id may hold any character), then the reason. No space before the holder: Celery cuts a long repr short
+        # (Task.resultrepr_maxsize), and what survives must still name the kind.
+        holder = self.holder_task_id or ""
+        return f"{SKIP_MARK}{self.kind}:{len(holder)}:{holder} {self.reason}>"
+
+
+def parse_skipped(text: str) -> tuple[str, str | None, str] | None:
+    """``(kind, holder task id, reason)`` from a :class:`Skipped` repr (what the worker's main process sees).
+
+    A repr cut short keeps its kind; the holder is None when its id was cut, and the reason is what is left.
+    """
+    if not text.startswith(SKIP_MARK):
+        return None
+    kind, colon, rest = text[len(SKIP_MARK) :].partition(":")
+    if kind not in KIND_EVENT or not colon:
+        return None
+    size, colon, rest = rest.partition(":")
+    if not colon or not size.isdigit() or len(rest) < int(size):
+        return kind, None, ""
+    holder, reason = rest[: int(size)], rest[int(size) + 1 :]
+    return kind, holder or None, reason.removesuffix(">")
+
+
+class _SkipLogFilter(logging.Filter):
+    """Rewrite Celery's "Task x[id] succeeded in ...: <Skipped ...>" line to say what happened instead."""
+
+    _SAYS: ClassVar[dict[str, str]] = {
+        "duplicate": "skipped duplicate",
+        "done": "skipped: already done",
+        "settled": "skipped: already done, result lost",
+        "deferred": "deferred",
+        "waiting": "deferred",
+    }
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = record.args
+        if isinstance(data, dict):
+            value = data.get("return_value")
+            if isinstance(value, str) and value.startswith(SKIP_MARK):
+                parsed = parse_skipped(value)
+                if parsed is not None:
+                    kind, _, reason = parsed
+                    record.msg = "Task %(name)s[%(id)s] " + self._SAYS[kind] + " in %(runtime)ss: %(reason)s"
+                    record.args = {**data, "reason": reason}
+        return True
+
+
+# Celery's tracer logs a task's success through this logger (celery/app/trace.py, LOG_SUCCESS).
+logging.getLogger("celery.app.trace").addFilter(_SkipLogFilter())
+
+
+@worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+def _flush_stats_at_exit(**_: Any) -> None:
+    """A pool child exits (worker_max_tasks_per_child, shutdown) with up to 5 s of unflushed counters: flush them."""
+    try:
+        flush_stats()
+    except Exception:  # never block a child's exit; the counters are only statistics
+        logger.debug("flushing lock counters at exit failed", exc_info=True)
+
+
+class LockedRequest(Request):  # type: ignore[misc]
+    """The worker's request for a LockedTask: after a hard time limit, end the killed run's lease within ~1 s.
+
+    Celery handles a hard time limit in the worker's main process (``Request.on_timeout``), where this request
+    knows the pool child that ran the task (``worker_pid``); ``after_return`` there is given no request, so it
+    could not tell the killed run from another delivery of the same task id. A SIGKILLed or OOM-killed child gets
+    no such call: its lease simply runs out, within ttl. A task that names its own ``Request`` class must subclass
+    this one.
+    """
+
+    def send_event(self, type_: str, **fields: Any) -> None:
+        """Report a delivery that returned a :class:`Skipped` marker as what it was, not as a success.
+
+        The pool child's tracer hands the main process only the repr of the return value, and the main process
+        sends ``task-succeeded`` from there (``Request.on_success``): a skip becomes ``task-revoked`` (REVOKED in
+        Flower and ``celery events``) and a re-send ``task-retried`` (RETRY, until the re-sent copy's own events),
+        each with ``reason``, ``holder`` (the holder's task id, when there is one) and ``lock_skip`` (the kind).
+        """
+        if type_ == "task-succeeded":
+            result = fields.get("result")
+            if isinstance(result, str) and result.startswith(SKIP_MARK):
+                parsed = parse_skipped(result)
+                if parsed is not None:
+                    kind, holder, reason = parsed
+                    event = KIND_EVENT[kind]
+                    if event is None:
+                        return
+                    extra = {"reason": reason, "holder": holder, "lock_skip": kind}
+                    if event == "task-retried":
+                        fields = {"exception": reason, "traceback": "", **extra}
+                    else:
+                        # Flower shows only Celery's own task fields: the reason goes in "exception" too.
+                        fields = {"terminated": False, "signum": None, "expired": False, "exception": reason, **extra}
+                    type_ = event
+        super().send_event(type_, **fields)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:  # noqa: FBT001 - Celery's signature
+        super().on_timeout(soft, timeout)
+        task = self.task
+        if soft or not is_locked_task(task) or not self.worker_pid:
+            return
+        try:
+            key = task.lock_key_for(*(self.args or ()), **(self.kwargs or {}))
+            handover.end_lease_of(task, self.id, key, f"{self.worker_pid}@{HOST}")
+        except Exception:
+            logger.exception("could not end the lease of %s[%s]", task.name, self.id)
