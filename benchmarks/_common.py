@@ -142,9 +142,14 @@ def process_cpu_seconds(pid: int) -> float:
             return int(f.read().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         pass
+    return stat_cpu_seconds(pid)
+
+
+def stat_cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` (``/proc/<pid>/stat``, clock ticks), in seconds."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15 of proc(5)
 
 
 # --- CPU placement --------------------------------------------------------------------------------------------------
