@@ -77,15 +77,7 @@ class CycleFailedError(RuntimeError):
 
 
 def ours_reused(urls: str | list[str], name: str) -> Callable[[], None]:
-    lock = Redlock(urls, name, ttl=TTL_S)
-
-    def cycle() -> None:
-        if not lock.acquire(blocking=False):
-            raise CycleFailedError(f"ours: acquire failed on {name}: {lock.node_errors}")
-        if not lock.release():
-            raise CycleFailedError(f"ours: release failed on {name}")
-
-    return cycle
+    return _floors.lock_cycle(Redlock(urls, name, ttl=TTL_S), f"ours ({name})")
 
 
 def ours_fresh(nodes: NodeSet | str, name: str) -> Callable[[], None]:
@@ -106,20 +98,6 @@ def ours_skip(nodes: NodeSet, name: str) -> Callable[[], None]:
             raise CycleFailedError(f"ours: {name} was not refused as held: {lock.node_errors}")
 
     return attempt
-
-
-def redis_py_str(client: redis.Redis, key: str) -> Callable[[], None]:
-    sha = client.script_load(_floors.STR_RELEASE)
-    token_hex = secrets.token_hex
-
-    def cycle() -> None:
-        token = token_hex(16)
-        if not client.set(key, token, nx=True, px=TTL_MS):
-            raise CycleFailedError(f"redis-py: SET NX failed on {key}")
-        if client.evalsha(sha, 1, key, token) != 1:
-            raise CycleFailedError(f"redis-py: release did not delete {key}")
-
-    return cycle
 
 
 # --- report -------------------------------------------------------------------------------------------------------
@@ -238,21 +216,33 @@ def main(argv: list[str] | None = None) -> int:
             return harness.Contender(name, fn, dict(refs), {"kind": kind, "nodes": nodes})
 
         contenders = [
-            contender("floor str 1n", CYCLE, 1, _floors.str_cycle(conns[:1], f"{k}:fs1", TTL_MS), dict(str_refs)),
-            contender("floor hash 1n", CYCLE, 1, _floors.hash_cycle(conns[:1], f"{k}:fh1", TTL_MS), dict(str_refs)),
-            contender("redis-py str 1n", CYCLE, 1, redis_py_str(plain[0], f"{k}:rp1"), dict(str_refs)),
+            contender("floor str 1n", CYCLE, 1, _floors.str_cycle(conns[:1], f"{k}:fs1", TTL_MS), str_refs),
+            contender("floor hash 1n", CYCLE, 1, _floors.hash_cycle(conns[:1], f"{k}:fh1", TTL_MS), str_refs),
+            contender("redis-py str 1n", CYCLE, 1, _floors.redis_py_str_cycle(plain[0], f"{k}:rp1", TTL_MS), str_refs),
             contender("raw socket str 1n", CYCLE, 1, _floors.raw_str_cycle(ports[0], f"{k}:rs1", TTL_MS), str_refs),
-            contender("fan-out str 3n", CYCLE, 3, _floors.str_cycle(conns, f"{k}:fs3", TTL_MS), dict(str_refs3)),
-            contender("fan-out hash 3n", CYCLE, 3, _floors.hash_cycle(conns, f"{k}:fh3", TTL_MS), dict(str_refs3)),
-            contender("ours 1n reused", CYCLE, 1, ours_reused(urls[0], f"{k}:or1"), dict(str_refs)),
-            contender("ours 1n fresh", CYCLE, 1, ours_fresh(nodes1, f"{k}:of1"), dict(str_refs)),
-            contender("ours 1n fresh-url", CYCLE, 1, ours_fresh(urls[0], f"{k}:ou1"), dict(str_refs)),
-            contender("ours 3n reused", CYCLE, 3, ours_reused(urls, f"{k}:or3"), dict(str_refs3)),
-            contender("ours 3n fresh", CYCLE, 3, ours_fresh(nodes3, f"{k}:of3"), dict(str_refs3)),
+            contender("fan-out str 3n", CYCLE, 3, _floors.str_cycle(conns, f"{k}:fs3", TTL_MS), str_refs3),
+            contender("fan-out hash 3n", CYCLE, 3, _floors.hash_cycle(conns, f"{k}:fh3", TTL_MS), str_refs3),
+            contender(
+                "ours 1n reused",
+                CYCLE,
+                1,
+                ours_reused(urls[0], f"{k}:or1"),
+                str_refs,
+            ),
+            contender("ours 1n fresh", CYCLE, 1, ours_fresh(nodes1, f"{k}:of1"), str_refs),
+            contender("ours 1n fresh-url", CYCLE, 1, ours_fresh(urls[0], f"{k}:ou1"), str_refs),
+            contender(
+                "ours 3n reused",
+                CYCLE,
+                3,
+                ours_reused(urls, f"{k}:or3"),
+                str_refs3,
+            ),
+            contender("ours 3n fresh", CYCLE, 3, ours_fresh(nodes3, f"{k}:of3"), str_refs3),
         ]
         if delex:
             contenders.append(
-                contender("delex 1n", CYCLE, 1, _floors.delex_cycle(conns[0], f"{k}:dx1", TTL_MS), dict(str_refs))
+                contender("delex 1n", CYCLE, 1, _floors.delex_cycle(conns[0], f"{k}:dx1", TTL_MS), str_refs)
             )
         if nx_get:
             contenders += [

@@ -33,13 +33,13 @@ import sys
 import time
 from collections.abc import Callable
 
+import _floors  # benchmarks/_floors.py
 import harness  # benchmarks/harness.py: run as `python benchmarks/<script>.py`
 import redis
 
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.testing import redis_servers
 
-FLOOR_RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 TTL_S = 10
 TTL_MS = TTL_S * 1000
 WARMUP_SECONDS = 0.3
@@ -50,74 +50,32 @@ OURS_1 = "ours Redlock 1-node"
 OURS_3 = "ours Redlock 3-node"
 
 
-class CycleFailedError(RuntimeError):
-    """A cycle that should have acquired (no contention) did not: the benchmark is measuring the wrong thing."""
-
-
 # --- contenders: each factory returns a zero-argument callable doing one acquire + release ----------------------
 
 
 def make_floor(client: redis.Redis, key: str) -> Callable[[], None]:
-    sha = client.script_load(FLOOR_RELEASE_LUA)
-    token_hex = secrets.token_hex
-
-    def cycle() -> None:
-        token = token_hex(16)
-        if not client.set(key, token, nx=True, px=TTL_MS):
-            raise CycleFailedError(f"floor: SET NX failed on {key}")
-        if client.evalsha(sha, 1, key, token) != 1:
-            raise CycleFailedError(f"floor: release did not delete {key}")
-
-    return cycle
+    return _floors.redis_py_str_cycle(client, key, TTL_MS)
 
 
 def make_ours(urls: str | list[str], name: str) -> Callable[[], None]:
-    lock = Redlock(urls, name, ttl=TTL_S)
-
-    def cycle() -> None:
-        if not lock.acquire(blocking=False):
-            raise CycleFailedError(f"ours: acquire failed on {name}: {lock.node_errors}")
-        if not lock.release():
-            raise CycleFailedError(f"ours: release failed on {name}")
-
-    return cycle
+    return _floors.lock_cycle(Redlock(urls, name, ttl=TTL_S), f"ours ({name})")
 
 
 def make_redis_py(client: redis.Redis, name: str) -> Callable[[], None]:
-    lock = client.lock(name, timeout=TTL_S, blocking=False)
-
-    def cycle() -> None:
-        if not lock.acquire(blocking=False):
-            raise CycleFailedError(f"redis-py Lock: acquire failed on {name}")
-        lock.release()  # raises LockNotOwnedError when it was not ours
-
-    return cycle
+    return _floors.lock_cycle(client.lock(name, timeout=TTL_S, blocking=False), f"redis-py Lock ({name})")
 
 
 def make_python_redis_lock(client: redis.Redis, name: str) -> Callable[[], None]:
     import redis_lock  # noqa: PLC0415 - optional bench dependency
 
-    lock = redis_lock.Lock(client, name, expire=TTL_S)
-
-    def cycle() -> None:
-        if not lock.acquire(blocking=False):
-            raise CycleFailedError(f"python-redis-lock: acquire failed on {name}")
-        lock.release()  # raises NotAcquired when it was not ours
-
-    return cycle
+    return _floors.lock_cycle(redis_lock.Lock(client, name, expire=TTL_S), f"python-redis-lock ({name})")
 
 
 def make_pottery(clients: list[redis.Redis], name: str) -> Callable[[], None]:
     from pottery import Redlock as PotteryRedlock  # noqa: PLC0415 - optional bench dependency
 
     lock = PotteryRedlock(key=name, masters=set(clients), auto_release_time=TTL_S)
-
-    def cycle() -> None:
-        if not lock.acquire(blocking=False):
-            raise CycleFailedError(f"pottery: acquire failed on {name}")
-        lock.release()  # raises ReleaseUnlockedLock when a quorum did not release
-
-    return cycle
+    return _floors.lock_cycle(lock, f"pottery ({name})")  # its release raises when a quorum did not release
 
 
 # --- main ---------------------------------------------------------------------------------------------------------
