@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import importlib
 import json
 import os
 import secrets
@@ -70,7 +69,7 @@ from typing import Any
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import harness
 import redis
-from bench_task import HERE, Worker, wait_for
+from bench_task import Worker, load_apps, wait_for
 
 PATHS = {
     "plain": "plain no-op",
@@ -184,20 +183,10 @@ def block_order(paths: list[str], cycles: int) -> list[str]:
 class SkipBench:
     def __init__(self, args: argparse.Namespace, broker: str, lock_url: str, tmp: str) -> None:
         self.args = args
-        base = broker.rsplit("/", 1)[0]
-        self.backend_url, self.record_url = base + "/1", base + "/2"
         self.tmp = tmp
         self.nonce = secrets.token_hex(4)
-        self.base_env = {
-            "BENCH_BROKER": broker,
-            "BENCH_BACKEND": self.backend_url,
-            "BENCH_RECORD": self.record_url,
-            "BENCH_LOCK_URLS": lock_url,
-            "BENCH_HELD_ARG": str(HELD_ARG),
-        }
-        os.environ.update({**self.base_env, "BENCH_N": "0"})
-        sys.path.insert(0, HERE)
-        self.apps = importlib.import_module("bench_apps")
+        self.apps, self.base_env = load_apps(broker, [lock_url], BENCH_HELD_ARG=str(HELD_ARG))
+        self.backend_url, self.record_url = self.base_env["BENCH_BACKEND"], self.base_env["BENCH_RECORD"]
         self.base_env["BENCH_HELD_KEY"] = self.apps.locked.lock_key_for(HELD_ARG)
         # The client sends; it does not wait on results (a caller who waits would subscribe to each task's result
         # channel: the worker's work is the same either way).

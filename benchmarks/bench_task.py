@@ -89,6 +89,17 @@ def contenders_for(pools: list[str]) -> list[harness.Contender]:
     ]
 
 
+def load_apps(broker: str, lock_urls: list[str], **extra: str) -> tuple[Any, dict[str, str]]:
+    """``bench_apps`` imported here (the client sends; celery-once and celery-singleton lock in apply_async) and the
+    environment it read, for the workers too: broker (db 0), result backend (db 1), record (db 2) of one server."""
+    base = broker.rsplit("/", 1)[0]
+    env = {"BENCH_BROKER": broker, "BENCH_BACKEND": base + "/1", "BENCH_RECORD": base + "/2",
+           "BENCH_LOCK_URLS": ",".join(lock_urls), **extra}  # fmt: skip
+    os.environ.update({**env, "BENCH_N": "0"})
+    sys.path.insert(0, HERE)
+    return importlib.import_module("bench_apps"), env
+
+
 # --- processes ------------------------------------------------------------------------------------------------------
 
 
@@ -204,21 +215,12 @@ class Bench:
     def __init__(self, args: argparse.Namespace, broker: str, lock_urls: list[str], tmp: str) -> None:
         self.args = args
         self.broker = broker
-        self.backend = broker.rsplit("/", 1)[0] + "/1"
-        self.record_url = broker.rsplit("/", 1)[0] + "/2"
         self.lock_urls = lock_urls
         self.tmp = tmp
         self.nonce = secrets.token_hex(4)
-        self.base_env = {
-            "BENCH_BROKER": broker,
-            "BENCH_BACKEND": self.backend,
-            "BENCH_RECORD": self.record_url,
-            "BENCH_STORE_RESULTS": "1" if args.store_results else "0",
-        }
-        # The client imports the same app module (celery-once and celery-singleton lock in apply_async).
-        os.environ.update({**self.base_env, "BENCH_LOCK_URLS": ",".join(lock_urls), "BENCH_N": "0"})
-        sys.path.insert(0, HERE)
-        self.apps = importlib.import_module("bench_apps")
+        store = "1" if args.store_results else "0"
+        self.apps, self.base_env = load_apps(broker, lock_urls, BENCH_STORE_RESULTS=store)  # runs pick their nodes
+        self.backend, self.record_url = self.base_env["BENCH_BACKEND"], self.base_env["BENCH_RECORD"]
         self.record = redis.Redis.from_url(self.record_url)
         self.broker_client = redis.Redis.from_url(broker)
         self.lock_clients = [redis.Redis.from_url(u) for u in lock_urls]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib
 import json
 import operator
 import os
@@ -59,8 +58,8 @@ from typing import Any
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import _floors
 import harness
+from bench_task import load_apps
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TTL_MS = 60_000
 
 PLAIN_T, EXEC_T, SKIP_T = "plain Task, traced", "LockedTask executed, traced", "LockedTask skipped duplicate, traced"
@@ -91,20 +90,9 @@ class Bench:
 
     def __init__(self, urls: list[str], log_info: bool = False) -> None:
         url = urls[0]
-        base = url.rsplit("/", 1)[0]
-        os.environ.update(
-            {
-                "BENCH_BROKER": url,
-                "BENCH_BACKEND": base + "/1",
-                "BENCH_RECORD": base + "/2",
-                "BENCH_LOCK_URLS": ",".join(urls),
-                "BENCH_N": "0",
-            }
-        )
-        sys.path.insert(0, HERE)
+        apps, _ = load_apps(url, urls)
         from celery.app.trace import build_tracer  # noqa: PLC0415 - after the environment the app reads
 
-        apps = importlib.import_module("bench_apps")
         self.app = app = apps.app
         app.finalize()
         if log_info:
