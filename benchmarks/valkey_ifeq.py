@@ -65,75 +65,45 @@ def _record(token: str) -> dict[str, str]:
     }
 
 
-def setup_hash(client: redis.Redis, keys: list[str], tokens: list[str]) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        for key, token in zip(keys, tokens, strict=True):
-            pipe.hset(key, mapping=_record(token))
-            pipe.pexpire(key, TTL_MS)
-        pipe.execute()
+def writer(kind: str) -> Setup:
+    """Writes a batch's keys in one pipeline: holder records (``hash``) or plain tokens (``str``)."""
+
+    def write(client: redis.Redis, keys: list[str], tokens: list[str]) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            for key, token in zip(keys, tokens, strict=True):
+                if kind == "hash":
+                    pipe.hset(key, mapping=_record(token))
+                    pipe.pexpire(key, TTL_MS)
+                else:
+                    pipe.set(key, token, px=TTL_MS)
+            pipe.execute()
+
+    return write
 
 
-def setup_str(client: redis.Redis, keys: list[str], tokens: list[str]) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        for key, token in zip(keys, tokens, strict=True):
-            pipe.set(key, token, px=TTL_MS)
-        pipe.execute()
+setup_hash, setup_str = writer("hash"), writer("str")
 
 
 def contenders(client: redis.Redis) -> list[harness.Contender]:
     release, extend = client.script_load(RELEASE_SCRIPT), client.script_load(EXTEND_SCRIPT)
     del_str, set_str = client.script_load(LUA_DEL_STR), client.script_load(LUA_SET_STR)
     ms = str(TTL_MS)
-    return [
-        contender(
-            "release: ours (EVALSHA RELEASE_SCRIPT, hash)",
-            "release",
-            "evalsha",
-            setup_hash,
-            lambda c, k, t: c.execute_command("EVALSHA", release, 1, k, t),
-            lambda r: r == 1,
-        ),
-        contender(
-            "release: lua str (EVALSHA GET/DEL)",
-            "release",
-            "evalsha",
-            setup_str,
-            lambda c, k, t: c.execute_command("EVALSHA", del_str, 1, k, t),
-            lambda r: r == 1,
-        ),
-        contender(
-            "release: DELIFEQ",
-            "release",
-            "delifeq",
-            setup_str,
-            lambda c, k, t: c.execute_command("DELIFEQ", k, t),
-            lambda r: r == 1,
-        ),
-        contender(
-            "extend: ours (EVALSHA EXTEND_SCRIPT, 1 lease, hash)",
-            "cas",
-            "evalsha",
-            setup_hash,
-            lambda c, k, t: c.execute_command("EVALSHA", extend, 2, k, k + ":fence", t, ms, "42"),
-            lambda r: r == [1],
-        ),
-        contender(
-            "extend: lua str (EVALSHA GET/SET PX)",
-            "cas",
-            "evalsha",
-            setup_str,
-            lambda c, k, t: c.execute_command("EVALSHA", set_str, 1, k, t, t, ms),
-            lambda r: r in (b"OK", "OK", True),
-        ),
-        contender(
-            "extend: SET IFEQ PX",
-            "cas",
-            "set",
-            setup_str,
-            lambda c, k, t: c.execute_command("SET", k, t, "IFEQ", t, "PX", ms),
-            lambda r: r in (b"OK", "OK", True),
-        ),
-    ]
+    one, ok = (lambda r: r == 1), (lambda r: r in (b"OK", "OK", True))
+    return [  # name, group, commandstats entry, keys written, one operation, its reply checked
+        contender("release: ours (EVALSHA RELEASE_SCRIPT, hash)", "release", "evalsha", setup_hash,
+                  lambda c, k, t: c.execute_command("EVALSHA", release, 1, k, t), one),
+        contender("release: lua str (EVALSHA GET/DEL)", "release", "evalsha", setup_str,
+                  lambda c, k, t: c.execute_command("EVALSHA", del_str, 1, k, t), one),
+        contender("release: DELIFEQ", "release", "delifeq", setup_str,
+                  lambda c, k, t: c.execute_command("DELIFEQ", k, t), one),
+        contender("extend: ours (EVALSHA EXTEND_SCRIPT, 1 lease, hash)", "cas", "evalsha", setup_hash,
+                  lambda c, k, t: c.execute_command("EVALSHA", extend, 2, k, k + ":fence", t, ms, "42"),
+                  lambda r: r == [1]),
+        contender("extend: lua str (EVALSHA GET/SET PX)", "cas", "evalsha", setup_str,
+                  lambda c, k, t: c.execute_command("EVALSHA", set_str, 1, k, t, t, ms), ok),
+        contender("extend: SET IFEQ PX", "cas", "set", setup_str,
+                  lambda c, k, t: c.execute_command("SET", k, t, "IFEQ", t, "PX", ms), ok),
+    ]  # fmt: skip
 
 
 def command_usec(client: redis.Redis, command: str) -> float:
