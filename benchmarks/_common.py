@@ -1,6 +1,6 @@
 """What every benchmark records about the machine and the code it ran on, and the clocks they all read.
 
-Shared by bench_lock.py, bench_hotpath.py, bench_task.py and profile_task.py.
+Read by the harness (harness.py: the rounds, the samples, the tables) and by every benchmark.
 """
 
 from __future__ import annotations
