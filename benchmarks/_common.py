@@ -1,6 +1,6 @@
 """What every benchmark records about the machine and the code it ran on, and the clocks they all read.
 
-Shared by bench_lock.py, bench_hotpath.py, bench_task.py and profile_task.py.
+Read by the harness (harness.py: the rounds, the samples, the tables) and by every benchmark.
 """
 
 from __future__ import annotations
@@ -142,9 +142,14 @@ def process_cpu_seconds(pid: int) -> float:
             return int(f.read().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         pass
+    return stat_cpu_seconds(pid)
+
+
+def stat_cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` (``/proc/<pid>/stat``, clock ticks), in seconds."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15 of proc(5)
 
 
 # --- CPU placement --------------------------------------------------------------------------------------------------

@@ -17,6 +17,10 @@ fan-out), then the same for the next command. Every reply is checked, so each fl
           bytes, no redis-py at all: what the 2 round trips cost in system calls, near zero Python.
 ``delex`` Redis >= 8.4 only: ``SET key tok NX PX ttl``, then ``DELEX key IFEQ tok`` (compare-and-delete without Lua).
 
+Two helpers for the contenders around the floors: ``redis_py_str_cycle`` (the ``str`` floor through redis-py's
+high-level client) and ``lock_cycle`` (one ``acquire(blocking=False)`` + ``release()`` of a reused lock object:
+ours, redis-py's ``Lock`` and the peers share that API).
+
 Skip floors (the key is held by someone else; one round trip, the holder learned in the same reply):
 ``SET key tok NX PX ttl GET`` (Redis >= 7.0: returns the holder's value) and the ``hash`` acquire (returns the
 holder record).
@@ -27,6 +31,7 @@ from __future__ import annotations
 import secrets
 import socket
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 from redis.connection import Connection
@@ -184,6 +189,33 @@ def hash_cycle(
                 raise FloorFailedError(f"hash release did not delete {key}")
 
     return fan_cycle
+
+
+def redis_py_str_cycle(client: redis.Redis, key: str, ttl_ms: int) -> Callable[[], None]:
+    """The ``str`` floor through redis-py's high-level client (``set`` + ``evalsha``): its pool and callbacks."""
+    sha = client.script_load(STR_RELEASE)
+    token_hex = secrets.token_hex
+
+    def cycle() -> None:
+        token = token_hex(16)
+        if not client.set(key, token, nx=True, px=ttl_ms):
+            raise FloorFailedError(f"redis-py: SET NX failed on {key}")
+        if client.evalsha(sha, 1, key, token) != 1:
+            raise FloorFailedError(f"redis-py: release did not delete {key}")
+
+    return cycle
+
+
+def lock_cycle(lock: Any, who: str) -> Callable[[], None]:
+    """``lock.acquire(blocking=False)`` + ``lock.release()`` on one lock object, reused."""
+
+    def cycle() -> None:
+        if not lock.acquire(blocking=False):
+            raise FloorFailedError(f"{who}: acquire failed: {getattr(lock, 'node_errors', '')}")
+        if lock.release() is False:  # ours returns False; the peers raise when the lock was not theirs
+            raise FloorFailedError(f"{who}: release failed")
+
+    return cycle
 
 
 def raw_str_cycle(port: int, key: str, ttl_ms: int) -> Callable[[], None]:

@@ -26,7 +26,6 @@ Contenders and rounds are interleaved (order rotating each round); the table sho
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -38,8 +37,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import harness
 import redis
-from _common import environment, write_json
 
 from celery_singleton_lock.testing import CeleryWorker, redis_servers
 
@@ -116,13 +115,12 @@ def limit_burst(mod: Any, record: redis.Redis, name: str, calls: int) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.Cli(__doc__, quick={"rounds": 1, "calls": 10, "limit_calls": 8})
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--limit-calls", type=int, default=200)
-    parser.add_argument("--json", default="")
-    args = parser.parse_args(argv)
-    env = environment("celery", "kombu", "celery-once", "celery-singleton")
+    args = parser.parse(argv)
+    env = harness.start("burst benchmark", "celery", "kombu", "celery-once", "celery-singleton")
     tmp = tempfile.mkdtemp(prefix="bench-burst-")
     with redis_servers(2) as (broker, lock):
         base = broker.url.rsplit("/", 1)[0]
@@ -146,59 +144,70 @@ def main(argv: list[str] | None = None) -> int:
             "burst_apps", "limit", cwd=str(HERE), log_path=f"{tmp}/limit.log", concurrency=8, env=wenv,
             extra=["-Q", "limit"],
         ).start()  # fmt: skip
+        # Part 1: every (contender, body) but plain Task with the 1 s body; part 2: the limit and its reference.
+        dedups = [
+            harness.Contender(f"{label} / {body}", dedup, info={"label": label, "body": body, "duration": duration})
+            for body, duration in BODIES.items()
+            for label in labels
+            if not (label == "plain" and duration >= 1)
+        ]
+        limits = [harness.Contender(name, limit_burst) for name in ("limited", "unlimited")]
+
+        def measure(c: harness.Contender, _rnd: int) -> harness.Sample:
+            if c in limits:
+                return harness.Sample(ops=args.limit_calls, values=limit_burst(mod, record, c.name, args.limit_calls))
+            return harness.Sample(ops=args.calls, values=dedup(mod, record, c["label"], c["duration"], args.calls))
+
         try:
             mod.plain.apply_async(("warm-up", 0.0), queue=f"q-{labels[0]}").get(timeout=30)  # connections, not counted
-            samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
-            limits: dict[str, list[dict[str, Any]]] = {}
-            for rnd in range(args.rounds):
-                order = labels[rnd % len(labels) :] + labels[: rnd % len(labels)]
-                for body, duration in BODIES.items():
-                    for label in order:
-                        if label == "plain" and duration >= 1:
-                            continue
-                        samples.setdefault((label, body), []).append(dedup(mod, record, label, duration, args.calls))
-                for name in ["limited", "unlimited"] if rnd % 2 == 0 else ["unlimited", "limited"]:
-                    limits.setdefault(name, []).append(limit_burst(mod, record, name, args.limit_calls))
-                print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
+            results = harness.interleave(
+                dedups + limits,
+                args.rounds,
+                measure,
+                on_round=lambda rnd, _r: print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr),
+            )
         finally:
             worker.stop()
             limit_worker.stop()
     rows = []
-    for (label, body), got in samples.items():
-        row: dict[str, Any] = {"contender": label, "body": body}
+    for c in dedups:
+        row: dict[str, Any] = {"contender": c["label"], "body": c["body"]}
         for field in ("published", "runs", "usable", "client_cpu_us", "dedup_cpu_us"):
-            row[field] = statistics.median(s[field] for s in got)
+            row[field] = results.median(c.name, field)
         rows.append(row)
     limit_rows = []
-    for name, got in limits.items():
-        row = {"contender": "lock_limit=4" if name == "limited" else "plain Task (no limit)"}
+    for c in limits:
+        row = {"contender": "lock_limit=4" if c.name == "limited" else "plain Task (no limit)"}
         for field in ("runs", "succeeded", "peak_concurrent", "jobs_per_s"):
-            row[field] = statistics.median(s[field] for s in got)
-        row["peak_max"] = max(s["peak_concurrent"] for s in got)
+            row[field] = results.median(c.name, field)
+        row["peak_max"] = results.spread(c.name, "peak_concurrent")[1]
         limit_rows.append(row)
     print(f"\n{args.calls} identical delay() calls, median of {args.rounds} rounds ({env['date_utc']}, "
           f"{env['nproc']} cores, {env['cpu_model']})")  # fmt: skip
     print(
-        "| contender | body | published | bodies run | usable results | client CPU per call (µs) "
-        "| per deduplicated call |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|")
-    bodies = list(BODIES)
-    for row in sorted(rows, key=lambda r: (bodies.index(r["body"]), labels.index(r["contender"]))):
-        print(
-            f"| {row['contender']} | {row['body']} | {row['published']:.0f} | {row['runs']:.0f} | "
-            f"{row['usable']:.0f} | {row['client_cpu_us']:.0f} | {row['dedup_cpu_us']:.0f} |"
+        harness.markdown(
+            ["contender", "body", "published", "bodies run", "usable results", "client CPU per call (µs)",
+             "per deduplicated call"],
+            [
+                [row["contender"], row["body"], *(f"{row[f]:.0f}" for f in ("published", "runs", "usable",
+                                                                           "client_cpu_us", "dedup_cpu_us"))]
+                for row in rows
+            ],
+            align="llrrrrr",
         )
+    )  # fmt: skip
     print(f"\n{args.limit_calls} jobs of one key (distinct task ids), 20 ms bodies, prefork -c 8")
-    print("| contender | runs | succeeded | most at once (median / max) | jobs/s |")
-    print("|---|---:|---:|---:|---:|")
-    for row in limit_rows:
-        print(
-            f"| {row['contender']} | {row['runs']:.0f} | {row['succeeded']:.0f} | "
-            f"{row['peak_concurrent']:.0f} / {row['peak_max']:.0f} | {row['jobs_per_s']:.0f} |"
+    print(
+        harness.markdown(
+            ["contender", "runs", "succeeded", "most at once (median / max)", "jobs/s"],
+            [
+                [row["contender"], f"{row['runs']:.0f}", f"{row['succeeded']:.0f}",
+                 f"{row['peak_concurrent']:.0f} / {row['peak_max']:.0f}", f"{row['jobs_per_s']:.0f}"]
+                for row in limit_rows
+            ],
         )
-    if args.json:
-        write_json(args.json, env, args, dedup=rows, limit=limit_rows)
+    )  # fmt: skip
+    harness.save(args, env, dedup=rows, limit=limit_rows, samples=results.record())
     return 0
 
 

@@ -48,18 +48,15 @@ vs the refusal floors).
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
 import secrets
-import statistics
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import _floors
+import harness
 import redis
 
 from celery_singleton_lock.redlock import NodeSet, Redlock
@@ -76,98 +73,11 @@ class CycleFailedError(RuntimeError):
     """A cycle did not do what it should (acquire refused, release not ours, skip not refused)."""
 
 
-@dataclass
-class Sample:
-    """One contender's slice in one round."""
-
-    round: int
-    cycles: int
-    seconds: float
-    cycles_per_s: float
-    p50_us: float
-    cpu_us: float  # this process, per cycle
-    user_s: float  # getrusage totals over the slice (tick-sampled split: only meaningful summed over many slices)
-    system_s: float
-    server_cpu_us: float  # all redis-servers' main threads, per cycle
-
-
-@dataclass
-class Contender:
-    name: str
-    kind: str  # CYCLE or SKIP
-    nodes: int
-    fn: Callable[[], None] = field(repr=False)
-    refs: dict[str, str] = field(default_factory=dict)  # label -> reference contender's name
-
-
-@dataclass
-class Result:
-    name: str
-    kind: str
-    nodes: int
-    samples: list[Sample] = field(default_factory=list)
-    cycles_per_s: float = 0.0
-    p50_us: float = 0.0
-    p99_us: float = 0.0
-    cpu_us: float = 0.0
-    system_share: float = 0.0
-    server_cpu_us: float = 0.0
-    p50_ratio: dict[str, float] = field(default_factory=dict)  # ref label -> median paired ratio
-    cpu_ratio: dict[str, float] = field(default_factory=dict)
-    p50_delta: dict[str, float] = field(default_factory=dict)  # ref label -> median paired difference, µs
-    cpu_delta: dict[str, float] = field(default_factory=dict)
-
-
-def run_slice(
-    cycle: Callable[[], None], seconds: float, max_cycles: int, server_pids: list[int]
-) -> tuple[Sample, list[int]]:
-    """Run ``cycle`` until ``seconds`` pass or ``max_cycles`` ran; the sample and every cycle's wall time (ns)."""
-    clock = time.perf_counter_ns
-    latencies: list[int] = []
-    append = latencies.append
-    server0 = sum(_common.process_cpu_seconds(p) for p in server_pids)
-    cpu0 = _common.CpuStamp.now()
-    start = clock()
-    deadline = start + int(seconds * 1e9)
-    now = start
-    count = 0
-    while count < max_cycles and now < deadline:
-        cycle()
-        end = clock()
-        append(end - now)
-        now = end
-        count += 1
-    cpu = _common.CpuStamp.now() - cpu0
-    server = sum(_common.process_cpu_seconds(p) for p in server_pids) - server0
-    elapsed = (now - start) / 1e9
-    per = 1e6 / max(count, 1)
-    sample = Sample(
-        round=-1,
-        cycles=count,
-        seconds=elapsed,
-        cycles_per_s=count / elapsed if elapsed else 0.0,
-        p50_us=_common.percentile(sorted(latencies), 0.50) / 1000,
-        cpu_us=cpu.cpu * per,
-        user_s=cpu.user,
-        system_s=cpu.system,
-        server_cpu_us=server * per,
-    )
-    return sample, latencies
-
-
 # --- our contenders -----------------------------------------------------------------------------------------------
 
 
 def ours_reused(urls: str | list[str], name: str) -> Callable[[], None]:
-    lock = Redlock(urls, name, ttl=TTL_S)
-
-    def cycle() -> None:
-        if not lock.acquire(blocking=False):
-            raise CycleFailedError(f"ours: acquire failed on {name}: {lock.node_errors}")
-        if not lock.release():
-            raise CycleFailedError(f"ours: release failed on {name}")
-
-    return cycle
+    return _floors.lock_cycle(Redlock(urls, name, ttl=TTL_S), f"ours ({name})")
 
 
 def ours_fresh(nodes: NodeSet | str, name: str) -> Callable[[], None]:
@@ -190,65 +100,52 @@ def ours_skip(nodes: NodeSet, name: str) -> Callable[[], None]:
     return attempt
 
 
-def redis_py_str(client: redis.Redis, key: str) -> Callable[[], None]:
-    sha = client.script_load(_floors.STR_RELEASE)
-    token_hex = secrets.token_hex
-
-    def cycle() -> None:
-        token = token_hex(16)
-        if not client.set(key, token, nx=True, px=TTL_MS):
-            raise CycleFailedError(f"redis-py: SET NX failed on {key}")
-        if client.evalsha(sha, 1, key, token) != 1:
-            raise CycleFailedError(f"redis-py: release did not delete {key}")
-
-    return cycle
-
-
 # --- report -------------------------------------------------------------------------------------------------------
 
 
-def summarise(results: dict[str, Result], contenders: list[Contender], latencies: dict[str, list[int]]) -> None:
-    for c in contenders:
-        r = results[c.name]
-        s = r.samples
-        pooled = sorted(latencies[c.name])
-        r.p50_us = _common.percentile(pooled, 0.50) / 1000
-        r.p99_us = _common.percentile(pooled, 0.99) / 1000
-        r.cycles_per_s = statistics.median(x.cycles_per_s for x in s)
-        r.cpu_us = statistics.median(x.cpu_us for x in s)
-        user, system = sum(x.user_s for x in s), sum(x.system_s for x in s)
-        r.system_share = system / (user + system) if user + system else 0.0
-        r.server_cpu_us = statistics.median(x.server_cpu_us for x in s)
-        for label, ref_name in c.refs.items():
-            ref = {x.round: x for x in results[ref_name].samples}
-            pairs = [(x, ref[x.round]) for x in s if x.round in ref]
-            r.p50_ratio[label] = statistics.median(x.p50_us / y.p50_us for x, y in pairs)
-            r.cpu_ratio[label] = statistics.median(x.cpu_us / y.cpu_us for x, y in pairs)
-            r.p50_delta[label] = statistics.median(x.p50_us - y.p50_us for x, y in pairs)
-            r.cpu_delta[label] = statistics.median(x.cpu_us - y.cpu_us for x, y in pairs)
+def summarise(results: harness.Results) -> list[dict[str, Any]]:
+    """Per contender: p50/p99 over all cycles pooled; cycles/s, client and server CPU: medians over rounds; the
+    system share of the client CPU from the getrusage totals; paired ratios and differences against its refs."""
+    rows = []
+    for c in results.contenders:
+        user, system = results.total(c.name, "user_s"), results.total(c.name, "system_s")
+        row: dict[str, Any] = {
+            "name": c.name,
+            "kind": c["kind"],
+            "nodes": c["nodes"],
+            "cycles_per_s": results.median(c.name, "ops_per_s"),
+            "p50_us": results.pooled(c.name, 0.50),
+            "p99_us": results.pooled(c.name, 0.99),
+            "cpu_us": results.median(c.name, "cpu_us"),
+            "system_share": system / (user + system) if user + system else 0.0,
+            "server_cpu_us": results.median(c.name, "server_cpu_us"),
+        }
+        for key, metric, delta in (("p50_ratio", "p50_us", False), ("cpu_ratio", "cpu_us", False),
+                                   ("p50_delta", "p50_us", True), ("cpu_delta", "cpu_us", True)):  # fmt: skip
+            row[key] = {label: results.paired(c.name, ref, metric, delta=delta) for label, ref in c.refs.items()}
+        rows.append(row)
+    return rows
 
 
-def table(results: list[Result], labels: tuple[str, str]) -> str:
+def table(rows: list[dict[str, Any]], labels: tuple[str, str]) -> str:
     a, b = labels
-    lines = [
-        f"| contender | cycles/s | p50 µs | p99 µs | client CPU µs | of it sys | server CPU µs "
-        f"| p50 vs {a} | p50 vs {b} | CPU vs {a} | CPU vs {b} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
 
     def ratio(d: dict[str, float], label: str) -> str:
         return f"{d[label]:.2f}x" if label in d else "-"
 
-    for r in results:
-        lines.append(
-            f"| {r.name} | {r.cycles_per_s:,.0f} | {r.p50_us:.1f} | {r.p99_us:.1f} | {r.cpu_us:.1f} "
-            f"| {r.system_share:.0%} | {r.server_cpu_us:.1f} | {ratio(r.p50_ratio, a)} "
-            f"| {ratio(r.p50_ratio, b)} | {ratio(r.cpu_ratio, a)} | {ratio(r.cpu_ratio, b)} |"
-        )
-    return "\n".join(lines)
+    return harness.markdown(
+        ["contender", "cycles/s", "p50 µs", "p99 µs", "client CPU µs", "of it sys", "server CPU µs",
+         f"p50 vs {a}", f"p50 vs {b}", f"CPU vs {a}", f"CPU vs {b}"],
+        [
+            [r["name"], f"{r['cycles_per_s']:,.0f}", f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}", f"{r['cpu_us']:.1f}",
+             f"{r['system_share']:.0%}", f"{r['server_cpu_us']:.1f}", ratio(r["p50_ratio"], a),
+             ratio(r["p50_ratio"], b), ratio(r["cpu_ratio"], a), ratio(r["cpu_ratio"], b)]
+            for r in rows
+        ],
+    )  # fmt: skip
 
 
-def goals(results: dict[str, Result]) -> list[str]:
+def goals(results: dict[str, dict[str, Any]]) -> list[str]:
     """The issue's targets (ours within 1.15x of the low-level floor on 1 node, of the fan-out on 3), and what
     ours adds over each floor in µs (paired medians), the figure to cut."""
     out = []
@@ -257,32 +154,28 @@ def goals(results: dict[str, Result]) -> list[str]:
         if r is None:
             continue
         for label in ("str floor", "hash floor"):
-            if label not in r.p50_ratio:
+            if label not in r["p50_ratio"]:
                 continue
-            p50, cpu = r.p50_ratio[label], r.cpu_ratio[label]
-            verdict = "" if r.kind == SKIP else f" (<= 1.15x: {'met' if p50 <= 1.15 and cpu <= 1.15 else 'missed'})"
+            p50, cpu = r["p50_ratio"][label], r["cpu_ratio"][label]
+            verdict = "" if r["kind"] == SKIP else f" (<= 1.15x: {'met' if p50 <= 1.15 and cpu <= 1.15 else 'missed'})"
             out.append(
-                f"- {name} vs {results[name].nodes}-node {label}: p50 {p50:.2f}x ({r.p50_delta[label]:+.1f} µs), "
-                f"client CPU {cpu:.2f}x ({r.cpu_delta[label]:+.1f} µs){verdict}"
+                f"- {name} vs {r['nodes']}-node {label}: p50 {p50:.2f}x ({r['p50_delta'][label]:+.1f} µs), "
+                f"client CPU {cpu:.2f}x ({r['cpu_delta'][label]:+.1f} µs){verdict}"
             )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.Cli(__doc__, quick={"slice": 0.02, "rounds": 2}, pin="split")
     parser.add_argument("--slice", type=float, default=0.1, help="seconds per contender per round (default 0.1)")
     parser.add_argument("--rounds", type=int, default=80, help="interleaved rounds (default 80)")
     parser.add_argument("--max-cycles", type=int, default=100_000, help="cap on cycles per slice (default 100000)")
-    parser.add_argument("--pin", choices=_common.PIN_MODES, default="split", help=_common.PIN_HELP)
     parser.add_argument("--only", help="comma-separated substrings: run only contenders whose name has one")
-    parser.add_argument("--json", metavar="PATH", help="also write the environment, per-round samples and summary")
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
     if args.slice <= 0 or args.rounds < 1 or args.max_cycles < 1:
         parser.error("--slice must be > 0, --rounds and --max-cycles >= 1")
 
-    env = _common.environment("celery")
-    print(f"# lock hot path benchmark, {env['date_utc']}", file=sys.stderr)
-    print(f"# {json.dumps(env)}", file=sys.stderr)
+    env = harness.start("lock hot path benchmark", "celery")
 
     with _common.pinned_servers(3, args.pin) as servers:
         env["placement"] = {"pin": args.pin, **_common.placement(servers)}
@@ -318,33 +211,49 @@ def main(argv: list[str] | None = None) -> int:
         if not nx_get:
             skip_refs.pop("str floor")
             skip_refs3.pop("str floor")
+
+        def contender(name: str, kind: str, nodes: int, fn: Callable[[], None], refs: dict[str, str]) -> Any:
+            return harness.Contender(name, fn, dict(refs), {"kind": kind, "nodes": nodes})
+
         contenders = [
-            Contender("floor str 1n", CYCLE, 1, _floors.str_cycle(conns[:1], f"{k}:fs1", TTL_MS), dict(str_refs)),
-            Contender("floor hash 1n", CYCLE, 1, _floors.hash_cycle(conns[:1], f"{k}:fh1", TTL_MS), dict(str_refs)),
-            Contender("redis-py str 1n", CYCLE, 1, redis_py_str(plain[0], f"{k}:rp1"), dict(str_refs)),
-            Contender("raw socket str 1n", CYCLE, 1, _floors.raw_str_cycle(ports[0], f"{k}:rs1", TTL_MS), str_refs),
-            Contender("fan-out str 3n", CYCLE, 3, _floors.str_cycle(conns, f"{k}:fs3", TTL_MS), dict(str_refs3)),
-            Contender("fan-out hash 3n", CYCLE, 3, _floors.hash_cycle(conns, f"{k}:fh3", TTL_MS), dict(str_refs3)),
-            Contender("ours 1n reused", CYCLE, 1, ours_reused(urls[0], f"{k}:or1"), dict(str_refs)),
-            Contender("ours 1n fresh", CYCLE, 1, ours_fresh(nodes1, f"{k}:of1"), dict(str_refs)),
-            Contender("ours 1n fresh-url", CYCLE, 1, ours_fresh(urls[0], f"{k}:ou1"), dict(str_refs)),
-            Contender("ours 3n reused", CYCLE, 3, ours_reused(urls, f"{k}:or3"), dict(str_refs3)),
-            Contender("ours 3n fresh", CYCLE, 3, ours_fresh(nodes3, f"{k}:of3"), dict(str_refs3)),
+            contender("floor str 1n", CYCLE, 1, _floors.str_cycle(conns[:1], f"{k}:fs1", TTL_MS), str_refs),
+            contender("floor hash 1n", CYCLE, 1, _floors.hash_cycle(conns[:1], f"{k}:fh1", TTL_MS), str_refs),
+            contender("redis-py str 1n", CYCLE, 1, _floors.redis_py_str_cycle(plain[0], f"{k}:rp1", TTL_MS), str_refs),
+            contender("raw socket str 1n", CYCLE, 1, _floors.raw_str_cycle(ports[0], f"{k}:rs1", TTL_MS), str_refs),
+            contender("fan-out str 3n", CYCLE, 3, _floors.str_cycle(conns, f"{k}:fs3", TTL_MS), str_refs3),
+            contender("fan-out hash 3n", CYCLE, 3, _floors.hash_cycle(conns, f"{k}:fh3", TTL_MS), str_refs3),
+            contender(
+                "ours 1n reused",
+                CYCLE,
+                1,
+                ours_reused(urls[0], f"{k}:or1"),
+                str_refs,
+            ),
+            contender("ours 1n fresh", CYCLE, 1, ours_fresh(nodes1, f"{k}:of1"), str_refs),
+            contender("ours 1n fresh-url", CYCLE, 1, ours_fresh(urls[0], f"{k}:ou1"), str_refs),
+            contender(
+                "ours 3n reused",
+                CYCLE,
+                3,
+                ours_reused(urls, f"{k}:or3"),
+                str_refs3,
+            ),
+            contender("ours 3n fresh", CYCLE, 3, ours_fresh(nodes3, f"{k}:of3"), str_refs3),
         ]
         if delex:
             contenders.append(
-                Contender("delex 1n", CYCLE, 1, _floors.delex_cycle(conns[0], f"{k}:dx1", TTL_MS), dict(str_refs))
+                contender("delex 1n", CYCLE, 1, _floors.delex_cycle(conns[0], f"{k}:dx1", TTL_MS), str_refs)
             )
         if nx_get:
             contenders += [
-                Contender("skip floor str 1n", SKIP, 1, _floors.str_skip(conns[:1], held_str, TTL_MS), skip_refs),
-                Contender("skip fan-out str 3n", SKIP, 3, _floors.str_skip(conns, held_str, TTL_MS), skip_refs3),
+                contender("skip floor str 1n", SKIP, 1, _floors.str_skip(conns[:1], held_str, TTL_MS), skip_refs),
+                contender("skip fan-out str 3n", SKIP, 3, _floors.str_skip(conns, held_str, TTL_MS), skip_refs3),
             ]
         contenders += [
-            Contender("skip floor hash 1n", SKIP, 1, _floors.hash_skip(conns[:1], held_hash1, TTL_MS), skip_refs),
-            Contender("skip fan-out hash 3n", SKIP, 3, _floors.hash_skip(conns, held_hash3, TTL_MS), skip_refs3),
-            Contender("skip ours 1n", SKIP, 1, ours_skip(nodes1, held_hash1), skip_refs),
-            Contender("skip ours 3n", SKIP, 3, ours_skip(nodes3, held_hash3), skip_refs3),
+            contender("skip floor hash 1n", SKIP, 1, _floors.hash_skip(conns[:1], held_hash1, TTL_MS), skip_refs),
+            contender("skip fan-out hash 3n", SKIP, 3, _floors.hash_skip(conns, held_hash3, TTL_MS), skip_refs3),
+            contender("skip ours 1n", SKIP, 1, ours_skip(nodes1, held_hash1), skip_refs),
+            contender("skip ours 3n", SKIP, 3, ours_skip(nodes3, held_hash3), skip_refs3),
         ]
         if args.only:
             wanted = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -365,26 +274,22 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
 
-        results = {c.name: Result(c.name, c.kind, c.nodes) for c in contenders}
-        latencies: dict[str, list[int]] = {c.name: [] for c in contenders}
-        for c in contenders:  # connections, script caches, code paths
-            run_slice(c.fn, WARMUP_SECONDS, WARMUP_CYCLES, server_pids)
-        started = time.perf_counter()
-        for rnd in range(args.rounds):
-            gc.collect()
-            shift = rnd % len(contenders)
-            for c in contenders[shift:] + contenders[:shift]:
-                sample, walls = run_slice(c.fn, args.slice, args.max_cycles, server_pids)
-                sample.round = rnd
-                results[c.name].samples.append(sample)
-                latencies[c.name] += walls
-            if (rnd + 1) % 10 == 0 or rnd + 1 == args.rounds:
-                floor = results[contenders[0].name].samples[-1]
-                print(
-                    f"# round {rnd + 1}/{args.rounds}, {time.perf_counter() - started:.0f} s; {contenders[0].name} "
-                    f"this round: p50 {floor.p50_us:.1f} µs, client CPU {floor.cpu_us:.1f} µs",
-                    file=sys.stderr,
-                )
+        def measure(c: harness.Contender, _rnd: int) -> harness.Sample:
+            return harness.timed(c.op, args.slice, args.max_cycles, server_pids=server_pids)
+
+        def said(_rnd: int, results: harness.Results) -> str:
+            first = results[contenders[0].name][-1]
+            return (f"; {contenders[0].name} this round: p50 {first['p50_us']:.1f} µs, "
+                    f"client CPU {first['cpu_us']:.1f} µs")  # fmt: skip
+
+        results = harness.interleave(
+            contenders,
+            args.rounds,
+            measure,
+            warmup=lambda c: harness.timed(c.op, WARMUP_SECONDS, WARMUP_CYCLES, server_pids=server_pids),
+            collect=True,
+            on_round=harness.every(10, args.rounds, said),
+        )
 
         for b in blockers:
             b.release()
@@ -401,15 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         for conn in conns:
             conn.disconnect()
 
-    summarise(results, contenders, latencies)
-    ordered = [results[c.name] for c in contenders]
+    ordered = summarise(results)
     labels = ("str floor", "hash floor")
     print(f"## acquire + release cycle (--pin {args.pin}; {', '.join(notes)})\n")
-    print(table([r for r in ordered if r.kind == CYCLE], labels))
+    print(table([r for r in ordered if r["kind"] == CYCLE], labels))
     print("\n## refused acquire (key held by someone else)\n")
-    print(table([r for r in ordered if r.kind == SKIP], labels))
+    print(table([r for r in ordered if r["kind"] == SKIP], labels))
     print("\n## ours against the floors (paired medians; targets from the issue)\n")
-    print("\n".join(goals(results)))
+    print("\n".join(goals({r["name"]: r for r in ordered})))
     print(
         f"\n{args.rounds} interleaved rounds of {args.slice:g} s per contender; p50/p99 over all cycles; cycles/s and "
         "CPU per cycle: medians over rounds (client = this process, time.process_time; server = the redis-servers' "
@@ -418,15 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if leftovers:
         print(f"# ERROR: lock keys left behind: {leftovers}", file=sys.stderr)
-    if args.json:
-        _common.write_json(
-            args.json,
-            env,
-            args,
-            server_features={"set_nx_get": nx_get, "delex": delex},
-            results=[asdict(r) for r in ordered],
-            leftover_keys=[key.decode() for key in leftovers],
-        )
+    harness.save(
+        args,
+        env,
+        server_features={"set_nx_get": nx_get, "delex": delex},
+        results=ordered,
+        samples=results.record(),
+        leftover_keys=[key.decode() for key in leftovers],
+    )
     return 1 if leftovers else 0
 
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import importlib
 import json
 import os
 import secrets
@@ -68,8 +67,9 @@ import uuid
 from typing import Any
 
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
+import harness
 import redis
-from bench_task import HERE, Worker, wait_for
+from bench_task import Worker, load_apps, wait_for
 
 PATHS = {
     "plain": "plain no-op",
@@ -183,20 +183,10 @@ def block_order(paths: list[str], cycles: int) -> list[str]:
 class SkipBench:
     def __init__(self, args: argparse.Namespace, broker: str, lock_url: str, tmp: str) -> None:
         self.args = args
-        base = broker.rsplit("/", 1)[0]
-        self.backend_url, self.record_url = base + "/1", base + "/2"
         self.tmp = tmp
         self.nonce = secrets.token_hex(4)
-        self.base_env = {
-            "BENCH_BROKER": broker,
-            "BENCH_BACKEND": self.backend_url,
-            "BENCH_RECORD": self.record_url,
-            "BENCH_LOCK_URLS": lock_url,
-            "BENCH_HELD_ARG": str(HELD_ARG),
-        }
-        os.environ.update({**self.base_env, "BENCH_N": "0"})
-        sys.path.insert(0, HERE)
-        self.apps = importlib.import_module("bench_apps")
+        self.apps, self.base_env = load_apps(broker, [lock_url], BENCH_HELD_ARG=str(HELD_ARG))
+        self.backend_url, self.record_url = self.base_env["BENCH_BACKEND"], self.base_env["BENCH_RECORD"]
         self.base_env["BENCH_HELD_KEY"] = self.apps.locked.lock_key_for(HELD_ARG)
         # The client sends; it does not wait on results (a caller who waits would subscribe to each task's result
         # channel: the worker's work is the same either way).
@@ -318,13 +308,9 @@ class SkipBench:
         }
 
 
-def ratio_text(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})" if values else "-"
-
-
 def quartiles_text(values: list[float]) -> str:
     if len(values) < 4:
-        return ratio_text(values)
+        return harness.ratio_text(values)
     q1, q2, q3 = statistics.quantiles(values, n=4)
     return f"{q2:.2f}x ({q1:.2f}-{q3:.2f})"
 
@@ -352,22 +338,20 @@ def summary(samples: dict[Setting, list[dict[str, Any]]], paths: list[str]) -> d
 
 
 def table(samples: dict[Setting, list[dict[str, Any]]], paths: list[str]) -> str:
-    lines = [
-        "| events | results | path | worker CPU µs/task (min-max) | vs plain no-op, per worker (min-max) "
-        "| vs plain no-op, per cycle (p25-p75) | pool child µs | main process µs | child vs plain | main vs plain |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for setting, rows in zip(samples, summary(samples, paths).values(), strict=True):
+    rows = []
+    for setting, summed in zip(samples, summary(samples, paths).values(), strict=True):
         for path in paths:
-            row = rows[path]
-            lines.append(
-                f"| {'on' if setting.events else 'off'} | {setting.results} | {PATHS[path]} | {us_text(row['cpu_us'])} "
-                f"| {ratio_text(row['ratio'])} | {quartiles_text(row['cycle_ratios'])} "
-                f"| {statistics.median(row['child_us']):,.0f} "
-                f"| {statistics.median(row['main_us']):,.0f} | {statistics.median(row['child_ratio']):.2f}x "
-                f"| {statistics.median(row['main_ratio']):.2f}x |"
-            )
-    return "\n".join(lines)
+            row = summed[path]
+            rows.append([
+                "on" if setting.events else "off", setting.results, PATHS[path], us_text(row["cpu_us"]),
+                harness.ratio_text(row["ratio"]), quartiles_text(row["cycle_ratios"]),
+                f"{statistics.median(row['child_us']):,.0f}", f"{statistics.median(row['main_us']):,.0f}",
+                f"{statistics.median(row['child_ratio']):.2f}x", f"{statistics.median(row['main_ratio']):.2f}x",
+            ])  # fmt: skip
+    header = ["events", "results", "path", "worker CPU µs/task (min-max)", "vs plain no-op, per worker (min-max)",
+              "vs plain no-op, per cycle (p25-p75)", "pool child µs", "main process µs", "child vs plain",
+              "main vs plain"]  # fmt: skip
+    return harness.markdown(header, rows, align="lllrrrrrrr")
 
 
 def skip_shape(samples: dict[Setting, list[dict[str, Any]]]) -> str:
@@ -396,7 +380,13 @@ def skip_shape(samples: dict[Setting, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.Cli(
+        __doc__,
+        quick={"block": 10, "cycles": 1, "rounds": 1, "events": "off"},
+        pin="none",
+        pin_help="; the workers inherit the client's CPU (default none: the worker's two processes and the servers "
+        "share both CPUs)",
+    )
     parser.add_argument("--block", type=int, default=200, help="messages per block (default 200)")
     parser.add_argument("--cycles", type=int, default=8, help="measured cycles per worker, each a block per path (8)")
     parser.add_argument("--rounds", type=int, default=5, help="workers per setting, interleaved (default 5)")
@@ -407,16 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         "--paths", default="plain,floor,executed,skip", help="comma-separated: plain (always), floor, executed, skip"
     )
     parser.add_argument(
-        "--pin", default="none", choices=_common.PIN_MODES, help=_common.PIN_HELP + "; the workers inherit the "
-        "client's CPU (default none: the worker's two processes and the servers share both CPUs)"
-    )  # fmt: skip
-    parser.add_argument(
         "--profile", metavar="PREFIX", help="after the rounds, one more worker (events on, results ignored) with "
         "cProfile in the pool child, per path: PREFIX.<path>.pstats (its figures are not in the table)"
     )  # fmt: skip
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' logs in DIR (default: a temporary directory)")
-    parser.add_argument("--json", metavar="PATH", help="also write the environment, samples and summary")
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
     events = [e.strip() for e in args.events.split(",") if e.strip()]
     results_modes = [m.strip() for m in args.results.split(",") if m.strip()]
     args.paths = ["plain", *(p.strip() for p in args.paths.split(",") if p.strip() and p.strip() != "plain")]
@@ -436,37 +421,33 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.logs, exist_ok=True)
 
     settings = [Setting(e == "on", m) for m in results_modes for e in events]
-    env = _common.environment("celery", "kombu")
-    print(f"# skip benchmark, {env['date_utc']}", file=sys.stderr)
-    print(f"# {json.dumps(env)}", file=sys.stderr)
-    print(f"# argv: {' '.join(sys.argv)}", file=sys.stderr)
-    samples: dict[Setting, list[dict[str, Any]]] = {s: [] for s in settings}
-    failures: list[str] = []
+    env = harness.start("skip benchmark", "celery", "kombu")
     with tempfile.TemporaryDirectory(prefix="bench-skip-") as tmp, _common.pinned_servers(2, args.pin) as servers:
         env["placement"] = _common.placement(servers)
         bench = SkipBench(args, servers[0].url, servers[1].url, tmp)
         try:
             bench.warm_up_client()
-            for rnd in range(args.rounds):
-                shift = rnd % len(settings)
-                for setting in settings[shift:] + settings[:shift]:
-                    try:
-                        sample = bench.run(setting, rnd)
-                    except RuntimeError as exc:
-                        failures.append(f"round {rnd + 1} {setting.label}: {exc}")
-                        print(f"# round {rnd + 1} {setting.label}: FAILED {exc}", file=sys.stderr)
-                        continue
-                    samples[setting].append(sample)
-                    cpu = ", ".join(f"{p} {v['cpu_us']:,.0f}" for p, v in sample["paths"].items())
-                    print(
-                        f"# round {rnd + 1}/{args.rounds} {setting.label} ({sample['seconds']:.0f} s): µs CPU/task "
-                        f"{cpu}; log {sample['log']}; events {sample['events']}",
-                        file=sys.stderr,
-                    )
+
+            def measure(c: harness.Contender, rnd: int) -> harness.Sample:
+                run = bench.run(c["setting"], rnd)
+                return harness.Sample(ops=run["messages"], seconds=run["seconds"], values=run)
+
+            def said(s: harness.Sample) -> None:
+                cpu = ", ".join(f"{p} {v['cpu_us']:,.0f}" for p, v in s["paths"].items())
+                print(
+                    f"# round {s.round + 1}/{args.rounds} {s.contender} ({s.seconds:.0f} s): µs CPU/task "
+                    f"{cpu}; log {s['log']}; events {s['events']}",
+                    file=sys.stderr,
+                )
+
+            contenders = [harness.Contender(s.label, bench.run, info={"setting": s}) for s in settings]
+            results = harness.interleave(contenders, args.rounds, measure, catch=(RuntimeError,), on_sample=said)
             if args.profile:
                 bench.run(Setting(events=True, results="ignored"), args.rounds, profile=args.profile)
         finally:
             bench.close()
+    samples = {s: [x.values for x in results[s.label]] for s in settings}
+    failures = [f"{name}: {f}" for name, fs in results.failures.items() for f in fs]
     packages = sorted({s["package"] for runs in samples.values() for s in runs})
     print(f"package imported by the workers: {', '.join(packages)} (git {env['git_head']})")
     print(table(samples, args.paths))
@@ -488,16 +469,14 @@ def main(argv: list[str] | None = None) -> int:
             if os.path.exists(name):
                 print(f"# cProfile, pool child, {PATHS[path]} blocks (tottime):", file=sys.stderr)
                 pstats.Stats(name, stream=sys.stderr).sort_stats("tottime").print_stats(25)
-    if args.json:
-        _common.write_json(
-            args.json,
-            env,
-            args,
-            packages=packages,
-            summary=summary(samples, args.paths),
-            samples={s.label: runs for s, runs in samples.items()},
-            failures=failures,
-        )
+    harness.save(
+        args,
+        env,
+        packages=packages,
+        summary=summary(samples, args.paths),
+        samples={s.label: runs for s, runs in samples.items()},
+        failures=failures,
+    )
     return 1 if failures else 0
 
 

@@ -39,22 +39,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import importlib.metadata
 import itertools
 import json
 import os
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
+import harness
 import redis
 
 from celery_singleton_lock.testing import redis_servers
@@ -62,22 +60,6 @@ from celery_singleton_lock.testing import redis_servers
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 POLL = 0.05
-
-
-@dataclass(frozen=True)
-class Contender:
-    name: str
-    task: str  # the task's attribute in bench_apps
-    nodes: int  # lock nodes the worker is configured with
-    pool: str
-
-    @property
-    def label(self) -> str:
-        return self.name if self.pool == "solo" else f"{self.name} (prefork -c 1)"
-
-    @property
-    def slug(self) -> str:
-        return f"{self.task}{self.nodes}-{self.pool}"
 
 
 BASE = [
@@ -89,41 +71,36 @@ BASE = [
 ]
 
 
-@dataclass
-class Sample:
-    round: int
-    tasks: int
-    seconds: float
-    tasks_per_s: float
-    cpu_us_per_task: float
-    enqueue_us_per_task: float
-    client_cpu_us_per_task: float
+def contenders_for(pools: list[str]) -> list[harness.Contender]:
+    """Every BASE contender on every pool, each compared with the plain Task on its pool."""
+
+    def label(name: str, pool: str) -> str:
+        return name if pool == "solo" else f"{name} (prefork -c 1)"
+
+    return [
+        harness.Contender(
+            label(name, pool),
+            lambda: None,  # a run is a whole worker: Bench.throughput_run
+            refs={"plain": label(BASE[0][0], pool)},
+            info={"task": task, "nodes": nodes, "pool": pool, "slug": f"{task}{nodes}-{pool}"},
+        )
+        for pool in pools
+        for name, task, nodes in BASE
+    ]
 
 
-@dataclass
-class Result:
-    contender: Contender
-    samples: list[Sample] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    tasks_per_s: float = 0.0
-    tasks_per_s_min: float = 0.0
-    tasks_per_s_max: float = 0.0
-    cpu_us_per_task: float = 0.0
-    enqueue_us_per_task: float = 0.0
-    client_cpu_us_per_task: float = 0.0
-    total_cpu_ratio: float = 0.0  # median of per-round ((worker + client CPU) / plain's, same pool)
-    throughput_ratio: float = 0.0  # median of per-round (tasks/s / plain's tasks/s, same pool)
-    cpu_ratio: float = 0.0  # median of per-round (CPU/task / plain's CPU/task, same pool)
+def load_apps(broker: str, lock_urls: list[str], **extra: str) -> tuple[Any, dict[str, str]]:
+    """``bench_apps`` imported here (the client sends; celery-once and celery-singleton lock in apply_async) and the
+    environment it read, for the workers too: broker (db 0), result backend (db 1), record (db 2) of one server."""
+    base = broker.rsplit("/", 1)[0]
+    env = {"BENCH_BROKER": broker, "BENCH_BACKEND": base + "/1", "BENCH_RECORD": base + "/2",
+           "BENCH_LOCK_URLS": ",".join(lock_urls), **extra}  # fmt: skip
+    os.environ.update({**env, "BENCH_N": "0"})
+    sys.path.insert(0, HERE)
+    return importlib.import_module("bench_apps"), env
 
 
 # --- processes ------------------------------------------------------------------------------------------------------
-
-
-def _cpu_seconds(pid: int) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / tick
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -147,7 +124,7 @@ def group_cpu(pgids: list[int]) -> float:
     for pgid in pgids:
         for pid in _group_pids(pgid):
             with contextlib.suppress(OSError):
-                total += _cpu_seconds(pid)
+                total += _common.stat_cpu_seconds(pid)
     return total
 
 
@@ -231,13 +208,6 @@ def wait_for(check: Any, timeout: float, worker_list: list[Worker], what: str) -
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{worker_list[0].log_tail()}")
 
 
-# --- environment ----------------------------------------------------------------------------------------------------
-
-
-def environment() -> dict[str, Any]:
-    return _common.environment("celery", "kombu", "celery_once", "celery-singleton")
-
-
 # --- throughput -----------------------------------------------------------------------------------------------------
 
 
@@ -245,21 +215,12 @@ class Bench:
     def __init__(self, args: argparse.Namespace, broker: str, lock_urls: list[str], tmp: str) -> None:
         self.args = args
         self.broker = broker
-        self.backend = broker.rsplit("/", 1)[0] + "/1"
-        self.record_url = broker.rsplit("/", 1)[0] + "/2"
         self.lock_urls = lock_urls
         self.tmp = tmp
         self.nonce = secrets.token_hex(4)
-        self.base_env = {
-            "BENCH_BROKER": broker,
-            "BENCH_BACKEND": self.backend,
-            "BENCH_RECORD": self.record_url,
-            "BENCH_STORE_RESULTS": "1" if args.store_results else "0",
-        }
-        # The client imports the same app module (celery-once and celery-singleton lock in apply_async).
-        os.environ.update({**self.base_env, "BENCH_LOCK_URLS": ",".join(lock_urls), "BENCH_N": "0"})
-        sys.path.insert(0, HERE)
-        self.apps = importlib.import_module("bench_apps")
+        store = "1" if args.store_results else "0"
+        self.apps, self.base_env = load_apps(broker, lock_urls, BENCH_STORE_RESULTS=store)  # runs pick their nodes
+        self.backend, self.record_url = self.base_env["BENCH_BACKEND"], self.base_env["BENCH_RECORD"]
         self.record = redis.Redis.from_url(self.record_url)
         self.broker_client = redis.Redis.from_url(broker)
         self.lock_clients = [redis.Redis.from_url(u) for u in lock_urls]
@@ -298,13 +259,13 @@ class Bench:
                 keys.append(k)
         return keys
 
-    def throughput_run(self, contender: Contender, rnd: int) -> Sample:
+    def throughput_run(self, contender: harness.Contender, rnd: int) -> harness.Sample:
         n = self.args.tasks
         self.serial += 1
-        run = f"{self.nonce}-{contender.slug}-{rnd}-{self.serial}"
+        run = f"{self.nonce}-{contender['slug']}-{rnd}-{self.serial}"
         queue = f"bench.{run}"
         self.reset()
-        task = getattr(self.apps, contender.task)
+        task = getattr(self.apps, contender["task"])
         first = self.serial * 1_000_000
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(first, first + n):
@@ -312,44 +273,45 @@ class Bench:
         enqueue, client_cpu = time.perf_counter() - t0, time.process_time() - c0
         queued = self.broker_client.llen(queue)
         if queued != n:
-            raise RuntimeError(f"{contender.label}: {queued} messages queued, expected {n}")
+            raise RuntimeError(f"{contender.name}: {queued} messages queued, expected {n}")
         env = {
             **self.base_env,
-            "BENCH_LOCK_URLS": ",".join(self.lock_urls[: contender.nodes]),
+            "BENCH_LOCK_URLS": ",".join(self.lock_urls[: contender["nodes"]]),
             "BENCH_N": str(n),
             "BENCH_RUN": run,
         }
-        if self.args.profile and contender.task == "locked" and contender.nodes == 1 and rnd == 0:
-            env["BENCH_PROFILE"] = os.path.join(self.tmp, f"profile-{contender.slug}.pstats")
+        if self.args.profile and contender["task"] == "locked" and contender["nodes"] == 1 and rnd == 0:
+            env["BENCH_PROFILE"] = os.path.join(self.tmp, f"profile-{contender['slug']}.pstats")
             print(f"# profiling this run to {env['BENCH_PROFILE']}", file=sys.stderr)
-        worker = Worker(f"bench-{run}", env, queue, contender.pool, 1, os.path.join(self.tmp, f"{run}.log"))
+        worker = Worker(f"bench-{run}", env, queue, contender["pool"], 1, os.path.join(self.tmp, f"{run}.log"))
         try:
             worker.start()
             raw = wait_for(
-                lambda: self.record.get(f"bench:done:{run}"), 30 + n * 0.01, [worker], f"{contender.label} to drain"
+                lambda: self.record.get(f"bench:done:{run}"), 30 + n * 0.01, [worker], f"{contender.name} to drain"
             )
         finally:
             worker.stop()
         report = json.loads(raw)
         if report["not_none"]:
-            raise RuntimeError(f"{contender.label}: {report['not_none']} tasks returned something (skipped?)")
+            raise RuntimeError(f"{contender.name}: {report['not_none']} tasks returned something (skipped?)")
         leftover = self.leftover_locks()
         if leftover:
-            raise RuntimeError(f"{contender.label}: lock keys left behind: {leftover[:5]} ({len(leftover)})")
+            raise RuntimeError(f"{contender.name}: lock keys left behind: {leftover[:5]} ({len(leftover)})")
         tasks = report["tasks"]
-        return Sample(
-            round=rnd,
-            tasks=tasks,
+        return harness.Sample(
+            ops=tasks,
             seconds=report["seconds"],
-            tasks_per_s=tasks / report["seconds"],
-            cpu_us_per_task=report["cpu_seconds"] / tasks * 1e6,
-            enqueue_us_per_task=enqueue / n * 1e6,
-            client_cpu_us_per_task=client_cpu / n * 1e6,
+            values={
+                "tasks_per_s": tasks / report["seconds"],
+                "cpu_us_per_task": report["cpu_seconds"] / tasks * 1e6,
+                "enqueue_us_per_task": enqueue / n * 1e6,
+                "client_cpu_us_per_task": client_cpu / n * 1e6,
+            },
         )
 
     # --- duplicate storm --------------------------------------------------------------------------------------------
 
-    def swarm(self, kind: str, rnd: int) -> dict[str, Any]:
+    def swarm(self, kind: str, rnd: int) -> harness.Sample:
         """``kind`` "storm": copies of ONE LockedTask job; "reference": as many distinct plain no-ops storing their
         result, through the very same set-up (what a message costs these workers when nothing is locked)."""
         copies, duration = self.args.storm_copies, self.args.storm_sleep
@@ -401,7 +363,7 @@ class Bench:
         overlaps = sum(1 for a, b in itertools.pairwise(runs) if b[0] < a[1])
         drain = max(ends) - started
         skipped = states.get("REVOKED", 0)
-        return {
+        return harness.Sample(ops=copies, seconds=drain, values={
             "kind": kind,
             "round": rnd,
             "copies": copies,
@@ -417,84 +379,72 @@ class Bench:
             "worker_cpu_seconds": cpu,
             "cpu_us_per_message": cpu / copies * 1e6,
             "run_pids": sorted({r[2] for r in runs}),
-        }
+        })  # fmt: skip
 
     def storms(self) -> dict[str, Any]:
         """The storm and its reference, interleaved over ``--storm-rounds``; medians."""
-        samples: dict[str, list[dict[str, Any]]] = {"storm": [], "reference": []}
-        for rnd in range(self.args.storm_rounds):
-            for kind in ("storm", "reference") if rnd % 2 == 0 else ("reference", "storm"):
-                sample = self.swarm(kind, rnd)
-                samples[kind].append(sample)
-                print(f"# {kind} round {rnd + 1}: {json.dumps(sample)}", file=sys.stderr)
-
-        def med(kind: str, field: str) -> float:
-            return statistics.median(float(s[field]) for s in samples[kind])
-
-        storm = samples["storm"]
+        results = harness.interleave(
+            [harness.Contender(kind, self.swarm) for kind in ("storm", "reference")],
+            self.args.storm_rounds,
+            lambda c, rnd: c.op(c.name, rnd),
+            on_sample=lambda s: print(f"# {s.contender} round {s.round + 1}: {json.dumps(s.values)}", file=sys.stderr),
+        )
+        storm = [s.values for s in results["storm"]]
         return {
             "copies": self.args.storm_copies,
             "body_seconds": self.args.storm_sleep,
             "workers": "2 x prefork -c 2",
             "rounds": self.args.storm_rounds,
-            "drain_seconds": med("storm", "drain_seconds"),
+            "drain_seconds": results.median("storm", "drain_seconds"),
             "runs": [s["runs"] for s in storm],
             "lock_windows_fit": [s["lock_windows_fit"] for s in storm],
             "overlapping_runs": sum(s["overlapping_runs"] for s in storm),
             "states": [s["states"] for s in storm],
-            "cpu_us_per_message": med("storm", "cpu_us_per_message"),
-            "skips_per_s": statistics.median(s["skipped"] / s["drain_seconds"] for s in storm),
-            "reference_cpu_us_per_message": med("reference", "cpu_us_per_message"),
-            "reference_messages_per_s": med("reference", "messages_per_s"),
-            "skip_cpu_ratio": statistics.median(
-                s["cpu_us_per_message"] / r["cpu_us_per_message"]
-                for s, r in zip(storm, samples["reference"], strict=True)
-            ),
-            "samples": samples,
+            "cpu_us_per_message": results.median("storm", "cpu_us_per_message"),
+            "skips_per_s": results.median("storm", lambda s: s["skipped"] / s["drain_seconds"]),
+            "reference_cpu_us_per_message": results.median("reference", "cpu_us_per_message"),
+            "reference_messages_per_s": results.median("reference", "messages_per_s"),
+            "skip_cpu_ratio": results.paired("storm", "reference", "cpu_us_per_message"),
+            "samples": {kind: [s.values for s in samples] for kind, samples in results.samples.items()},
         }
 
 
 # --- report ---------------------------------------------------------------------------------------------------------
 
 
-def summarise(results: list[Result]) -> None:
-    plains = {r.contender.pool: r for r in results if r.contender.task == "plain"}
-    for r in results:
-        if not r.samples:
+def table(results: harness.Results) -> tuple[str, list[dict[str, Any]]]:
+    """Medians over rounds and ratios paired with plain Task on the same pool; the rows for the record too."""
+    rows: list[dict[str, Any]] = []
+    lines: list[list[str]] = []
+    for c in results.contenders:
+        if not results[c.name]:
+            rows.append({"contender": c.name, "failures": results.failures[c.name]})
+            lines.append([c.name, "failed", "", "", "", "", "", ""])
             continue
-        rates = [s.tasks_per_s for s in r.samples]
-        r.tasks_per_s = statistics.median(rates)
-        r.tasks_per_s_min, r.tasks_per_s_max = min(rates), max(rates)
-        r.cpu_us_per_task = statistics.median(s.cpu_us_per_task for s in r.samples)
-        r.enqueue_us_per_task = statistics.median(s.enqueue_us_per_task for s in r.samples)
-        r.client_cpu_us_per_task = statistics.median(s.client_cpu_us_per_task for s in r.samples)
-        base = {s.round: s for s in plains[r.contender.pool].samples}
-        paired = [(s, base[s.round]) for s in r.samples if s.round in base]
-        if paired:
-            r.throughput_ratio = statistics.median(s.tasks_per_s / b.tasks_per_s for s, b in paired)
-            r.cpu_ratio = statistics.median(s.cpu_us_per_task / b.cpu_us_per_task for s, b in paired)
-            r.total_cpu_ratio = statistics.median(
-                (s.cpu_us_per_task + s.client_cpu_us_per_task) / (b.cpu_us_per_task + b.client_cpu_us_per_task)
-                for s, b in paired
-            )
-
-
-def table(results: list[Result]) -> str:
-    lines = [
-        "| contender | tasks/s | vs plain | min-max tasks/s | worker CPU µs/task | CPU vs plain "
-        "| client CPU µs/task (enqueue) | worker+client CPU vs plain |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        if not r.samples:
-            lines.append(f"| {r.contender.label} | failed | | | | | | |")
-            continue
-        lines.append(
-            f"| {r.contender.label} | {r.tasks_per_s:,.0f} | {r.throughput_ratio:.2f}x "
-            f"| {r.tasks_per_s_min:,.0f}-{r.tasks_per_s_max:,.0f} | {r.cpu_us_per_task:,.0f} | {r.cpu_ratio:.2f}x "
-            f"| {r.client_cpu_us_per_task:,.0f} | {r.total_cpu_ratio:.2f}x |"
-        )
-    return "\n".join(lines)
+        plain = c.refs["plain"]
+        low, high = results.spread(c.name, "tasks_per_s")
+        row = {
+            "contender": c.name,
+            **{k: results.median(c.name, k) for k in ("tasks_per_s", "cpu_us_per_task", "enqueue_us_per_task",
+                                                      "client_cpu_us_per_task")},
+            "tasks_per_s_min": low,
+            "tasks_per_s_max": high,
+            "throughput_ratio": results.paired(c.name, plain, "tasks_per_s"),
+            "cpu_ratio": results.paired(c.name, plain, "cpu_us_per_task"),
+            "total_cpu_ratio": results.paired(
+                c.name, plain, lambda s: s["cpu_us_per_task"] + s["client_cpu_us_per_task"]
+            ),
+            "failures": results.failures[c.name],
+        }  # fmt: skip
+        rows.append(row)
+        lines.append([
+            c.name, f"{row['tasks_per_s']:,.0f}", f"{row['throughput_ratio']:.2f}x",
+            f"{low:,.0f}-{high:,.0f}", f"{row['cpu_us_per_task']:,.0f}", f"{row['cpu_ratio']:.2f}x",
+            f"{row['client_cpu_us_per_task']:,.0f}", f"{row['total_cpu_ratio']:.2f}x",
+        ])  # fmt: skip
+    header = ["contender", "tasks/s", "vs plain", "min-max tasks/s", "worker CPU µs/task", "CPU vs plain",
+              "client CPU µs/task (enqueue)", "worker+client CPU vs plain"]  # fmt: skip
+    return harness.markdown(header, lines), rows
 
 
 def storm_text(s: dict[str, Any]) -> str:
@@ -515,7 +465,7 @@ def storm_text(s: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.Cli(__doc__, quick={"tasks": 20, "rounds": 1, "no_storm": True})
     parser.add_argument("--tasks", type=int, default=2000, help="tasks per run (default 2000)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--pools", default="solo", help="comma-separated: solo, prefork (-c 1); default solo")
@@ -525,45 +475,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm-rounds", type=int, default=2, help="storm + reference rounds (default 2)")
     parser.add_argument("--no-storm", action="store_true", help="skip the duplicate storm")
     parser.add_argument("--profile", action="store_true", help="cProfile LockedTask 1 node's worker in round 1")
-    parser.add_argument("--json", metavar="PATH", help="also write the environment, samples and summary")
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
     pools = [p.strip() for p in args.pools.split(",") if p.strip()]
     if args.tasks < 10 or args.rounds < 1 or not set(pools) <= {"solo", "prefork"} or not pools:
         parser.error("--tasks >= 10, --rounds >= 1, --pools from solo,prefork")
 
-    contenders = [Contender(name, task, nodes, pool) for pool in pools for name, task, nodes in BASE]
-    env = environment()
-    print(f"# task benchmark, {env['date_utc']}", file=sys.stderr)
-    print(f"# {json.dumps(env)}", file=sys.stderr)
-    print(f"# argv: {' '.join(sys.argv)}", file=sys.stderr)
-
-    results = {c: Result(c) for c in contenders}
+    contenders = contenders_for(pools)
+    env = harness.start("task benchmark", "celery", "kombu", "celery_once", "celery-singleton")
     storm: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-task-") as tmp, redis_servers(4) as servers:
         bench = Bench(args, servers[0].url, [s.url for s in servers[1:]], tmp)
-        missing = [c for c in contenders if not hasattr(bench.apps, c.task)]
-        for c in missing:
-            print(f"# {c.label}: not installed (pip install -e '.[bench]'), left out", file=sys.stderr)
+        for c in [c for c in contenders if not hasattr(bench.apps, c["task"])]:
+            print(f"# {c.name}: not installed (pip install -e '.[bench]'), left out", file=sys.stderr)
             contenders.remove(c)
-            del results[c]
         try:
             bench.warm_up_client()
-            for rnd in range(args.rounds):
-                shift = rnd % len(contenders)
-                for c in contenders[shift:] + contenders[:shift]:
-                    try:
-                        sample = bench.throughput_run(c, rnd)
-                    except RuntimeError as exc:
-                        results[c].failures.append(str(exc))
-                        print(f"# round {rnd + 1} {c.label}: FAILED {exc}", file=sys.stderr)
-                        continue
-                    results[c].samples.append(sample)
-                    print(
-                        f"# round {rnd + 1}/{args.rounds} {c.label}: {sample.tasks_per_s:,.0f} tasks/s, "
-                        f"{sample.cpu_us_per_task:,.0f} µs CPU/task, enqueue {sample.enqueue_us_per_task:,.0f} µs/task "
-                        f"({sample.client_cpu_us_per_task:,.0f} µs client CPU)",
-                        file=sys.stderr,
-                    )
+
+            def said(s: harness.Sample) -> None:
+                print(
+                    f"# round {s.round + 1}/{args.rounds} {s.contender}: {s['tasks_per_s']:,.0f} tasks/s, "
+                    f"{s['cpu_us_per_task']:,.0f} µs CPU/task, enqueue {s['enqueue_us_per_task']:,.0f} µs/task "
+                    f"({s['client_cpu_us_per_task']:,.0f} µs client CPU)",
+                    file=sys.stderr,
+                )
+
+            results = harness.interleave(
+                contenders, args.rounds, bench.throughput_run, catch=(RuntimeError,), on_sample=said
+            )
             if not args.no_storm:
                 storm = bench.storms()
             if args.profile:
@@ -577,9 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bench.close()
 
-    ordered = [results[c] for c in contenders]
-    summarise(ordered)
-    print(table(ordered))
+    text, rows = table(results)
+    print(text)
     print(
         f"\n{args.tasks} no-op tasks per run, one fresh worker per run; medians over {args.rounds} interleaved "
         "rounds; ratios are medians of per-round paired ratios vs plain Task on the same pool; CPU = worker "
@@ -587,9 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if storm is not None:
         print("\n" + storm_text(storm))
-    if args.json:
-        _common.write_json(args.json, env, args, results=[asdict(r) for r in ordered], storm=storm)
-    failed = any(r.failures for r in ordered) or (storm is not None and storm["overlapping_runs"])
+    harness.save(args, env, results=rows, samples=results.record(), storm=storm)
+    failed = any(results.failures.values()) or (storm is not None and storm["overlapping_runs"])
     return 1 if failed else 0
 
 

@@ -13,7 +13,6 @@ wrappers cost ~0.5 µs per call, so the figures are upper bounds. One throwaway 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
@@ -25,17 +24,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common  # noqa: E402
+import harness  # noqa: E402
 import profile_task  # noqa: E402
 
 from celery_singleton_lock import redlock  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.Cli(__doc__, quick={"tasks": 200}, pin="split")
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks timed (default 20000)")
     parser.add_argument("--skip", action="store_true", help="the skipped duplicate's path instead")
-    parser.add_argument("--pin", choices=_common.PIN_MODES, default="split", help=_common.PIN_HELP)
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
+    env = harness.start("inflow_task", "celery")
     spent: collections.Counter[str] = collections.Counter()
     clock = time.thread_time_ns
 
@@ -60,18 +60,15 @@ def main(argv: list[str] | None = None) -> int:
             timed(redlock.Redlock, name, f"Redlock.{name}")
         timed(redlock.NodeSet, "run", "NodeSet.run")
         path: Callable[[int], None] = bench.hooks_skip if args.skip else bench.hooks_executed
-        for i in range(1000):  # warm up
-            path(i)
+        harness.counted(path, 1000)  # warm up
         spent.clear()
-        cpu0 = time.process_time()
-        for i in range(args.tasks):
-            path(i)
-        per_task = (time.process_time() - cpu0) / args.tasks * 1e6
+        per_task = harness.counted(path, args.tasks)["cpu_us"]
     print(f"## {'skipped duplicate' if args.skip else 'executed'} path, {args.tasks} tasks through the hooks\n")
     print(f"process CPU per task: {per_task:.1f} µs (wrappers included)\n")
     print("| piece (nested pieces are inside their callers) | thread CPU µs per task |\n|---|---:|")
     for label, ns in spent.most_common():
         print(f"| `{label}` | {ns / args.tasks / 1000:.1f} |")
+    harness.save(args, env, cpu_us_per_task=per_task, pieces_us={k: v / args.tasks / 1000 for k, v in spent.items()})
     return 0
 
 

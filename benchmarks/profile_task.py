@@ -42,27 +42,24 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
-import importlib
 import json
 import operator
 import os
 import pstats
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import _floors
+import harness
+from bench_task import load_apps
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TTL_MS = 60_000
 
 PLAIN_T, EXEC_T, SKIP_T = "plain Task, traced", "LockedTask executed, traced", "LockedTask skipped duplicate, traced"
@@ -88,49 +85,14 @@ def request_for(task_id: str, name: str) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Sample:
-    p50_us: float
-    mean_us: float
-    cpu_us: float
-
-
-def measure(fn: Callable[[int], Any], calls: int) -> Sample:
-    """Wall time of each call of ``fn(i)`` (p50, mean) and CPU time per call, over ``calls`` calls."""
-    clock = time.perf_counter_ns
-    walls: list[int] = []
-    append = walls.append
-    cpu0 = time.process_time()
-    start = now = clock()
-    for i in range(calls):
-        fn(i)
-        end = clock()
-        append(end - now)
-        now = end
-    cpu = time.process_time() - cpu0
-    walls.sort()
-    return Sample(_common.percentile(walls, 0.5) / 1000, (now - start) / calls / 1000, cpu / calls * 1e6)
-
-
 class Bench:
     """Everything the paths need, built once: the app, the tracers, the held key, the floors."""
 
     def __init__(self, urls: list[str], log_info: bool = False) -> None:
         url = urls[0]
-        base = url.rsplit("/", 1)[0]
-        os.environ.update(
-            {
-                "BENCH_BROKER": url,
-                "BENCH_BACKEND": base + "/1",
-                "BENCH_RECORD": base + "/2",
-                "BENCH_LOCK_URLS": ",".join(urls),
-                "BENCH_N": "0",
-            }
-        )
-        sys.path.insert(0, HERE)
+        apps, _ = load_apps(url, urls)
         from celery.app.trace import build_tracer  # noqa: PLC0415 - after the environment the app reads
 
-        apps = importlib.import_module("bench_apps")
         self.app = app = apps.app
         app.finalize()
         if log_info:
@@ -408,45 +370,38 @@ class Bench:
 # --- report ---------------------------------------------------------------------------------------------------------
 
 
-def med(samples: list[Sample], attr: str) -> float:
-    return statistics.median(getattr(s, attr) for s in samples)
+def ratios(results: harness.Results, nodes: int) -> list[str]:
+    """Medians over repetitions of each repetition's ratios and differences between paths (``Results.across``)."""
+    paired = results.across
 
-
-def paired(samples: dict[str, list[Sample]], f: Callable[[dict[str, Sample]], float]) -> float:
-    """Median over repetitions of ``f`` applied to one repetition's samples (by path name)."""
-    reps = len(next(iter(samples.values())))
-    return statistics.median(f({name: s[rep] for name, s in samples.items()}) for rep in range(reps))
-
-
-def ratios(samples: dict[str, list[Sample]], nodes: int) -> list[str]:
-    def delta(rep: dict[str, Sample], a: str, b: str, attr: str) -> float:
-        return float(getattr(rep[a], attr) - getattr(rep[b], attr))
+    def delta(rep: dict[str, harness.Sample], a: str, b: str, attr: str) -> float:
+        return float(rep[a][attr] - rep[b][attr])
 
     out = []
-    skip_cpu = paired(samples, lambda r: r[SKIP_T].cpu_us / r[EXEC_T].cpu_us)
-    skip_wall = paired(samples, lambda r: r[SKIP_T].p50_us / r[EXEC_T].p50_us)
+    skip_cpu = paired(lambda r: r[SKIP_T]["cpu_us"] / r[EXEC_T]["cpu_us"])
+    skip_wall = paired(lambda r: r[SKIP_T]["p50_us"] / r[EXEC_T]["p50_us"])
     out.append(
         f"- traced skip / traced executed: CPU {skip_cpu:.2f}x (goal <= 0.6x: {'met' if skip_cpu <= 0.6 else 'missed'})"
         f", wall p50 {skip_wall:.2f}x"
     )
     for label, a, b in (("traced", EXEC_T, PLAIN_T), ("hooks", EXEC_H, PLAIN_H)):
-        cpu = paired(samples, lambda r, a=a, b=b: delta(r, a, b, "cpu_us"))
-        wall = paired(samples, lambda r, a=a, b=b: delta(r, a, b, "p50_us"))
+        cpu = paired(lambda r, a=a, b=b: delta(r, a, b, "cpu_us"))
+        wall = paired(lambda r, a=a, b=b: delta(r, a, b, "p50_us"))
         out.append(f"- executed lock work ({label}: LockedTask - plain): +{cpu:.1f} µs CPU, +{wall:.1f} µs wall p50")
         for floor in (FLOOR_STR, FLOOR_HASH, FLOOR_TASK):
-            c = paired(samples, lambda r, a=a, b=b, floor=floor: delta(r, a, b, "cpu_us") / r[floor].cpu_us)
-            w = paired(samples, lambda r, a=a, b=b, floor=floor: delta(r, a, b, "p50_us") / r[floor].p50_us)
+            c = paired(lambda r, a=a, b=b, floor=floor: delta(r, a, b, "cpu_us") / r[floor]["cpu_us"])
+            w = paired(lambda r, a=a, b=b, floor=floor: delta(r, a, b, "p50_us") / r[floor]["p50_us"])
             goal = f" (goal <= 1.3x: {'met' if c <= 1.3 and w <= 1.3 else 'missed'})" if floor == FLOOR_STR else ""
             out.append(f"  - vs {floor}: CPU {c:.2f}x, wall p50 {w:.2f}x{goal}")
     for label, a, b in (("traced", SKIP_T, PLAIN_T), ("hooks", SKIP_H, PLAIN_H)):
-        cpu = paired(samples, lambda r, a=a, b=b: delta(r, a, b, "cpu_us"))
-        wall = paired(samples, lambda r, a=a, b=b: delta(r, a, b, "p50_us"))
+        cpu = paired(lambda r, a=a, b=b: delta(r, a, b, "cpu_us"))
+        wall = paired(lambda r, a=a, b=b: delta(r, a, b, "p50_us"))
         out.append(f"- skip lock work ({label}: LockedTask skip - plain): +{cpu:.1f} µs CPU, +{wall:.1f} µs wall p50")
         for floor in (REFUSED_STR, REFUSED_HASH):
-            if floor not in samples:
+            if floor not in results.samples:
                 continue
-            c = paired(samples, lambda r, a=a, b=b, floor=floor: delta(r, a, b, "cpu_us") / r[floor].cpu_us)
-            w = paired(samples, lambda r, a=a, b=b, floor=floor: delta(r, a, b, "p50_us") / r[floor].p50_us)
+            c = paired(lambda r, a=a, b=b, floor=floor: delta(r, a, b, "cpu_us") / r[floor]["cpu_us"])
+            w = paired(lambda r, a=a, b=b, floor=floor: delta(r, a, b, "p50_us") / r[floor]["p50_us"])
             out.append(f"  - vs {floor}: CPU {c:.2f}x, wall p50 {w:.2f}x")
     out.append(f"(floors on {nodes} node(s){', fanned out' if nodes > 1 else ''})")
     return out
@@ -663,11 +618,10 @@ def callgrind_report(urls: list[str], calls: int, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.Cli(__doc__, quick={"calls": 20, "reps": 2}, pin="split")
     parser.add_argument("--calls", type=int, default=250, help="calls per path per repetition (default 250)")
     parser.add_argument("--reps", type=int, default=40, help="interleaved repetitions (default 40)")
     parser.add_argument("--nodes", type=int, default=1, help="lock nodes for LockedTask and the floors (default 1)")
-    parser.add_argument("--pin", choices=_common.PIN_MODES, default="split", help=_common.PIN_HELP)
     parser.add_argument("--pieces", action="store_true", help="also time the hot path's pieces one by one")
     parser.add_argument(
         "--log-info", action="store_true", help="log as a worker at -l INFO does (the tracer's line per task, into "
@@ -678,17 +632,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--callgrind", action="store_true", help="instruction counts under valgrind (slow)")
     parser.add_argument("--callgrind-calls", type=int, default=200, help="calls per path under valgrind (200)")
     parser.add_argument("--profile-calls", type=int, default=2000, help="calls per path under cProfile (2000)")
-    parser.add_argument("--json", metavar="PATH", help="also write the environment and samples")
     parser.add_argument("--callgrind-child", metavar="OUT", help=argparse.SUPPRESS)
     parser.add_argument("--urls", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parser.parse(argv)
     if args.callgrind_child:
         return callgrind_child(args.urls.split(","), args.calls, args.callgrind_child)
     if args.nodes < 1 or args.calls < 10 or args.reps < 1:
         parser.error("--nodes >= 1, --calls >= 10, --reps >= 1")
 
-    env = _common.environment("celery", "kombu")
-    print(f"# profile_task, {env['date_utc']}\n# {json.dumps(env)}", file=sys.stderr)
+    env = harness.start("profile_task", "celery", "kombu")
     with _common.pinned_servers(args.nodes, args.pin) as servers:
         env["placement"] = {"pin": args.pin, **_common.placement(servers)}
         print(f"# placement: {json.dumps(env['placement'])}", file=sys.stderr)
@@ -698,44 +650,37 @@ def main(argv: list[str] | None = None) -> int:
         whole = bench.paths()
         pieces = bench.pieces() if args.pieces else {}
         everything = {**whole, **pieces}
-        for fn in everything.values():  # warm up: scripts loaded, connections open, caches filled
-            measure(fn, 200)
-        samples: dict[str, list[Sample]] = {k: [] for k in everything}
-        names = list(everything)
-        t0 = time.perf_counter()
-        for rep in range(args.reps):
-            gc.collect()
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
-                samples[name].append(measure(everything[name], args.calls))
-            if (rep + 1) % 10 == 0 or rep + 1 == args.reps:
-                print(f"# repetition {rep + 1}/{args.reps} done, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        results = harness.interleave(
+            [harness.Contender(name, fn) for name, fn in everything.items()],
+            args.reps,
+            lambda c, _rep: harness.counted(c.op, args.calls),
+            warmup=lambda c: harness.counted(c.op, 200),  # scripts loaded, connections open, caches filled
+            collect=True,
+            on_round=harness.every(10, args.reps, lambda _rep, _results: ""),
+        )
         bench.check_skip()
 
-        def row(name: str) -> str:
-            s = samples[name]
-            return f"| {name} | {med(s, 'p50_us'):,.1f} | {med(s, 'mean_us'):,.1f} | {med(s, 'cpu_us'):,.1f} |"
+        def row(name: str) -> list[str]:
+            return [name] + [f"{results.median(name, m):,.1f}" for m in ("p50_us", "mean_us", "cpu_us")]
 
         print(f"## per task, {args.nodes} lock node(s), --pin {args.pin}\n")
-        print("| path | wall p50 µs | wall mean µs | CPU µs/call |\n|---|---:|---:|---:|")
-        print("\n".join(row(n) for n in whole))
+        columns = ["wall p50 µs", "wall mean µs", "CPU µs/call"]
+        print(harness.markdown(["path", *columns], [row(n) for n in whole]))
         if pieces:
-            print("\n| piece of the hot path | wall p50 µs | wall mean µs | CPU µs/call |\n|---|---:|---:|---:|")
-            print("\n".join(row(n) for n in pieces))
+            print("\n" + harness.markdown(["piece of the hot path", *columns], [row(n) for n in pieces]))
         print("\n## ratios (medians of per-repetition paired ratios)\n")
-        print("\n".join(ratios(samples, args.nodes)))
+        print("\n".join(ratios(results, args.nodes)))
         print(
             f"\nmedians of {args.reps} interleaved repetitions x {args.calls} calls; redis-server(s) on 127.0.0.1; "
             "CPU = this process (time.process_time, all threads)"
         )
         if args.cprofile:
             for label, fn in ((EXEC_T, bench.run_executed), (SKIP_T, bench.run_skip)):
-                print("\n" + cprofile_report(label, fn, args.profile_calls, args.top, med(samples[label], "cpu_us")))
+                print("\n" + cprofile_report(label, fn, args.profile_calls, args.top, results.median(label, "cpu_us")))
         if args.callgrind:
             print("\n" + callgrind_report(urls, args.callgrind_calls, args.top))
         bench.close()
-    if args.json:
-        _common.write_json(args.json, env, args, samples={k: [vars(s) for s in v] for k, v in samples.items()})
+    harness.save(args, env, samples=results.record())
     return 0
 
 

