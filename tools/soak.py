@@ -659,7 +659,7 @@ def analyse(
         settled = st == "REVOKED" and "stored no result" in str((metas.get(task_id) or {}).get("result", ""))
         if settled and task_id in completed:
             # The run that finished was killed before storing SUCCESS; its redelivered copy stopped on the done
-            # marker and stored REVOKED saying so (LockedTask._settle_done): the caller was told, nobody waits.
+            # marker and stored REVOKED saying so (_delivery.settle_done): the caller was told, nobody waits.
             accounting["REVOKED: finished, its run killed before storing the result; the caller told so"] += 1
             continue
         if st != "SUCCESS" and task_id in completed:
