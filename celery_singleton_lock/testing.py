@@ -42,7 +42,8 @@ from typing import Any, Protocol
 
 import redis
 
-from .faults import Acquisition, FaultInjector, FaultProxy, History, check_history, run_lock_client
+from .faults import FaultProxy
+from .history import Acquisition, FaultInjector, History, check_history, run_lock_client
 
 __all__ = [
     "Acquisition",

@@ -27,15 +27,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from celery_singleton_lock.faults import (
-    Acquisition,
-    Fault,
-    FaultInjector,
-    FaultProxy,
-    History,
-    check_history,
-    run_lock_client,
-)
+from celery_singleton_lock.faults import Fault, FaultProxy
+from celery_singleton_lock.history import Acquisition, FaultInjector, History, check_history, run_lock_client
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.testing import RedisServer, wait_for
 
@@ -173,7 +166,7 @@ def test_acquisition_round_trips_through_json() -> None:
 # -- histories under random faults --------------------------------------------------------------------------------
 
 SUBPROCESS_CLIENT = (
-    "import sys; from celery_singleton_lock.faults import lock_client_main; lock_client_main(sys.argv[1:])"
+    "import sys; from celery_singleton_lock.history import lock_client_main; lock_client_main(sys.argv[1:])"
 )
 
 
