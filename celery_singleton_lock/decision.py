@@ -39,6 +39,9 @@ from typing import Literal
 
 from .config import DuplicatePolicy, UnavailablePolicy
 
+# The holder record's states (defined with the record; imported here too, so ``decision.RUNNING`` etc. keep working).
+from .record import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SENDING
+
 __all__ = [
     "COOLDOWN",
     "ENDING",
@@ -58,10 +61,6 @@ Outcome = Literal["acquired", "held", "done", "split", "unavailable"]
 
 #: Immediate retries of a split vote before the delivery is re-sent instead.
 SPLIT_RETRIES = 3
-# States of a holder record that LockedTask writes (``state`` field).
-RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED = "run", "retry", "ending", "cooldown", "queued"
-#: A queue-scope reservation whose message is being published (it becomes QUEUED once it was sent).
-SENDING = "sending"
 
 
 class Act(enum.Enum):
