@@ -1,5 +1,5 @@
 -- acquire.lua
--- protocol: acquire (free -> run | queued | sending), take over (retry | queued | sending -> run, by the token handed over), refuse (a holder: mark 'waiting' when it is this job's), done (the done marker stops a copy)
+-- protocol: acquire, reserve, take over, refuse, done, claim, end a killed run, free a reservation (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key: a hash, the holder record (owner, fence, and the fields of ARGV[7..]); slot 0 of a limit
 -- KEYS[2] - fencing counter key (never expires)
 -- KEYS[3..n+1] - the other slots of a lock with a limit of n (ARGV[6]): each one holder record, like KEYS[1]

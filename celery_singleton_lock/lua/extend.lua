@@ -1,5 +1,5 @@
 -- extend.lua
--- protocol: extend (any state of ours: expiry reset), repair (missing -> a record with owner and fence only)
+-- protocol: extend, repair (docs/protocol.md, Transitions)
 -- KEYS[2i-1] - lock key of lease i (holder record)
 -- KEYS[2i]   - fencing counter key of lease i
 -- ARGV[3i-2] - owner token of lease i

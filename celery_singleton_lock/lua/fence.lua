@@ -1,5 +1,5 @@
 -- fence.lua
--- protocol: fence (the quorum's token written to the counter and record)
+-- protocol: fence (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- KEYS[2] - fencing counter key
 -- ARGV[1] - owner token

@@ -1,5 +1,5 @@
 -- finish.lua
--- protocol: finish (run -> free, or run -> cooldown; the done marker set)
+-- protocol: finish, cool down (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- KEYS[2] - the job's done marker
 -- ARGV[1] - owner token

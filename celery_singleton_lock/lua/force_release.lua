@@ -1,5 +1,5 @@
 -- force_release.lua
--- protocol: force release (the CLI: any state -> free, if the owner did not change)
+-- protocol: force release (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- ARGV[1] - the record's owner read from this node a moment ago
 -- returns {RELEASED} when the record still names ARGV[1] as its owner and is now deleted;

@@ -1,5 +1,5 @@
 -- park_replacing.lua
--- protocol: park replacing (a job joins the line; older waiters leave it, marked :superseded:<id>)
+-- protocol: park replacing (docs/protocol.md, Transitions)
 -- Park a job under lock_on_duplicate="replace", by the time its call first reached a worker (ARGV[2]): a job waiting
 -- in line that arrived later wins, and this one is marked superseded by the newest; otherwise every other waiting
 -- job (all older) leaves the line, marked superseded by this one.

@@ -1,5 +1,5 @@
 -- pop_waiter.lua
--- protocol: wake (the oldest waiter leaves the line :waiters/:messages)
+-- protocol: wake (docs/protocol.md, Transitions)
 -- KEYS[1] - the waiting line of a lock (sorted set: task id -> when its call first reached a worker, ms)
 -- KEYS[2] - the line's messages (hash: task id -> the message that wakes it, JSON)
 -- returns the oldest waiter's message (its task id leaves the line, its message the hash), or nil when none waits

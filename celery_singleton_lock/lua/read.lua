@@ -1,5 +1,5 @@
 -- read.lua
--- protocol: read (the CLI's listing: records, types and expiries; changes nothing)
+-- protocol: read (docs/protocol.md, Transitions)
 -- KEYS[i] - a key under the prefix: a lock's holder record, a done marker, or anything else
 -- ARGV[1] - the most fields a holder record may have (a larger hash is not read: it is not one of ours)
 -- returns an array, one {Redis type ('none': missing), holder record as a flat field/value array, remaining ms

@@ -1,5 +1,5 @@
 -- refill.lua
--- protocol: refill (a repaired record, owner and fence only, gets its fields back)
+-- protocol: refill (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- ARGV[1] - owner token
 -- ARGV[2..] - field, value pairs of the owner's record

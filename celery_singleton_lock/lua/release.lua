@@ -1,5 +1,5 @@
 -- release.lua
--- protocol: release (run | queued | sending | retry -> free)
+-- protocol: release, unsent, free a reservation (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- ARGV[1] - owner token
 -- returns 1 when the record was ours and is now deleted, 0 when it was not ours (left alone)

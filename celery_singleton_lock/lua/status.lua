@@ -1,5 +1,5 @@
 -- status.lua
--- protocol: status (reads a record, its expiry and the counter; changes nothing)
+-- protocol: status (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- KEYS[2] - fencing counter key
 -- returns {holder record as a flat field/value array ({} when free or not a record), remaining ms, counter}

@@ -1,5 +1,5 @@
 -- transfer.lua
--- protocol: hand over (run -> retry; queued/sending -> queued, a new token), re-state (sending -> queued)
+-- protocol: sent, hand over (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key (holder record)
 -- ARGV[1] - our owner token
 -- ARGV[2] - the new owner token

@@ -1,5 +1,5 @@
 -- undo.lua
--- protocol: undo (a failed quorum: our record deleted, a record taken over put back)
+-- protocol: undo (docs/protocol.md, Transitions)
 -- KEYS - lock keys (holder records): the slots of the lock (one for a plain lock)
 -- ARGV[1] - owner token of a failed attempt
 -- returns 1 when a record was that attempt's: it is deleted, and a record the attempt had taken over is put back
