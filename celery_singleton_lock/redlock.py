@@ -6,7 +6,9 @@ once* (all commands are written before any reply is read, no threads), the lock 
 attempt is undone on every node that may have said yes.
 
 Only the owner releases or extends: each operation is one Lua script comparing the random owner token, never a
-plain ``DEL``. Scripts are sent by SHA (``EVALSHA``) and loaded on a node only when it says ``NOSCRIPT``.
+plain ``DEL``. The scripts (``lua/*.lua``, loaded by ``scripts.py``) are sent by SHA (``EVALSHA``) and loaded on a
+node only when it says ``NOSCRIPT``. The record and its keys are ``record.py``'s, the fan-out is ``nodes.py``'s;
+docs/protocol.md writes the protocol down.
 
 Fencing tokens. Each node keeps a counter per lock name, bumped by the acquire script in the same atomic step as
 the ``SET``. The max over the quorum is *not* enough on its own: a failed attempt raises the counters of the
