@@ -41,7 +41,8 @@ from celery.utils.time import maybe_make_aware
 from celery.utils.time import timezone as celery_timezone
 
 from .config import LockSettings, settings_for
-from .redlock import Redlock, redact_url
+from .redlock import Redlock
+from .task import _StartError, check_start
 
 __all__ = [
     "MIN_CLAIM_TTL",
@@ -321,8 +322,23 @@ def _split_vote(lock: Redlock) -> bool:
 
 
 def _nodes(settings: LockSettings) -> str:
-    urls = ", ".join(redact_url(u) for u in settings.urls)
+    urls = ", ".join(settings.redacted_urls)
     return f"{len(settings.urls)} node(s) [{urls}], quorum {settings.nodes.quorum}"
+
+
+class _OneLineStartError(logging.Filter):
+    """On Celery's ``celery.beat`` logger: drop its record of a failed start check, which carries a traceback.
+
+    ``celery -q beat`` (no banner) makes the scheduler inside ``Service.start``, whose caller logs whatever it raises
+    at CRITICAL with its traceback before re-raising it; the ``celery`` command then prints the error's one line,
+    ``Error: ...``, to stderr, which beat redirects to its log by default (``worker_redirect_stdouts``).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _StartError))
+
+
+logging.getLogger("celery.beat").addFilter(_OneLineStartError())
 
 
 @contextlib.contextmanager
@@ -363,8 +379,9 @@ class SingletonSchedulerMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cast(Any, super()).__init__(*args, **kwargs)
         if not kwargs.get("lazy", False):
-            # Validate the settings when beat starts, not at the first due run.
-            logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(settings_for(self.app)))
+            # Run the worker's start checks (settings, every LockedTask's options) when beat starts, not at the first
+            # due run: a bad setting stops beat with one line, as it stops a worker.
+            logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(check_start(self.app)))
 
     def is_due(self, entry: Any) -> Any:
         """Celery's ``is_due``; but a ``last_run_at`` on the second pass of a repeated (DST fall-back) hour is read
@@ -496,8 +513,10 @@ class SingletonSchedulerMixin:
     @property
     def info(self) -> str:
         """Beat's banner lines: the underlying scheduler's, then where runs are claimed."""
+        # Beat's banner asks a lazy scheduler for this before it starts: the start checks stop it here, one line.
+        settings = check_start(self.app)
         base = cast(str, cast(Any, super()).info)
-        line = f"    . singleton -> runs claimed on {_nodes(settings_for(self.app))}"
+        line = f"    . singleton -> runs claimed on {_nodes(settings)}"
         return f"{base}\n{line}" if base else line
 
 

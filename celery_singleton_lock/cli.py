@@ -88,6 +88,8 @@ STATES: dict[str, str] = {
     "retry-wait": "handed over to the task's own retry (self.retry()), kept until that retry is delivered",
     "ending": "the run was killed by a hard time limit: the lock ends within about a second",
     "cooldown": "the run finished; the lock is kept for the task's lock_cooldown",
+    "queued": "reserved at delay() (lock_scope='queue'): its message is sent and waits for a worker",
+    "sending": "reserved at delay() (lock_scope='queue'): its message is being published",
     "held": "a plain Redlock or a beat claim holds it",
     "partial": "some nodes hold it, but no owner has a quorum",
     "foreign": "not a holder record of celery_singleton_lock",

@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal, cast, get_args
 
+import redis
+from redis.cluster import RedisCluster
+
 from .errors import ConfigurationError
 from .redlock import NodeSet, redact_url
 
@@ -48,7 +51,7 @@ class LockSettings:
     ===================================== ============================ ==============================================
     setting                               default                      meaning
     ===================================== ============================ ==============================================
-    ``singleton_lock_urls``               the broker URL (if Redis)    one URL or a list: N independent masters
+    ``singleton_lock_urls``               the broker URL (if Redis)    one URL or client, or a list: N masters
     ``singleton_lock_ttl``                60.0                         lease in seconds (renewed while running)
     ``singleton_lock_prefix``             ``"singleton_lock:"``        key prefix (may carry a ``{hash tag}``)
     ``singleton_lock_socket_timeout``     0.5                          per-node socket timeout in seconds
@@ -61,7 +64,7 @@ class LockSettings:
     ===================================== ============================ ==============================================
     """
 
-    urls: tuple[str, ...]
+    urls: tuple[str | redis.Redis | RedisCluster, ...]
     ttl: float = DEFAULT_TTL
     prefix: str = "singleton_lock:"
     socket_timeout: float = 0.5
@@ -95,8 +98,14 @@ class LockSettings:
     def __repr__(self) -> str:
         # Not the generated repr: it would print the URLs' passwords, and settings end up in logs and tracebacks.
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr and f.name != "urls"]
-        urls = tuple(redact_url(u) for u in self.urls)
-        return f"LockSettings(urls={urls!r}, {', '.join(shown)})"
+        return f"LockSettings(urls={self.redacted_urls!r}, {', '.join(shown)})"
+
+    @property
+    def redacted_urls(self) -> tuple[str, ...]:
+        """The nodes as they may be shown: each URL redacted, each client by its address (never a password)."""
+        return tuple(
+            redact_url(u) if isinstance(u, str) else name for u, name in zip(self.urls, self.nodes.names, strict=True)
+        )
 
     @property
     def fence_key(self) -> str:
@@ -105,7 +114,7 @@ class LockSettings:
 
     def describe(self) -> str:
         """A one-line summary for logs, passwords redacted."""
-        nodes = ", ".join(redact_url(u) for u in self.urls)
+        nodes = ", ".join(self.redacted_urls)
         return f"{len(self.urls)} node(s) [{nodes}], quorum {self.nodes.quorum}, ttl {self.ttl}s"
 
 
@@ -146,7 +155,7 @@ def check_policy(value: object, policy: Any, setting: str) -> None:
         raise ConfigurationError(f"{setting} must be one of {', '.join(map(repr, options))}, got {value!r}")
 
 
-def _urls(conf: Mapping[str, Any]) -> tuple[str, ...]:
+def _urls(conf: Mapping[str, Any]) -> tuple[str | redis.Redis | RedisCluster, ...]:
     raw = conf.get("singleton_lock_urls")
     if raw is None:
         broker = conf.get("broker_url")
@@ -162,10 +171,21 @@ def _urls(conf: Mapping[str, Any]) -> tuple[str, ...]:
         # Split only where a URL starts: a ',' inside one (a password may have it) stays, and validate_url refuses
         # a ',' left in a host or db path ("redis://a:1/0,b:2/0"), so a missing scheme is an error, not one node.
         raw = [u.strip() for u in _URL_START.split(raw)]
-    if not isinstance(raw, Sequence) or not raw or not all(isinstance(u, str) for u in raw):
+    elif isinstance(raw, redis.Redis | RedisCluster):
+        raw = [raw]
+    if not isinstance(raw, Sequence) or not raw:
         raise ConfigurationError(
-            f"singleton_lock_urls must be a Redis URL or a non-empty list of them, got {type(raw).__name__}"
+            f"singleton_lock_urls must be a Redis URL, a redis.Redis or RedisCluster client, or a non-empty list of "
+            f"them, got {'an empty list' if isinstance(raw, Sequence) else type(raw).__name__}"
         )
+    for i, item in enumerate(raw):
+        if not isinstance(item, str | redis.Redis | RedisCluster):
+            # Where Redlock takes a client (a redis.Redis, a Sentinel's master_for(), a RedisCluster), so do we.
+            raise ConfigurationError(
+                f"singleton_lock_urls[{i}] must be a Redis URL (e.g. 'redis://127.0.0.1:6379/0', "
+                f"'redis+cluster://127.0.0.1:7000' for a Redis Cluster, see docs/nodes.md) or a redis.Redis or "
+                f"redis.cluster.RedisCluster client, got {type(item).__module__}.{type(item).__qualname__}"
+            )
     return tuple(raw)
 
 

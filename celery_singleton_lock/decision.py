@@ -184,7 +184,12 @@ def decide(f: Facts) -> Decision:
     if policy in ("reschedule", "replace"):
         # The fallback: a dead holder's lease ends within ``remaining`` (a live one's renewals keep it ~ttl away).
         # The holder's release wakes a waiting duplicate before that (task.py's waiting line): no polling.
-        return _defer(f, remaining + 0.05 + 0.2 * f.jitter, "duplicate")
+        wait = remaining
+        if f.on_duplicate not in ("reschedule", "replace"):
+            # A chord member of a task whose holders wake no line (skip, fail): nothing wakes it, and a queued
+            # holder's lease is its whole queue wait (lock_queue_ttl): look again every renewal interval instead.
+            wait = min(remaining, f.interval)
+        return _defer(f, wait + 0.05 + 0.2 * f.jitter, "duplicate")
     return Decision(Act.SKIP)
 
 

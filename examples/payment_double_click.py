@@ -1,11 +1,11 @@
 """A user double-clicks "pay", and clicks again 3 s later: the card is charged once, and every click gets that charge.
 
-``charge`` uses ``lock_scope="queue"`` and ``lock_cooldown``: the first ``delay()`` reserves the job (the order)
-before its message is published; the second click, a few milliseconds later, finds the reservation and publishes
-nothing: it gets *the first click's* ``AsyncResult`` (same task id). The third click comes after the charge has
-finished: the cooldown still holds the job, so it too gets the first charge's result instead of charging again.
-(With the default run scope the two simultaneous clicks would charge once, but the click 3 s later would charge
-again: run scope means "never two at once", not "once".)
+``charge`` uses ``lock_scope="queue"`` and ``lock_cooldown``, keyed on the order alone (``lock_unique_on``): the
+first ``delay()`` reserves the job (the order) before its message is published; the second click, a few milliseconds
+later, finds the reservation and publishes nothing: it gets *the first click's* ``AsyncResult`` (same task id). The
+third click comes after the charge has finished: the cooldown still holds the job, so it too gets the first charge's
+result instead of charging again. (With the default run scope the two simultaneous clicks would charge once, but the
+click 3 s later would charge again: run scope means "never two at once", not "once".)
 
 Run: ``python -m examples.payment_double_click`` from the repository root (starts its own Redis and workers).
 """
@@ -25,10 +25,20 @@ from examples.example_app import app, records
 
 
 @app.task(
-    base=LockedTask, bind=True, name="examples.payment.charge", lock_ttl=10, lock_scope="queue", lock_cooldown=600
+    base=LockedTask,
+    bind=True,
+    name="examples.payment.charge",
+    lock_ttl=10,
+    lock_scope="queue",
+    lock_cooldown=600,
+    lock_unique_on=["order_id"],  # the order is the job: a click sending another amount is no new charge
 )
 def charge(self: Any, order_id: int, amount_cents: int) -> str:
-    """Charge the order's card (the provider call takes ~0.5 s), recording every charge made."""
+    """Charge the order's card (the provider call takes ~0.5 s), recording every charge made.
+
+    A real provider call passes ``self.request.id`` as its idempotency key: a charge killed mid-run comes back
+    (acks_late) under the same task id, and the provider does not charge twice for it.
+    """
     time.sleep(0.5)  # the payment provider's API
     records().rpush(f"payment:{order_id}:charges", self.request.id)
     return f"charged order {order_id}: {amount_cents / 100:.2f} (fencing token {self.fencing_token})"

@@ -27,8 +27,17 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import Redlock
-from celery_singleton_lock.cli import done_marker_of, list_locks, locks, read_stats, release_lock, show_lock
+from celery_singleton_lock import Redlock, decision
+from celery_singleton_lock.cli import (
+    _TASK_STATES,
+    STATES,
+    done_marker_of,
+    list_locks,
+    locks,
+    read_stats,
+    release_lock,
+    show_lock,
+)
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.redlock import done_key_for, fence_key_for
 from celery_singleton_lock.testing import RedisServer, free_port
@@ -429,3 +438,21 @@ def test_list_locks_reads_many_keys_in_batches(trio_urls: list[str], prefix: str
         ("owner-0", None, "partial", "lock"),
         ("owner-1", 1, "partial", "lock"),
     ]
+
+
+def test_every_state_the_cli_can_show_is_explained(trio_urls: list[str], prefix: str) -> None:
+    """Every state `locks list` can show (each record state LockedTask writes, queue scope's queued and sending
+    too) has a meaning in `locks show` and a row in docs/cli.md's STATE table."""
+    written = (decision.RUNNING, decision.HANDOVER, decision.ENDING, decision.COOLDOWN, decision.QUEUED)
+    shown = {_TASK_STATES.get(s, s) for s in (*written, decision.SENDING)} | {"held", "partial", "foreign", "done"}
+    assert shown <= set(STATES), shown - set(STATES)
+    section = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text().split("### STATE\n", 1)[1]
+    documented = set(re.findall(r"^\| `([a-z-]+)` ", section.split("\n### ", 1)[0], flags=re.MULTILINE))
+    assert shown <= documented, shown - documented
+    app = make_app(trio_urls, prefix)
+    for state in (decision.QUEUED, decision.SENDING):
+        lock = hold(trio_urls, f"{prefix}reports.rebuild:{state}", f"task-{state}", state=state, fencing=False)
+        result = run(app, "show", lock.name)
+        assert result.exit_code == 0, result.output
+        assert f"{state}: {STATES[state]}; on 3/3 nodes" in result.stdout, result.stdout
+        lock.release()

@@ -133,7 +133,11 @@ def check(f: Facts, d: Decision) -> None:
             assert d.countdown <= f.interval + 0.25
         if d.reason == "duplicate":  # the fallback: when the holder's lease would end (its release wakes it sooner)
             assert d.countdown <= remaining + 0.25
-            assert d.countdown >= min(remaining, f.max_countdown or remaining)
+            if f.on_duplicate in ("reschedule", "replace"):
+                assert d.countdown >= min(remaining, f.max_countdown or remaining)
+            else:  # a chord member of a skip/fail task: no holder wakes it, so it looks again every interval
+                assert d.countdown <= f.interval + 0.25
+                assert d.countdown >= min(remaining, f.interval, f.max_countdown or remaining)
     # Duplicates follow the policy; chord members always wait.
     if f.outcome == "held" and f.holder_job == OTHER and f.holder_state != SENDING:
         expected = "reschedule" if f.in_chord else f.on_duplicate

@@ -324,6 +324,21 @@ def test_bad_urls_are_configuration_errors_without_the_password(urls: object) ->
     assert SECRET not in repr(info.value)
 
 
+def test_a_node_that_is_neither_a_url_nor_a_client_is_named_with_the_url_form_to_use() -> None:
+    """An item of singleton_lock_urls that is no URL and no client Redlock takes (an asyncio client) is refused by
+    its index, naming the URL forms (the redis+cluster:// one too) and the clients that are taken."""
+    from redis.asyncio import Redis as AsyncRedis  # noqa: PLC0415 - only this test needs it
+
+    with pytest.raises(ConfigurationError) as info:
+        settings_from({"singleton_lock_urls": [DEAD_URL, AsyncRedis(port=1)]})
+    said = str(info.value)
+    assert said.startswith("singleton_lock_urls[1] must be a Redis URL (e.g. 'redis://127.0.0.1:6379/0', ")
+    assert "'redis+cluster://127.0.0.1:7000' for a Redis Cluster" in said
+    assert said.endswith("or a redis.Redis or redis.cluster.RedisCluster client, got redis.asyncio.client.Redis")
+    with pytest.raises(ConfigurationError, match="got dict"):
+        settings_from({"singleton_lock_urls": {"url": DEAD_URL}})
+
+
 def test_settings_are_read_once_and_cached_on_the_app(app: Celery) -> None:
     """settings_for validates on first use and returns the same object afterwards."""
     first = settings_for(app)

@@ -9,10 +9,12 @@ among them docs/testing.md's example test file, run there with pytest as a user 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +23,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from celery_singleton_lock.testing import RedisServer, wait_for
 
 try:
     import tomllib
@@ -166,3 +170,124 @@ def test_the_testing_example_passes_against_the_installed_wheel(venv: Path, tmp_
     assert Path(seen["plugin"]).is_relative_to(venv)
     assert not any(Path(p).resolve() == ROOT for p in seen["path"] if p)
     assert re.search(r"\b4 passed\b", "\n".join(report)), report
+
+
+FRESH_APP = """
+import os
+
+from celery import Celery
+
+from celery_singleton_lock import LockedTask
+
+base = os.environ["CSL_REDIS"]
+app = Celery("fresh_app", broker=base + "/0", backend=base + "/1")
+app.conf.singleton_lock_urls = [base + "/2"]
+
+
+@app.task(base=LockedTask, bind=True)
+def locked_add(self, x, y):
+    return [x + y, self.fencing_token is not None]
+"""
+
+_PRODUCE = """
+import json
+from fresh_app import locked_add
+print(json.dumps(locked_add.delay(2, 3).get(timeout=60)))
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_with_its_dependencies_runs_a_worker_on_a_redis_broker(
+    dist: Path, tmp_path: Path, fresh_node: RedisServer
+) -> None:
+    """The wheel installed WITH the dependencies it declares (resolved by pip, nothing borrowed) into a fresh venv
+    runs a real worker on a Redis broker that executes a LockedTask, and the doctor reads the broker's visibility
+    timeout: kombu's Redis transport imports there."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", str(only(dist, "*.whl"))],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "fresh_app.py").write_text(FRESH_APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(PYTHONPATH=str(app_dir), CSL_REDIS=f"redis://127.0.0.1:{fresh_node.port}")
+    log = tmp_path / "worker.log"
+    argv = [python, "-m", "celery", "-A", "fresh_app", "worker", "-P", "prefork", "-c", "1", "-l", "INFO"]
+    argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            argv, cwd=app_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        ready = wait_for(lambda: " ready." in log.read_text() or worker.poll() is not None, 60, 0.1)
+        assert ready and worker.poll() is None, log.read_text()[-3000:]
+        produced = subprocess.run(
+            [python, "-c", _PRODUCE], cwd=app_dir, env=env, capture_output=True, text=True, check=False, timeout=120
+        )
+        assert produced.returncode == 0, produced.stderr + log.read_text()[-3000:]
+        assert json.loads(produced.stdout) == [5, True]
+        doctor = subprocess.run(
+            [python, "-m", "celery", "-A", "fresh_app", "locks", "doctor", "--json"],
+            cwd=app_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        findings = json.loads(doctor.stdout)["findings"]
+        visibility = [f for f in findings if f["code"] == "visibility-timeout"]
+        assert [(f["level"], f["subject"]) for f in visibility] == [("ok", "task fresh_app.locked_add")], visibility
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+
+
+_DOCTOR_WITHOUT_PACKAGING = """
+import json, sys
+sys.modules["packaging"] = None  # as in a venv without kombu's redis extra: importing it raises ImportError
+from celery import Celery
+from celery_singleton_lock import LockedTask
+from celery_singleton_lock.doctor import broker_findings
+
+app = Celery("no_extra", broker="redis://:hunter2@127.0.0.1:1/0")
+
+
+@app.task(base=LockedTask, lock_ttl=30)
+def job():
+    pass
+
+
+print(json.dumps([f.to_json() for f in broker_findings(app) if f.code == "visibility-timeout"]))
+"""
+
+
+def test_the_doctor_names_a_broker_transport_that_failed_to_import(tmp_path: Path) -> None:
+    """With kombu's Redis transport unimportable, the doctor says so as an error naming what to install, not that
+    the broker has no visibility timeout, and shows no part of the broker URL."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(
+        [sys.executable, "-c", _DOCTOR_WITHOUT_PACKAGING],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    (finding,) = json.loads(out.stdout)
+    assert finding["level"] == "error"
+    assert "redis transport failed to import" in finding["message"]
+    assert "packaging" in finding["message"]
+    assert "pip install 'kombu[redis]'" in finding["fix"]
+    assert "hunter2" not in out.stdout

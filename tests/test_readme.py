@@ -24,7 +24,9 @@ def test_readme_examples_run(fresh_node: RedisServer) -> None:
         code = block.replace("redis://localhost:6379", f"redis://127.0.0.1:{fresh_node.port}")
         exec(compile(code, str(README), "exec"), namespace)  # our own README
     assert namespace["rebuild_report"].apply(args=(42,)).get() == "rebuilt 42/current"
-    assert namespace["charge"].apply(args=(7,)).get() == "charged order 7"
+    charged = namespace["charge"].apply(args=(7, 4990))
+    assert charged.get() == f"charged order 7: 4990 cents (idempotency key {charged.id})"
+    assert namespace["charge"].lock_key_for(7, 4990) == namespace["charge"].lock_key_for(7, 5990)  # keyed on the order
     namespace["migrate"].apply(args=("orders",)).get()
     client = fresh_node.client()
     # Released: no lock left (done markers are keys of their own), but charge's cooldown, which holds for 600 s.

@@ -175,6 +175,58 @@ def test_cluster_url_and_client_lock_keys_of_every_master(cluster: Cluster) -> N
     assert len(held[0].nodes) == 1  # a cluster is ONE node of the Redlock
 
 
+CLUSTER_CLIENT_APP = """
+import os
+from celery import Celery
+from redis.cluster import RedisCluster
+from celery_singleton_lock import LockedTask
+
+app = Celery("cluster_client", broker=os.environ["TOPO_BROKER"] + "/5", backend=os.environ["TOPO_BROKER"] + "/6")
+app.conf.singleton_lock_urls = [RedisCluster(host="127.0.0.1", port=int(os.environ["TOPO_CLUSTER_PORT"]))]
+app.conf.singleton_lock_prefix = os.environ["TOPO_PREFIX"]
+
+@app.task(base=LockedTask, bind=True, lock_ttl=5)
+def held(self, n):
+    return [self.lock_held(), self.fencing_token, self.lock_key_for(n)]
+"""
+
+
+def test_a_cluster_client_in_singleton_lock_urls_serves_a_prefork_worker(
+    tmp_path: Path, cluster: Cluster, redis_node: RedisServer
+) -> None:
+    """A RedisCluster client in singleton_lock_urls (alone, or in a list beside a URL) is a node, as Redlock takes
+    it: a prefork worker configured so locks each job on the cluster (its done marker on the key's master), and
+    the settings show the cluster by its address."""
+    prefix = f"cc{uuid.uuid4().hex[:6]}:"
+    client = RedisCluster(host="127.0.0.1", port=cluster.masters[0].port)
+    alone = settings_for(_app(client, prefix))  # type: ignore[arg-type]
+    assert alone.redacted_urls == (alone.nodes.names[0],)
+    assert alone.redacted_urls[0].startswith("redis+cluster://127.0.0.1:")
+    beside = settings_for(_app([client, redis_node.url], prefix))  # type: ignore[list-item]
+    assert beside.describe().startswith(f"2 node(s) [{alone.redacted_urls[0]}, {redis_node.url}], quorum 2")
+    (tmp_path / "cluster_client.py").write_text(CLUSTER_CLIENT_APP)
+    broker = f"redis://127.0.0.1:{redis_node.port}"
+    env = {"TOPO_BROKER": broker, "TOPO_CLUSTER_PORT": str(cluster.masters[0].port), "TOPO_PREFIX": prefix}
+    worker = CeleryWorker(
+        "cluster_client", "ccw", cwd=str(tmp_path), log_path=str(tmp_path / "worker.log"), concurrency=1, env=env
+    )
+    sender = Celery("cluster_sender", broker=f"{broker}/5", backend=f"{broker}/6", set_as_current=False)
+    sender.conf.update(singleton_lock_urls=[client], singleton_lock_prefix=prefix)
+    worker.start()
+    try:
+        assert f"celery_singleton_lock: 1 node(s) [{alone.redacted_urls[0]}]" in worker.log()
+        for n in range(3):
+            result = sender.send_task("cluster_client.held", args=(n,))
+            was_held, token, key = result.get(timeout=20)
+            assert was_held is True and token >= 1
+            master = cluster.master_of(_key_slot(key)).client()
+            assert master.exists(done_key_for(key, result.id)) == 1
+        assert list_locks(settings_for(sender)).value == []
+    finally:
+        worker.stop()
+        sender.close()
+
+
 def test_a_limit_on_a_cluster_keeps_its_slots_in_the_names_hash_slot(cluster: Cluster) -> None:
     """Redlock(limit=3) on a 3-master cluster, for names on every master (tagged and not): 3 holders, a 4th refused,
     each slot renewed and released; one script call per acquire means every slot key lives in the name's slot."""

@@ -26,7 +26,7 @@ class HeldGateway:
         self.in_progress = threading.Event()
         self.release = threading.Event()
 
-    def charge(self, order_id: int, amount: int) -> str:
+    def charge(self, order_id: int, amount: int, *, idempotency_key: str) -> str:
         self.charges.append((order_id, amount))
         self.in_progress.set()
         self.release.wait(WAIT)
