@@ -27,8 +27,10 @@ __all__ = [
     "HELD",
     "LOST",
     "PARK_REPLACING",
+    "PARK_REPLACING_CODE",
     "PARK_REPLACING_SCRIPT",
     "POP_WAITER",
+    "POP_WAITER_CODE",
     "POP_WAITER_SCRIPT",
     "READ",
     "READ_SCRIPT",
@@ -66,6 +68,19 @@ STATUS_SCRIPT = _load("status")
 # The waiting line (LockedTask's reschedule and replace).
 POP_WAITER_SCRIPT = _load("pop_waiter")
 PARK_REPLACING_SCRIPT = _load("park_replacing")
+
+
+def _code(text: str) -> str:
+    """``text`` without its header (the leading comment lines): for a script sent by EVAL, text and all, on every
+    call (the waiting line's, from LockedTask), so the header stays in the file and off the wire."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if not line.startswith("--")), len(lines))
+    return "".join(lines[start:])
+
+
+#: The waiting line's scripts as LockedTask sends them by EVAL: the code only (what it sent before they were files).
+POP_WAITER_CODE = _code(POP_WAITER_SCRIPT)
+PARK_REPLACING_CODE = _code(PARK_REPLACING_SCRIPT)
 # The CLI (list, release).
 READ_SCRIPT = _load("read")
 FORCE_RELEASE_SCRIPT = _load("force_release")

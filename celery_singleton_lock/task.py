@@ -76,9 +76,9 @@ from .record import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SENDING, siblin
 from .redlock import Redlock
 from .renewal import Lease, flush_stats, watchdog
 
-# The waiting line's scripts (lua/pop_waiter.lua, lua/park_replacing.lua), run with EVAL by their text.
-from .scripts import PARK_REPLACING_SCRIPT as _PARK_REPLACING
-from .scripts import POP_WAITER_SCRIPT as _POP_WAITER
+# The waiting line's scripts (lua/pop_waiter.lua, lua/park_replacing.lua), run with EVAL by their code.
+from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
+from .scripts import POP_WAITER_CODE as _POP_WAITER
 
 __all__ = [
     "SKIP_MARK",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_singleton_lock import record
+from celery_singleton_lock import record, scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "protocol.md"
@@ -230,3 +230,12 @@ def test_every_transition_names_a_test_that_exists() -> None:
         assert tests, f"transition {name!r} names no test"
         assert tests <= known, f"transition {name!r} names tests that do not exist: {sorted(tests - known)}"
         assert {s for s in quoted(row[3]) if s.endswith(".lua")} <= files, f"transition {name!r}: unknown script"
+
+
+def test_the_line_s_eval_code_is_its_file_without_the_header() -> None:
+    """What LockedTask sends by EVAL on every park and wake is the script file's code, header left out."""
+    for name, code in (("pop_waiter", scripts.POP_WAITER_CODE), ("park_replacing", scripts.PARK_REPLACING_CODE)):
+        text = (LUA / f"{name}.lua").read_text(encoding="utf-8")
+        assert text.endswith(code)
+        assert code.startswith("local ")
+        assert all(line.startswith("--") for line in text.removesuffix(code).splitlines())
