@@ -17,7 +17,9 @@ from . import _resend as resend
 from . import signals
 from ._monitoring import Skipped
 from ._run import PARKED_HEADER, REDELIVERY_HEADER, SINCE_HEADER, WOKEN_HEADER, Options, Run, since, text
-from .redlock import sibling_key
+from .record import sibling_key
+from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
+from .scripts import POP_WAITER_CODE as _POP_WAITER
 
 if TYPE_CHECKING:
     from .task import LockedTask
@@ -28,46 +30,7 @@ logger = logging.getLogger("celery_singleton_lock.task")
 
 #: How long a key's waiting line outlives its last change, at least (each park refreshes it).
 WAITERS_TTL = 600.0
-# Pop the oldest waiter of a key: its task id leaves the line, and its message is returned (nil when none waits).
-_POP_WAITER = """
-local popped = redis.call('ZPOPMIN', KEYS[1])
-if #popped == 0 then return false end
-local message = redis.call('HGET', KEYS[2], popped[1])
-redis.call('HDEL', KEYS[2], popped[1])
-return message
-"""
-# Park a job under lock_on_duplicate="replace", by the time its call first reached a worker (ARGV[2]): a job waiting
-# in line that arrived later wins, and this one is marked superseded by the newest ({'self', its id}); otherwise
-# every other waiting job (all older) leaves the line, marked superseded by this one (ARGV[5] .. their id = this id),
-# and their ids are returned. KEYS[1] line, KEYS[2] messages; ARGV: id, arrival (ms), message, expiry (ms),
-# supersession key prefix.
-# The supersession keys share the line's hash tag, so every key lives in one Cluster slot.
-_PARK_REPLACING = """
-local newer = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[2], '+inf', 'WITHSCORES')
-for i = 1, #newer, 2 do
-  if newer[i] ~= ARGV[1] then
-    local newest = redis.call('ZRANGE', KEYS[1], -1, -1)[1]
-    redis.call('SET', ARGV[5] .. ARGV[1], newest, 'PX', ARGV[4])
-    return {'self', newest}
-  end
-end
-local replaced = {}
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if id ~= ARGV[1] then
-    replaced[#replaced + 1] = id
-  end
-end
-for _, id in ipairs(replaced) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('SET', ARGV[5] .. id, ARGV[1], 'PX', ARGV[4])
-end
-redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return replaced
-"""
+# The line's scripts (lua/pop_waiter.lua, lua/park_replacing.lua), run with EVAL by their code (no header bytes).
 
 
 def waiters(key: str, options: Options) -> tuple[Any, str, str]:

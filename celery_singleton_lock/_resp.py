@@ -2,7 +2,7 @@
 
 redis-py's connection does the connecting (TLS, AUTH, SELECT, CLIENT SETNAME: everything a URL may ask), and we
 keep using its socket afterwards. A lock call is one command and one reply on a connection nobody else uses
-(``redlock._take``), so a reply that comes whole in the first read is parsed in one pass, and a longer one by
+(``nodes._take``), so a reply that comes whole in the first read is parsed in one pass, and a longer one by
 :class:`Reader` as its bytes arrive: no per-line buffering, no decoding layer, no health-check bookkeeping. It
 saves ~3 µs of client CPU per round trip (``benchmarks/bench_hotpath.py``, docs/benchmarks.md). Errors keep
 redis-py's types: ``-NOSCRIPT`` is a

@@ -34,10 +34,12 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
 from .config import LockSettings, settings_for
-from .decision import COOLDOWN, ENDING, HANDOVER, RUNNING
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
-from .redlock import NodeError, _Script, done_key_for, fence_key_for
+from .nodes import NodeError
+from .record import COOLDOWN, ENDING, HANDOVER, RUNNING, done_key_for, fence_key_for
+from .scripts import FORCE_RELEASE as _FORCE_RELEASE
+from .scripts import READ as _READ
 
 __all__ = [
     "KINDS",
@@ -63,47 +65,8 @@ __all__ = [
 
 logger = logging.getLogger("celery_singleton_lock.cli")
 
-READ_SCRIPT = """
--- KEYS[i] - a key under the prefix: a lock's holder record, a done marker, or anything else
--- ARGV[1] - the most fields a holder record may have (a larger hash is not read: it is not one of ours)
--- returns an array, one {Redis type ('none': missing), holder record as a flat field/value array, remaining ms
---   (-2 missing, -1 no expiry)} per key; the record is {} unless the key is a hash with an 'owner' field
-local out = {}
-local most = tonumber(ARGV[1])
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local kind = redis.call('TYPE', key).ok
-  local record = {}
-  if kind == 'hash' and redis.call('HLEN', key) <= most and redis.call('HEXISTS', key, 'owner') == 1 then
-    record = redis.call('HGETALL', key)
-  end
-  out[i] = {kind, record, redis.call('PTTL', key)}
-end
-return out
-"""
-
-FORCE_RELEASE_SCRIPT = """
--- KEYS[1] - lock key (holder record)
--- ARGV[1] - the record's owner read from this node a moment ago
--- returns {RELEASED} when the record still names ARGV[1] as its owner and is now deleted;
---         {CHANGED, current owner or false, Redis type} when it changed in between (a newer holder, or a key
---         that is no longer a holder record, is left alone)
-local kind = redis.call('TYPE', KEYS[1]).ok
-local owner = false
-if kind == 'hash' then
-  owner = redis.call('HGET', KEYS[1], 'owner')
-  if owner == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    return {1}
-  end
-end
-return {0, owner, kind}
-"""
-
+#: force_release.lua's first element (lua/force_release.lua).
 RELEASED, CHANGED = 1, 0
-
-_READ = _Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
-_FORCE_RELEASE = _Script(FORCE_RELEASE_SCRIPT)
 
 #: Keys read per script call: bounds the work a node does in one atomic step.
 BATCH = 200

@@ -36,6 +36,9 @@ from __future__ import annotations
 from .facts import Act, Decision, Facts, Outcome, defer
 from .policies import policy_for
 
+# The holder record's states (defined with the record; imported here too, so ``decision.RUNNING`` etc. keep working).
+from .record import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SENDING
+
 __all__ = [
     "COOLDOWN",
     "ENDING",
@@ -53,10 +56,6 @@ __all__ = [
 
 #: Immediate retries of a split vote before the delivery is re-sent instead.
 SPLIT_RETRIES = 3
-# States of a holder record that LockedTask writes (``state`` field).
-RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED = "run", "retry", "ending", "cooldown", "queued"
-#: A queue-scope reservation whose message is being published (it becomes QUEUED once it was sent).
-SENDING = "sending"
 
 
 def decide(f: Facts) -> Decision:

@@ -18,7 +18,8 @@ from topologies import Cluster, SentinelSet
 
 from celery_singleton_lock import LockedTask, Redlock
 from celery_singleton_lock._line import wake_next
-from celery_singleton_lock.redlock import NodeSet, _key_slot, sibling_key
+from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.record import _key_slot, sibling_key
 from celery_singleton_lock.testing import RedisServer, redis_servers, wait_for
 
 #: docs/nodes.md "ACL users": "The commands the library sends, all of them".
@@ -114,7 +115,7 @@ def test_the_documented_acl_set_can_wake_a_waiting_duplicate(fresh_node: RedisSe
 
 # FINDING 3 (fencing; docs/nodes.md: "tokens never go back while every quorum keeps at least one node that did not
 # lose its counters"). With a Cluster node in the list, NodeSet.same_slot renames the prefix's shared counter to
-# per-slot keys on EVERY node, plain ones included (redlock.py NodeSet.same_slot / fence_key_in_slot, used by
+# per-slot keys on EVERY node, plain ones included (nodes.py NodeSet.same_slot / fence_key_in_slot, used by
 # Redlock.__init__ for LockedTask's fence_key). Taking the Cluster node out of the list again (moving off the
 # cluster) switches every node back to the plain `<prefix>fence`, which those runs never raised: the next token
 # goes back (to 1 here) although no node lost anything. docs/nodes.md only warns about ADDING a Cluster node.
@@ -138,7 +139,7 @@ def test_removing_the_cluster_node_restarts_tokens_as_documented(cluster: Cluste
 # db=0,username=<REDACTED>,password=<REDACTED>,...,socket_keepalive_options=<object object at 0x...>)>)>)> -
 # auth:AuthenticationError"). No password leaks (redis-py redacts), but the reason is buried at the end and the
 # message does not say which password (sentinel_password, not the master's) to fix. NodeSet.error passes
-# MasterNotFoundError's text through as is (redlock.py NodeSet.error, `f"{type(exc).__name__}: {exc}"`).
+# MasterNotFoundError's text through as is (nodes.py NodeSet.error, `f"{type(exc).__name__}: {exc}"`).
 @pytest.mark.timeout(40)
 def test_a_wrong_sentinel_password_is_a_short_clear_error() -> None:
     with SentinelSet(service="locks", sentinel_password="Sn10PwQx") as sentinels:

@@ -76,14 +76,19 @@ def test_twine_check_passes(dist: Path) -> None:
 
 
 def test_wheel_and_sdist_contents(dist: Path) -> None:
-    """The wheel ships the package with py.typed and no tests; the sdist carries the sources and the README."""
+    """The wheel ships the package with py.typed, every Lua script (lua/*.lua, read at import) and no tests; the
+    sdist carries the sources, the scripts and the README."""
     names = zipfile.ZipFile(only(dist, "*.whl")).namelist()
+    scripts = {f"{PACKAGE}/lua/{p.name}" for p in (ROOT / PACKAGE / "lua").glob("*.lua")}
+    assert scripts, "no Lua scripts found in the source tree"
+    assert scripts <= set(names), sorted(scripts - set(names))
     assert f"{PACKAGE}/py.typed" in names
     assert f"{PACKAGE}/__init__.py" in names
     assert all(n.startswith((f"{PACKAGE}/", f"{PACKAGE}-")) for n in names), names
     with tarfile.open(only(dist, "*.tar.gz")) as sdist:
         members = {m.split("/", 1)[1] for m in sdist.getnames() if "/" in m}
     assert {"pyproject.toml", "README.md", f"{PACKAGE}/py.typed", f"{PACKAGE}/task.py"} <= members
+    assert scripts <= members, sorted(scripts - members)
 
 
 @pytest.fixture(scope="module")

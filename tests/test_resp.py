@@ -35,7 +35,9 @@ from redis.exceptions import (
 
 from celery_singleton_lock import _resp
 from celery_singleton_lock.faults import FaultProxy
-from celery_singleton_lock.redlock import NodeSet, Redlock, _Script
+from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.redlock import Redlock
+from celery_singleton_lock.scripts import Script
 from celery_singleton_lock.testing import RedisServer, redis_servers
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,7 +126,7 @@ def test_a_node_trickling_its_reply_cannot_hold_the_read_past_the_deadline(redis
     with FaultProxy(redis_node.port) as proxy:
         proxy.start()
         nodes = NodeSet([proxy.url], socket_timeout=0.5)
-        script = _Script("return redis.call('GET', KEYS[1])")
+        script = Script("return redis.call('GET', KEYS[1])")
         assert nodes.run(script, (key,), ()) == [b"x" * 5_000]  # warm: connected, script loaded
         proxy.bandwidth(50, direction="downstream")
         started = time.monotonic()
@@ -258,5 +260,5 @@ def test_a_decoding_or_resp3_connection_keeps_redis_py_s_reader(redis_node: Redi
         finally:
             conn.disconnect()
     unused = NodeSet([f"redis://127.0.0.1:{redis_node.port}/0?decode_responses=true"])
-    script = _Script("return 'ok'")
+    script = Script("return 'ok'")
     assert unused.run(script, (), ()) == ["ok"]

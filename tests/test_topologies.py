@@ -28,7 +28,8 @@ from topologies import Cluster, SentinelSet, Server, TLSFiles, make_certs, tls_b
 from celery_singleton_lock import LockedTask, LockUnavailableError, Redlock
 from celery_singleton_lock.cli import list_locks, locks, read_stats, release_lock, show_lock
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.redlock import NodeSet, _key_slot, done_key_for
+from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.record import _key_slot, done_key_for
 from celery_singleton_lock.renewal import Watchdog, watchdog
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port, wait_for
 

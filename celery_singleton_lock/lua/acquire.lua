@@ -1,0 +1,122 @@
+-- acquire.lua
+-- protocol: acquire, reserve, take over, refuse, done, claim, end a killed run, free a reservation (docs/protocol.md, Transitions)
+-- KEYS[1] - lock key: a hash, the holder record (owner, fence, and the fields of ARGV[7..]); slot 0 of a limit
+-- KEYS[2] - fencing counter key (never expires)
+-- KEYS[3..n+1] - the other slots of a lock with a limit of n (ARGV[6]): each one holder record, like KEYS[1]
+-- KEYS[n+2] - optional: the done marker of this job (present when a run of the job finished, see FINISH_SCRIPT)
+-- ARGV[1] - owner token, fresh for every attempt
+-- ARGV[2] - lease in milliseconds
+-- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
+-- ARGV[4] - the owner token of a record we may take over (handed over to us, see TRANSFER_SCRIPT), or ''
+-- ARGV[5] - this job's id, or '': a refusal by a holder of the same job marks that record 'waiting' (unless the
+--           record is 'open': handed over for this job to take over, so the refused attempt is the job's own)
+-- ARGV[6] - n, the number of slots (the limit; 1 for a plain lock)
+-- ARGV[7..] - field, value pairs of our holder record
+-- A slot is taken in this order: the one holding our token or the token we may take over; else, when a slot is
+-- held by this same job, none (refused by that holder: a job never holds two slots); else the first free one.
+-- returns {ACQUIRED, fencing token (0 without fencing), slot index (0-based)} when the lease is ours (new, or
+--          taken over); with a limit, and a free slot taken, a 4th element: the other slots' owners as below
+--          ('0:' for a free slot), which tell a contender that fails its quorum whether the limit is reached;
+--         {HELD, the holder's owner, job, state, try and worker fields, each as '<length>:<value>' ('' for a key
+--          that is not a record), remaining ms}: one bulk string, not the whole record (a refusal is a duplicate's
+--          hot path, and parsing a reply costs per element); with a limit, the holder of this job's slot or else of
+--          the lowest busy slot; with a limit and every slot busy, a 4th element: each slot's owner in slot
+--          order, as '<length>:<value>' ('#' for a key that is not a record), so the client can tell a limit
+--          reached on a quorum of the nodes from contenders that split the free slots;
+--         {DONE} when the done marker exists: this job already finished (nothing is changed)
+-- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
+-- UNDO_SCRIPT can put it back if this attempt fails its quorum.
+local n = tonumber(ARGV[6])
+if #KEYS > n + 1 and redis.call('EXISTS', KEYS[n + 2]) == 1 then
+  return {2}
+end
+-- A refusal's reply: the brief (owner, job, state, try, worker) of the record under k, or '' for a foreign key.
+local function refusal(k, brief, owners)
+  local text = ''
+  if brief then
+    local out = {}
+    for i = 1, 5 do
+      local v = brief[i] or ''
+      out[i] = #v .. ':' .. v
+    end
+    text = table.concat(out)
+  end
+  if owners then
+    return {0, text, redis.call('PTTL', k), table.concat(owners)}
+  end
+  return {0, text, redis.call('PTTL', k)}
+end
+local key, slot, owner, busy, busy_brief = nil, 0, nil, nil, nil
+local owners = n > 1 and {} or nil
+for s = 1, n do
+  local k = KEYS[s == 1 and 1 or s + 1]
+  if redis.call('EXISTS', k) == 0 then
+    if not key then
+      key, slot = k, s - 1
+    end
+    if owners then
+      owners[s] = '0:'
+    end
+  elseif redis.call('TYPE', k).ok ~= 'hash' then
+    busy = busy or k
+    if owners then
+      owners[s] = '1:#'
+    end
+  else
+    local brief = redis.call('HMGET', k, 'owner', 'job', 'state', 'try', 'worker', 'open')
+    if owners then
+      local o = brief[1] or ''
+      owners[s] = #o .. ':' .. o
+    end
+    if brief[1] == ARGV[1] or (ARGV[4] ~= '' and brief[1] == ARGV[4]) then
+      key, slot, owner = k, s - 1, brief[1]
+      break
+    end
+    if ARGV[5] ~= '' and brief[2] == ARGV[5] then
+      if brief[6] ~= '1' then
+        redis.call('HSET', k, 'waiting', '1')
+      end
+      return refusal(k, brief)
+    end
+    if not busy then
+      busy, busy_brief = k, brief
+    end
+  end
+end
+if not key then
+  return refusal(busy, busy_brief, owners)
+end
+local waiting, prev = false, false
+if owner then
+  if owner ~= ARGV[1] then
+    local now = redis.call('TIME')
+    local all, fields = redis.call('HGETALL', key), {}
+    for i = 1, #all, 2 do
+      if all[i] ~= '_prev' then  -- one level: an undo restores only the record it replaced
+        fields[#fields + 1] = all[i]
+        fields[#fields + 1] = all[i + 1]
+      end
+    end
+    local expires = now[1] * 1000 + math.floor(now[2] / 1000) + redis.call('PTTL', key)
+    prev = cjson.encode({fields, expires})
+  end
+  -- taken over: a copy of the job known to wait for it still waits for us
+  waiting = redis.call('HGET', key, 'waiting')
+  redis.call('DEL', key)
+end
+local fence = 0
+if ARGV[3] == '1' then
+  fence = redis.call('INCR', KEYS[2])
+end
+redis.call('HSET', key, 'owner', ARGV[1], 'fence', fence, unpack(ARGV, 7))
+if waiting then
+  redis.call('HSET', key, 'waiting', waiting)
+end
+if prev then
+  redis.call('HSET', key, '_prev', prev)
+end
+redis.call('PEXPIRE', key, ARGV[2])
+if owners and not owner then
+  return {1, fence, slot, table.concat(owners)}
+end
+return {1, fence, slot}

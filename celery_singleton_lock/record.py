@@ -1,0 +1,200 @@
+"""The holder record: the one vocabulary of the lock's data in Redis.
+
+A lock key holds a hash, the *holder record*: who holds it (``owner``, a random token fresh for every attempt), its
+fencing token, and what LockedTask (or beat, or your own code through ``Redlock(record=...)``) wrote about the
+holder. The scripts (``lua/``), ``decide``, the CLI and the doctor all read these names from here. The keys beside
+a lock key (fencing counter, done markers, waiting line, ...) are named by the functions below, each in the lock
+key's Redis Cluster slot. docs/protocol.md is the written form of all of it (tests/test_protocol_doc.py holds the
+two together).
+"""
+
+from __future__ import annotations
+
+import functools
+from binascii import crc_hqx
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis.crc import key_slot
+
+__all__ = [
+    "COOLDOWN",
+    "ENDING",
+    "FIELDS",
+    "F_AT",
+    "F_FENCE",
+    "F_JOB",
+    "F_NAME",
+    "F_OPEN",
+    "F_OWNER",
+    "F_PREV",
+    "F_STATE",
+    "F_TRY",
+    "F_WAITING",
+    "F_WORKER",
+    "HANDOVER",
+    "QUEUED",
+    "RUNNING",
+    "SENDING",
+    "STATES",
+    "done_key_for",
+    "fence_key_for",
+    "fence_key_in_slot",
+    "record_of",
+    "sibling_key",
+    "slot_keys",
+]
+
+# -- states (the ``state`` field) --------------------------------------------------------------------------------
+#: A delivery holds the lock and runs the body (LockedTask's acquire).
+RUNNING = "run"
+#: Handed over by ``self.retry()`` to the retry's delivery of the same task id, which takes it over.
+HANDOVER = "retry"
+#: A run that is being ended (hard time limit) or a reservation being freed: held ~1 s by nobody's renewals.
+ENDING = "ending"
+#: A finished run's record kept for ``lock_cooldown`` seconds: the next run of the key waits for it to expire.
+COOLDOWN = "cooldown"
+#: Queue scope: a reservation whose message was sent; the delivery of that task id takes it over.
+QUEUED = "queued"
+#: Queue scope: a reservation whose message is being published (it becomes QUEUED once it was sent).
+SENDING = "sending"
+#: Every state a holder record's ``state`` field may hold (a record without one: beat's claims, your own locks).
+STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING)
+
+# -- fields ------------------------------------------------------------------------------------------------------
+F_OWNER = "owner"  #: the holder's random token: only a script given it extends, hands over or releases the record
+F_FENCE = "fence"  #: the fencing token of the lease (0 for a lock without fencing tokens)
+F_JOB = "job"  #: the task id (job) holding the lock; a copy of the same job is never skipped as its duplicate
+F_STATE = "state"  #: one of STATES
+F_TRY = "try"  #: the holder's ``request.retries`` (which try of the job holds it)
+F_WORKER = "worker"  #: ``<pid>@<host>`` of the process that wrote the record
+F_NAME = "name"  #: the task's name
+F_AT = "at"  #: when the record was written, Unix ms
+F_OPEN = "open"  #: '1': handed over for this job's next delivery, whose refused acquire must not mark it waiting
+F_WAITING = "waiting"  #: '1': a copy of the holder's job waits for it (the done marker then lives longer)
+F_PREV = "_prev"  #: a record taken over, JSON [fields, absolute expiry ms], so an undo can put it back
+#: Every field a holder record may have.
+FIELDS = (F_OWNER, F_FENCE, F_JOB, F_STATE, F_TRY, F_WORKER, F_NAME, F_AT, F_OPEN, F_WAITING, F_PREV)
+
+# -- keys --------------------------------------------------------------------------------------------------------
+
+
+def slot_keys(name: str, limit: int) -> tuple[str, ...]:
+    """The keys of a lock with ``limit`` slots: ``name`` itself, then ``name:slot:<i>`` in ``name``'s Cluster slot.
+
+    The slot keys start with ``name`` (so a SCAN of the prefix finds them). A name with a hash tag keeps it; one
+    without gets a tag of the same Cluster slot at the end (``name:slot:1{<n>}``, see :func:`fence_key_in_slot`).
+    """
+    if limit <= 1:
+        return (name,)
+    start = name.find("{")
+    end = name.find("}", start + 1) if start != -1 else -1
+    if end > start + 1:
+        return (name, *(f"{name}:slot:{i}" for i in range(1, limit)))
+    if "{" in name:  # a brace that is no tag: the sibling form, tag in front
+        return (name, *(sibling_key(name, f":slot:{i}") for i in range(1, limit)))
+    tag = f"{{{_slot_twin(_key_slot(name))}}}"
+    return (name, *(f"{name}:slot:{i}{tag}" for i in range(1, limit)))
+
+
+def fence_key_for(key: str) -> str:
+    """The fencing counter's key: in the same Redis Cluster slot as ``key``."""
+    return sibling_key(key, ":fence")
+
+
+def done_key_for(key: str, job: str) -> str:
+    """The key that marks ``job`` finished under lock ``key`` (see ``Redlock.finish``): in the same slot as ``key``."""
+    return sibling_key(key, f":done:{job}")
+
+
+def sibling_key(key: str, suffix: str) -> str:
+    """``key`` + ``suffix``, hashed to the same Redis Cluster slot as ``key`` whatever ``suffix`` holds.
+
+    A key carrying a hash tag (``{...}`` with a non-empty body) keeps it; a key without one becomes the tag, so
+    both keys hash to the same slot either way. Cluster reads only the *first* ``{`` and the first ``}`` after it
+    (an empty ``{}`` there means no tag at all), so a tagless key that contains ``}`` cannot be a tag: its sibling
+    is tagged with a short string of the same slot instead.
+    """
+    start = key.find("{")
+    end = key.find("}", start + 1) if start != -1 else -1
+    if end > start + 1:
+        return f"{key}{suffix}"
+    # No tag (an empty "{}" first counts as none: Cluster then hashes the whole key, it looks for no later tag).
+    if "}" not in key:
+        return f"{{{key}}}{suffix}"
+    return f"{{{_slot_twin(key_slot(key.encode()))}}}{key}{suffix}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _slot_twin(slot: int) -> str:
+    """The smallest decimal number whose text hashes to ``slot`` (every slot has one below 110,000)."""
+    for n in range(1 << 17):
+        if crc_hqx(str(n).encode(), 0) % 16384 == slot:  # Cluster's slot of a key without braces
+            return str(n)
+    raise AssertionError(f"no decimal hash tag for Cluster slot {slot}")  # pragma: no cover - checked exhaustively
+
+
+def _key_slot(key: str) -> int:
+    """The Redis Cluster slot of ``key`` (its hash tag's, if it has one)."""
+    return key_slot(key.encode("utf-8", "surrogatepass"))
+
+
+def fence_key_in_slot(key: str, name: str) -> str:
+    """``key``, or when it hashes to another Redis Cluster slot than ``name``, a key of its own in ``name``'s slot.
+
+    The fencing counter a prefix shares (``<prefix>fence``) is one key: on a Cluster, a lock name without a hash
+    tag lives in another slot, and a script may only touch keys of one slot. There the counter becomes one per
+    slot, ``fence_key_for(key + "{<n>}")`` (``n`` the smallest number hashing to ``name``'s slot): at most 16,384
+    counters, each shared by the names of its slot, so tokens still grow strictly per name. A key with a ``{``
+    gets the tag in front instead (``{<n>}<key>:fence``), as a tag must be the key's first ``{...}``.
+    """
+    slot = _key_slot(name)
+    if _key_slot(key) == slot:
+        return key
+    tag = f"{{{_slot_twin(slot)}}}"
+    return fence_key_for(f"{tag}{key}" if "{" in key else f"{key}{tag}")
+
+
+# -- reading records ---------------------------------------------------------------------------------------------
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def record_of(flat: Sequence[Any]) -> dict[str, str]:
+    """A holder record from a script's flat field/value array (``HGETALL``'s reply in RESP2)."""
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+#: The fields of a refused acquire's answer, in the order acquire.lua sends them.
+_BRIEF_FIELDS = (F_OWNER, F_JOB, F_STATE, F_TRY, F_WORKER)
+
+
+def _prefixed(blob: bytes | str) -> list[str]:
+    """The values of ``<length>:<value>...`` (lengths in bytes, so values may hold any character)."""
+    data = blob.encode("utf-8", "surrogatepass") if isinstance(blob, str) else blob
+    out: list[str] = []
+    i = 0
+    while i < len(data):
+        colon = data.index(b":", i)
+        end = colon + 1 + int(data[i:colon])
+        out.append(data[colon + 1 : end].decode("utf-8", "surrogatepass"))
+        i = end
+    return out
+
+
+def _brief(blob: bytes | str) -> dict[str, str]:
+    """The fields of a refused acquire's answer: ``<length>:<value>`` each, in ``_BRIEF_FIELDS`` order (empty
+    values, i.e. missing fields, are left out). Lengths are in bytes, so values may hold any character."""
+    return {name: value for name, value in zip(_BRIEF_FIELDS, _prefixed(blob), strict=False) if value}
+
+
+def _merged(records: Iterable[dict[str, str]]) -> dict[str, str]:
+    """One owner's record as several nodes hold it: a node that lost the key and was repaired by a renewal holds
+    only ``owner`` and ``fence`` until it is refilled, so the fuller records' fields win, never the stripped one's."""
+    out: dict[str, str] = {}
+    for record in sorted(records, key=len):
+        out.update(record)
+    out.pop(F_PREV, None)
+    return out

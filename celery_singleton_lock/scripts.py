@@ -1,0 +1,140 @@
+"""The lock's Lua scripts: each one a file under ``lua/`` (its KEYS/ARGV/returns header at the top), read once at
+import and run by SHA (``EVALSHA``; the body goes to a node only when it answers ``NOSCRIPT``).
+
+docs/protocol.md says which keys, record fields and state transitions each script reads and writes; every script's
+header names its rows there (``-- protocol: ...``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+
+__all__ = [
+    "ACQUIRE",
+    "ACQUIRED",
+    "ACQUIRE_SCRIPT",
+    "DONE",
+    "EXTEND",
+    "EXTENDED",
+    "EXTEND_SCRIPT",
+    "FENCE",
+    "FENCE_SCRIPT",
+    "FINISH",
+    "FINISH_SCRIPT",
+    "FORCE_RELEASE",
+    "FORCE_RELEASE_SCRIPT",
+    "HELD",
+    "LOST",
+    "PARK_REPLACING",
+    "PARK_REPLACING_CODE",
+    "PARK_REPLACING_SCRIPT",
+    "POP_WAITER",
+    "POP_WAITER_CODE",
+    "POP_WAITER_SCRIPT",
+    "READ",
+    "READ_SCRIPT",
+    "REFILL",
+    "REFILL_SCRIPT",
+    "RELEASE",
+    "RELEASE_SCRIPT",
+    "REPAIRED",
+    "SCRIPTS",
+    "STATUS",
+    "STATUS_SCRIPT",
+    "TRANSFER",
+    "TRANSFER_SCRIPT",
+    "UNDO",
+    "UNDO_SCRIPT",
+    "Script",
+]
+
+
+def _load(name: str) -> str:
+    """The text of ``lua/<name>.lua``, shipped in the package (pyproject's package-data)."""
+    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+# The lease (Redlock).
+ACQUIRE_SCRIPT = _load("acquire")
+UNDO_SCRIPT = _load("undo")
+REFILL_SCRIPT = _load("refill")
+FENCE_SCRIPT = _load("fence")
+TRANSFER_SCRIPT = _load("transfer")
+RELEASE_SCRIPT = _load("release")
+FINISH_SCRIPT = _load("finish")
+EXTEND_SCRIPT = _load("extend")
+STATUS_SCRIPT = _load("status")
+# The waiting line (LockedTask's reschedule and replace).
+POP_WAITER_SCRIPT = _load("pop_waiter")
+PARK_REPLACING_SCRIPT = _load("park_replacing")
+
+
+def _code(text: str) -> str:
+    """``text`` without its header (the leading comment lines): for a script sent by EVAL, text and all, on every
+    call (the waiting line's, from LockedTask), so the header stays in the file and off the wire."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if not line.startswith("--")), len(lines))
+    return "".join(lines[start:])
+
+
+#: The waiting line's scripts as LockedTask sends them by EVAL: the code only (what it sent before they were files).
+POP_WAITER_CODE = _code(POP_WAITER_SCRIPT)
+PARK_REPLACING_CODE = _code(PARK_REPLACING_SCRIPT)
+# The CLI (list, release).
+READ_SCRIPT = _load("read")
+FORCE_RELEASE_SCRIPT = _load("force_release")
+
+#: EXTEND_SCRIPT's answer per lease.
+EXTENDED, REPAIRED, LOST = 1, 2, 0
+#: ACQUIRE_SCRIPT's first element.
+ACQUIRED, HELD, DONE = 1, 0, 2
+
+
+class Script:
+    """A Lua script sent by SHA; its body is sent only to a node that answers NOSCRIPT.
+
+    ``batch=(k, a)`` marks a script that handles many items in one call (``k`` KEYS and ``a`` ARGV per item, any
+    further ARGV shared by all; ``a == 0``: every ARGV is shared) and answers an array, one entry per item. On a
+    Redis Cluster node such a call is split by slot, one call per slot (Cluster refuses a script whose keys span
+    slots), and the calls for one master are written together: one round trip per master. With ``partial``, an
+    item whose slot's master did not answer gets that error as its entry; without, the whole node's answer is it.
+    """
+
+    def __init__(self, body: str, *, batch: tuple[int, int] | None = None, partial: bool = False) -> None:
+        self.body = body
+        self.sha = hashlib.sha1(body.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
+        self.batch = batch
+        self.partial = partial
+
+
+ACQUIRE = Script(ACQUIRE_SCRIPT)
+FENCE = Script(FENCE_SCRIPT)
+RELEASE = Script(RELEASE_SCRIPT)
+TRANSFER = Script(TRANSFER_SCRIPT)
+EXTEND = Script(EXTEND_SCRIPT, batch=(2, 3), partial=True)
+STATUS = Script(STATUS_SCRIPT)
+FINISH = Script(FINISH_SCRIPT)
+UNDO = Script(UNDO_SCRIPT)
+REFILL = Script(REFILL_SCRIPT)
+POP_WAITER = Script(POP_WAITER_SCRIPT)
+PARK_REPLACING = Script(PARK_REPLACING_SCRIPT)
+READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
+FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
+
+#: Every script by its file's name (``lua/<name>.lua``).
+SCRIPTS: dict[str, Script] = {
+    "acquire": ACQUIRE,
+    "undo": UNDO,
+    "refill": REFILL,
+    "fence": FENCE,
+    "transfer": TRANSFER,
+    "release": RELEASE,
+    "finish": FINISH,
+    "extend": EXTEND,
+    "status": STATUS,
+    "pop_waiter": POP_WAITER,
+    "park_replacing": PARK_REPLACING,
+    "read": READ,
+    "force_release": FORCE_RELEASE,
+}
