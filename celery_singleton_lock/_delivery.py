@@ -38,6 +38,7 @@ from ._run import (
     ATTEMPT_HEADER,
     PARKED_HEADER,
     REDELIVERY_HEADER,
+    RESERVED_HEADER,
     SETTLE_HEADER,
     SINCE_HEADER,
     WOKEN_HEADER,
@@ -82,11 +83,12 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     acquired = lock.acquire(blocking=False)
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
-    if acquired and not redelivered:
+    reserved = task.lock_scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
+    if acquired and not redelivered and not reserved:
         # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
         hold(task, run, lock, options, request)
         return
-    facts = gather(task, lock, acquired, task_id, redelivered, options)
+    facts = dataclasses.replace(gather(task, lock, acquired, task_id, redelivered, options), reserved=reserved)
     for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
         decision = decide(facts)
         act = decision.act
@@ -110,9 +112,9 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # token, like every attempt). A reservation marked sent by its client in between has a new owner
             # token: take that over (a few times at most).
             for _ in range(3):
-                reserved = lock.held_by
+                holder_owner = lock.held_by
                 lock = task._new_lock(key, task_id, options, retries)
-                lock.replaces = reserved
+                lock.replaces = holder_owner
                 acquired = lock.acquire(blocking=False)
                 record = lock.holder_record or {}
                 if acquired or record.get("job") != task_id or record.get("state") not in (QUEUED, SENDING):

@@ -19,7 +19,7 @@ from celery.signals import task_revoked
 from celery.utils import uuid
 
 from . import signals
-from ._run import END_LEASE, REDELIVERY_HEADER, is_locked_task, worker_id
+from ._run import END_LEASE, REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
 from .errors import DuplicateTaskError
 from .redlock import Redlock
@@ -75,11 +75,18 @@ def send(
             # copy): whichever arrives first runs it; the other finds the job held or done by its own id and
             # stops (one run). Never a second job: that is what ran a job twice.
             headers = {**(options.pop("headers", None) or {}), REDELIVERY_HEADER: 1}
+            # Not this caller's expiry: an expired copy gets its task id revoked in the worker, and that id is the
+            # job's own (its original message would be discarded with it, and the job lost).
+            options.pop("expires", None)
             sent = publish(args, kwargs, task_id=stand_in, headers=headers, **options)
             if task._options().policy.raises:  # the job exists now, for sure: this call was its duplicate
                 key = task.lock_key_for(*(args or ()), **(kwargs or {}))
                 raise DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
             return sent
+        if lock is not None:
+            # Reserved: a delivery of this message that finds its reservation gone (its job ran as another call's
+            # copy, or the reservation ran out) asks the result backend before it runs (see decide).
+            options["headers"] = {**(options.get("headers") or {}), RESERVED_HEADER: 1}
         try:
             sent = publish(args, kwargs, task_id=task_id, **options)
         except BaseException:
@@ -226,7 +233,7 @@ def free_reservation(task: LockedTask, task_id: str, key: str) -> bool:
         lock.release()
         return False
     record = lock.holder_record or {}
-    if not (lock.contended and record.get("job") == task_id and record.get("state") == QUEUED):
+    if not (lock.contended and record.get("job") == task_id and record.get("state") in (QUEUED, SENDING)):
         return False
     lock.replaces = lock.held_by  # atomic: only if the reservation's owner still holds it
     if lock.acquire(blocking=False):

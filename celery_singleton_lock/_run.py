@@ -30,6 +30,7 @@ __all__ = [
     "OWN_HEADERS",
     "PARKED_HEADER",
     "REDELIVERY_HEADER",
+    "RESERVED_HEADER",
     "SETTLE_HEADER",
     "SINCE_HEADER",
     "WOKEN_HEADER",
@@ -68,8 +69,11 @@ SETTLE_HEADER = "singleton_lock_settle"  # the second look of a copy that found 
 PARKED_HEADER = "singleton_lock_parked"
 WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
+RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
-OWN_HEADERS = frozenset({ATTEMPT_HEADER, REDELIVERY_HEADER, SETTLE_HEADER, PARKED_HEADER, WOKEN_HEADER, SINCE_HEADER})
+OWN_HEADERS = frozenset(
+    {ATTEMPT_HEADER, REDELIVERY_HEADER, SETTLE_HEADER, PARKED_HEADER, WOKEN_HEADER, SINCE_HEADER, RESERVED_HEADER}
+)
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
 #: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
 DONE_MARGIN = 300.0

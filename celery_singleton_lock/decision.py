@@ -72,7 +72,9 @@ def decide(f: Facts) -> Decision:
             return Decision(Act.RUN)
         if ended:
             return Decision(Act.DONE, reason="already ran")
-        if f.redelivered and ended is None:
+        if (f.redelivered or f.reserved) and ended is None:
+            # A copy may find its job done by its twin; a reserved message that found no reservation (it took
+            # none over) may find its job run by another call's copy (queue scope's stand-in): ask the backend.
             return Decision(Act.LOOK_UP)
         return Decision(Act.RUN)
     if f.outcome == "split":

@@ -40,6 +40,8 @@ class Facts:
     holder_state: str | None = None  #: the holder record's state (RUNNING, HANDOVER, ENDING, COOLDOWN, ...)
     holder_remaining: float | None = None  #: seconds left on the holder's lease
     redelivered: bool = False  #: the broker says so, or we re-sent it to wait for its twin
+    #: queue scope: this message was published under a reservation; finding none, it asks whether its job ran
+    reserved: bool = False
     retries: int = 0  #: this delivery's ``request.retries``
     holder_try: int | None = None  #: the holder record's ``try`` (its delivery's retries), None: unknown
     #: the result backend holds a final state (SUCCESS, FAILURE, REVOKED) for this id: the job ran to an end, and a

@@ -278,10 +278,11 @@ class LockedTask(Task):  # type: ignore[misc]
         try:
             result = self.run(*args, **kwargs)
             succeeded = ended = True
-        except (Retry, Ignore):
-            raise  # not an end of the job: a retry follows, or the message is dropped unrecorded
-        except Reject as exc:
-            ended = not exc.requeue  # requeued: the job runs again; not requeued: Celery stores FAILURE
+        except (Retry, Ignore):  # not an end of the job: a retry follows, or the message is dropped unrecorded
+            raise
+        except Reject:
+            # Not an end either way: requeued, it runs again; rejected, a dead-letter exchange may bring it back
+            # (the retry-queue pattern Celery documents), and it must run then.
             raise
         except Exception:
             ended = True  # FAILURE: the job ran to its end; a copy of it (a waiting call, a redelivery) must not run

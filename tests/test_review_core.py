@@ -1,0 +1,286 @@
+"""Adversarial review of 41ad257 (issue 19, 1-3): schedules that still run one job twice, or never again.
+
+Real redis-servers, a real prefork worker (tests/apps/review_core_app.py adds its tasks to locked_app's app).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from worker_cluster import APPS, Cluster, cluster, new_key, polling
+
+from celery_singleton_lock import LockedTask
+from celery_singleton_lock.faults import FaultProxy
+from celery_singleton_lock.testing import CeleryWorker
+
+pytestmark = pytest.mark.slow
+TTL = 3.0
+
+
+def start_worker(c: Cluster, name: str, concurrency: int = 2) -> CeleryWorker:
+    worker = CeleryWorker(
+        "review_core_app",
+        name,
+        cwd=str(APPS),
+        log_path=str(c.tmp / f"{name}.log"),
+        concurrency=concurrency,
+        env=c.env,
+    )
+    c.workers.append(worker)
+    return worker.start()
+
+
+def client(c: Cluster) -> Any:
+    """review_core_app as this cluster's client sees it: imported afresh over the cluster's own locked_app when the
+    one imported before belongs to another cluster (this module has two: Redis, and RabbitMQ with a retry queue)."""
+    base = c.app_module()
+    mod = sys.modules.get("review_core_app")
+    if mod is not None and mod.app is base.app:
+        return mod
+    sys.modules["locked_app"] = base
+    sys.modules.pop("review_core_app", None)
+    if str(APPS) not in sys.path:  # the other cluster's close took it off
+        sys.path.insert(0, str(APPS))
+    saved = os.environ.get("CSL_DLX")
+    if "CSL_DLX" in c.env:
+        os.environ["CSL_DLX"] = c.env["CSL_DLX"]
+    else:
+        os.environ.pop("CSL_DLX", None)
+    try:
+        import review_core_app  # noqa: PLC0415 - configured from the env set just above
+    finally:
+        if saved is None:
+            os.environ.pop("CSL_DLX", None)
+        else:
+            os.environ["CSL_DLX"] = saved
+    return review_core_app
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("review-core"), ttl=TTL) as c:
+        start_worker(c, "rc1")
+        yield c
+
+
+def test_the_original_of_a_copy_killed_by_its_hard_time_limit_does_not_run_again(c: Cluster) -> None:
+    """A's publish reaches the broker 6 s late; B's delay() sends a copy of A's job after 2 s, which runs first and
+    is killed by its 1 s hard time limit (FAILURE: the job ended). A's own message then arrives and must stop; it
+    runs the job a second time (a first delivery that finds the key free never asks the result backend, and a
+    killed run leaves no done marker)."""
+    mod = client(c)
+    with FaultProxy(c.broker.port) as proxy:
+        slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
+        slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
+
+        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name=mod.q_limited.name)
+        def q_limited(self: Any, key: str, duration: float = 0.0) -> str:  # the worker's q_limited
+            return key  # pragma: no cover - runs in the worker
+
+        try:
+            q_limited.delay(new_key("warm")).get(timeout=30)  # the connection is open before the link slows
+            proxy.delay(6.0, direction="upstream")
+            k = new_key()
+            sent: dict[str, Any] = {}
+            thread = threading.Thread(target=lambda: sent.setdefault("a", q_limited.delay(k, 0.0)), daemon=True)
+            thread.start()
+            time.sleep(0.4)
+            b = mod.q_limited.delay(k, 5.0)  # B's copy (its own arguments) overruns the hard time limit
+            thread.join(30)
+            a = sent["a"]
+            assert b.id == a.id
+            for _ in polling(30):
+                if len(c.started(k)) >= 2 or (mod.app.AsyncResult(a.id).state == "FAILURE" and len(c.started(k)) >= 1):
+                    break
+            time.sleep(3.0)  # A's own message arrives 6 s after its call: let it be handled
+        finally:
+            proxy.clear()
+            slow.close()
+    started = [r[1] for r in c.started(k)]
+    assert started == [a.id], f"job {a.id} ran {len(started)} times: its copy's FAILURE did not stop its original"
+
+
+@pytest.fixture
+def dlx(tmp_path: Any) -> Iterator[Cluster]:
+    import rabbitmq  # noqa: PLC0415 - skips (or fails under CI) when no RabbitMQ runs here
+
+    with rabbitmq.vhost() as url:
+        queue = f"rc-{uuid.uuid4().hex[:6]}"
+        with cluster(tmp_path, ttl=TTL, broker_url=url, env={"CSL_DLX": queue}) as c:
+            worker = CeleryWorker(
+                "review_core_app",
+                "dlx1",
+                cwd=str(APPS),
+                log_path=str(tmp_path / "dlx1.log"),
+                concurrency=1,
+                env=c.env,
+                extra=["-Q", queue],
+            )
+            c.workers.append(worker)
+            worker.start()
+            yield c
+
+
+def test_a_message_rejected_without_requeue_runs_again_when_dead_lettered_back(dlx: Cluster) -> None:
+    """A body raises Reject(requeue=False) (acks_late) on RabbitMQ whose queue dead-letters through a 1 s retry
+    queue back to itself (Celery's documented use of Reject): the message comes back and must run. After 41ad257 the
+    rejected run leaves a done marker ("a failure is an end"; Celery stores no state for a Reject), so the returning
+    message stops as "already ran", and 10 s later REVOKED is stored: the job is lost."""
+    mod = client(dlx)
+    with mod.app.connection_for_write() as conn:  # the worker declares only the queue it consumes
+        for queue in mod.app.conf.task_queues:
+            queue(conn.default_channel).declare()
+    k = new_key()
+    result = mod.reject_once.delay(k)
+    dlx.wait_runs(k, 2, 20)
+    assert [r[1] for r in dlx.runs(k)] == [result.id, result.id], "the dead-lettered message did not run"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="documented limit (README, queue scope): a call whose job ran as another call's copy keeps its job's "
+    "result but not its own link callbacks and chain (the copy carries its sender's); running them from the stopped "
+    "original would run them twice after a plain redelivery, which stops the same way",
+)
+def test_the_callback_of_a_call_whose_job_ran_as_a_copy_still_runs(c: Cluster) -> None:
+    """A calls with ``link=`` and its publish reaches the broker 4 s late; B's plain delay() meanwhile sends a copy
+    of A's job (B's options: no link), which runs first; A's own message then stops as "already ran", with its
+    callbacks cleared: A's job succeeded under A's id, and A's link never runs."""
+    mod = client(c)
+    with FaultProxy(c.broker.port) as proxy:
+        slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
+        slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
+
+        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name=mod.q_limited.name)
+        def q_limited(self: Any, key: str, duration: float = 0.0) -> str:  # the worker's q_limited
+            return key  # pragma: no cover - runs in the worker
+
+        try:
+            q_limited.delay(new_key("warm")).get(timeout=30)  # the connection is open before the link slows
+            proxy.delay(4.0, direction="upstream")
+            k, link_id = new_key(), f"link-{uuid.uuid4().hex[:8]}"
+            link = mod.app.signature("locked_app.collect").set(task_id=link_id)
+            sent: dict[str, Any] = {}
+            thread = threading.Thread(
+                target=lambda: sent.setdefault("a", q_limited.apply_async((k, 0.0), link=link)), daemon=True
+            )
+            thread.start()
+            time.sleep(0.4)
+            b = mod.q_limited.delay(k, 0.0)
+            thread.join(30)
+            a = sent["a"]
+            assert b.id == a.id
+            assert a.get(timeout=30) == k
+            for _ in polling(15):  # A's own message arrives ~4 s after its call, and its link then
+                if len(c.results.keys(f"celery-task-meta-{link_id}")) > 0:
+                    break
+        finally:
+            proxy.clear()
+            slow.close()
+    assert [r[1] for r in c.runs(k)] == [a.id]
+    assert mod.app.AsyncResult(link_id).state == "SUCCESS", "A's job succeeded, but A's link callback never ran"
+
+
+def test_a_stand_in_copy_does_not_carry_its_callers_expiry_onto_the_job(c: Cluster) -> None:
+    """The worker is busy. A calls (no expiry) and its publish reaches the broker 4 s late; B calls 0.4 s later with
+    ``expires=1`` and, after 2 s, sends a copy of A's job: with B's expiry. When the worker frees up, the copy has
+    expired: the worker revokes A's task id (REVOKED stored, the id added to its revoked set), and A's own message,
+    next in the queue, is then revoked too: A's job, which A asked to run whenever, never runs."""
+    mod = client(c)
+    with FaultProxy(c.broker.port) as proxy:
+        slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
+        slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
+
+        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name=mod.q_limited.name)
+        def q_limited(self: Any, key: str, duration: float = 0.0) -> str:  # the worker's q_limited
+            return key  # pragma: no cover - runs in the worker
+
+        name = new_key("gate")
+        try:
+            q_limited.delay(new_key("warm")).get(timeout=30)  # the connection is open before the link slows
+            for _ in range(2):  # both pool processes, until the gate opens: the job's messages wait in the queue
+                c.app_module().gate.delay(name)
+            for _ in polling(20):
+                if c.record.lrange("gated", 0, -1).count(name.encode()) >= 2:
+                    break
+            assert c.record.lrange("gated", 0, -1).count(name.encode()) == 2, "the pool processes are not both busy"
+            proxy.delay(4.0, direction="upstream")
+            k = new_key()
+            sent: dict[str, Any] = {}
+            thread = threading.Thread(target=lambda: sent.setdefault("a", q_limited.delay(k, 0.0)), daemon=True)
+            thread.start()
+            time.sleep(0.4)
+            b = mod.q_limited.apply_async((k, 0.0), expires=1.0)
+            thread.join(30)
+            a = sent["a"]
+            assert b.id == a.id
+            time.sleep(1.5)  # the copy's expiry has passed, and A's message is in the queue behind it
+        finally:
+            c.record.set(f"gate:{name}", 1)
+            proxy.clear()
+            slow.close()
+    c.wait_runs(k, 1, 20)
+    assert [r[1] for r in c.runs(k)] == [a.id], f"A's job never ran: {mod.app.AsyncResult(a.id).state}"
+
+
+PRODUCER_DIES = textwrap.dedent(
+    """
+    import os, sys
+    from celery_singleton_lock import redlock
+    import locked_app
+
+    def die(*args, **kwargs):  # the producer exits between its publish and marking the reservation sent
+        os._exit(0)
+
+    redlock.Redlock.transfer = die
+    locked_app.q_work.apply_async((sys.argv[1], 0.1), task_id=sys.argv[2])
+    os._exit(3)  # not reached: transfer runs right after the publish
+    """
+)
+
+
+def test_a_revoked_message_of_a_producer_that_died_after_its_publish_frees_its_job(c: Cluster) -> None:
+    """A's producer dies between its publish and marking the reservation sent, while the worker is busy; A is
+    revoked, and the worker meets its message ("a revoked or expired message frees its reservation when a worker
+    meets it"); the same job is then called again and must run. After 41ad257 the reservation stays "sending" for
+    the whole lock_queue_ttl (600 s; 10 s before) and only a "queued" one is freed, so the new call sends a copy
+    of A's job under A's revoked id, which the worker discards: the job cannot run for 10 minutes (and
+    ``revoke_queued(A)`` returns False and revokes nothing, for as long)."""
+    mod = c.app_module()
+    name = new_key("gate")
+    for _ in range(2):  # both pool processes, until the gate opens: A's message waits in the queue
+        mod.gate.delay(name)
+    try:
+        for _ in polling(20):
+            if c.record.lrange("gated", 0, -1).count(name.encode()) >= 2:
+                break
+        assert c.record.lrange("gated", 0, -1).count(name.encode()) == 2, "the pool processes are not both busy"
+        k, a_id = new_key(), f"a-{uuid.uuid4().hex[:8]}"
+        env = {**os.environ, **c.env, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        done = subprocess.run(
+            [sys.executable, "-c", PRODUCER_DIES, k, a_id], env=env, cwd=str(APPS), timeout=60, check=False
+        )
+        assert done.returncode == 0, "the producer did not die at the point it marks the reservation sent"
+        mod.app.control.revoke(a_id)
+        time.sleep(1.0)  # the broadcast reaches the worker
+    finally:
+        c.record.set(f"gate:{name}", 1)  # free the pool, also when an assertion failed
+    for _ in polling(20):
+        if mod.app.AsyncResult(a_id).state == "REVOKED":
+            break
+    assert mod.app.AsyncResult(a_id).state == "REVOKED", "the worker did not meet A's revoked message"
+    again = mod.q_work.delay(k, 0.1)
+    for _ in polling(30):
+        if c.runs(k):
+            break
+    assert [r[1] for r in c.runs(k)] == [again.id], f"the job did not run again ({again.id}; A was {a_id})"
