@@ -239,3 +239,15 @@ def test_the_line_s_eval_code_is_its_file_without_the_header() -> None:
         assert text.endswith(code)
         assert code.startswith("local ")
         assert all(line.startswith("--") for line in text.removesuffix(code).splitlines())
+
+
+def test_every_message_header_is_documented() -> None:
+    """Every header our copies and reserved messages carry (``_run``'s ``*_HEADER``) has a row in the headers table."""
+    from celery_singleton_lock import _run  # noqa: PLC0415
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text(encoding="utf-8")
+    table = doc[doc.index("## Message headers") :]
+    headers = {value for name, value in vars(_run).items() if name.endswith("_HEADER")}
+    assert headers, "no header constants found: the check would check nothing"
+    missing = sorted(h for h in headers if f"`{h}`" not in table)
+    assert not missing, f"headers missing from docs/protocol.md's 'Message headers': {missing}"
