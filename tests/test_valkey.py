@@ -175,7 +175,8 @@ def test_the_doctor_names_valkey_and_its_version(c: Cluster) -> None:
         assert version.startswith("9."), version
         assert re.search(rf"ok +server-version +Valkey {re.escape(version)} \(standalone, master\)\n", out), out
     assert "Redis 7.2.4" not in out
-    assert "doctor passed with warnings: 0 error(s), 3 warning(s)" in out, out
+    # The warning count depends on the tasks other tests registered in this process (a long lock_ttl): no error.
+    assert "doctor passed with warnings: 0 error(s)" in out, out
     assert len(re.findall(r"warning +persistence +appendonly no", out)) == 3, out
 
 
