@@ -224,7 +224,18 @@ class LockedTask(Task):  # type: ignore[misc]
         running returns that run."""
         publish = super().apply_async
         if self.lock_scope != "queue" and not self.lock_enqueue_check:
-            return publish(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+            # By name, as every path here: a base class after LockedTask in the MRO may take only
+            # apply_async(args, kwargs, **options).
+            return publish(
+                args,
+                kwargs,
+                task_id=task_id,
+                producer=producer,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                **options,
+            )
 
         def publish_as(args_: Any, kwargs_: Any, **more: Any) -> Any:
             return publish(args_, kwargs_, producer=producer, link=link, link_error=link_error, shadow=shadow, **more)
