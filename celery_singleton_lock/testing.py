@@ -436,7 +436,7 @@ class CeleryWorker:
 # --- Testing your own LockedTasks (also behind the pytest plugin, celery_singleton_lock.pytest_plugin) -------------
 
 _OPTIONS_CACHE = "_lock_options"  # LockedTask._options caches a task's resolved options under this attribute
-# The reason a skipped duplicate's REVOKED state carries (LockedTask._duplicate): the holder is a task id, which may
+# The reason a skipped duplicate's REVOKED state carries (_delivery.duplicate): the holder is a task id, which may
 # be any string, so it is only ever read from the whole reason, anchored at both ends.
 _DUPLICATE_REASON = re.compile(
     r"duplicate of .+? skipped: lock \S+ (?:held by task (?P<holder>.*)|task (?P<finished>.*) finished; "
