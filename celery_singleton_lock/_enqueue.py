@@ -19,7 +19,8 @@ from celery.signals import task_revoked
 from celery.utils import uuid
 
 from . import signals
-from ._run import END_LEASE, REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
+from ._handover import ending_lease
+from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
 from .errors import DuplicateTaskError
 from .redlock import Redlock
@@ -221,14 +222,7 @@ def revoke_queued(task: LockedTask, task_id: str, *args: Any, **kwargs: Any) -> 
 def free_reservation(task: LockedTask, task_id: str, key: str) -> bool:
     """Delete the queue-scope reservation of ``task_id`` on ``key``, if it is still one (not yet taken over)."""
     # While this holds the key (one round trip), its record says "ending": a duplicate sent meanwhile is sent.
-    lock = Redlock(
-        task._options().settings.nodes,
-        key,
-        ttl=END_LEASE,
-        fencing=False,
-        job=task_id,
-        record={"state": ENDING, "name": task.name},
-    )
+    lock = ending_lease(task, key, task_id)
     if lock.acquire(blocking=False):  # nothing held it
         lock.release()
         return False

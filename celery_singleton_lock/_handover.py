@@ -14,7 +14,7 @@ from .renewal import watchdog
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["end_lease_of", "hand_over", "retry_lease"]
+__all__ = ["end_lease_of", "ending_lease", "hand_over", "retry_lease"]
 
 
 def retry_lease(task: LockedTask, eta: dt.datetime | None, countdown: float | None, options: dict[str, Any]) -> float:
@@ -45,6 +45,20 @@ def hand_over(task: LockedTask, run: Run, ttl: float) -> None:
         run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
 
 
+def ending_lease(task: LockedTask, key: str, task_id: str, **fields: str) -> Redlock:
+    """A lock on ``key`` that ends ``task_id``'s hold: a lease of END_LEASE s that nobody renews, its record saying
+    ``ending`` (a duplicate sent meanwhile is sent, a copy of the job waits ~1 s), taken over from the holder."""
+    return Redlock(
+        task._options().settings.nodes,
+        key,
+        ttl=END_LEASE,
+        fencing=False,
+        job=task_id,
+        limit=task.lock_limit,
+        record={"state": ENDING, "name": task.name, **fields},
+    )
+
+
 def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str) -> None:
     """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.
 
@@ -56,15 +70,7 @@ def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str) -> None:
     Only a record written by the killed child (``worker``, its pid and host) is taken over: another delivery
     of the same task id (a retry, a redelivered twin) may hold the lock by now, and must keep it.
     """
-    lock = Redlock(
-        task._options().settings.nodes,
-        key,
-        ttl=END_LEASE,
-        fencing=False,
-        job=task_id,
-        limit=task.lock_limit,
-        record={"state": ENDING, "name": task.name, "worker": worker, "at": str(int(time.time() * 1000))},
-    )
+    lock = ending_lease(task, key, task_id, worker=worker, at=str(int(time.time() * 1000)))
     if lock.acquire(blocking=False):  # nobody held it any more: nothing to end
         lock.release()
         return
