@@ -113,6 +113,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             sys.path.remove(str(APPS)) if str(APPS) in sys.path else None
 
 
+def holder_states(cluster: Cluster, name: str) -> list[bytes | None]:
+    """The holder record's ``state`` of lock ``name`` on each of the three lock nodes (None: no record)."""
+    return [s.client().hget(name, "state") for s in cluster.locks]
+
+
 def settling_copies(cluster: Cluster, task_id: str) -> int:
     """How many of ``task_id``'s messages in the broker are a copy re-sent for its second look at the result."""
     return sum(1 for h in cluster.broker_messages(task_id) if h.get(_SETTLE_HEADER))
@@ -206,10 +211,9 @@ def test_retry_keeps_the_job_protected(cluster: Cluster) -> None:
     mod = cluster.app_module()
     k = key()
     first = mod.flaky.delay(k, 2, 1.5)
-    deadline = time.monotonic() + 20
-    while not cluster.runs(k) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # now in the first retry's countdown
+    # The first run handed the lock over to its retry: the retry's countdown has begun.
+    name = mod.flaky.lock_key_for(k, 0, 0.0)
+    assert wait_for(lambda: holder_states(cluster, name).count(b"retry") >= 2, timeout=20, interval=0.005)
     dup = mod.flaky.delay(k, 0, 0.0)
     with pytest.raises(TaskRevokedError):
         dup.get(timeout=30)
