@@ -345,11 +345,19 @@ def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -
     cluster.wait_started(k)
     pid = cluster.started(k)[0][2]
     os.kill(pid, signal.SIGKILL)
+    # Nobody renews the dead run's lease now: it ends when the second-longest of its three PTTLs runs out (a quorum
+    # no longer holds it). Read right after the kill, that is when the redelivery may start, not before.
+    name = mod.work.lock_key_for(k)
+    pttls = sorted((s.client().pttl(name) for s in cluster.locks), reverse=True)
+    lease_end = time.time() + pttls[1] / 1000
+    assert pttls[1] > 0, pttls
     assert result.get(timeout=60) == k
     runs = cluster.runs(k)
     assert len(runs) == 1
-    assert len(cluster.started(k)) == 2
+    started = cluster.started(k)
+    assert len(started) == 2
     assert runs[0][1] == result.id
+    assert started[1][3] >= lease_end - 0.1, (started[1][3], lease_end)  # it waited out the dead run's lease
 
 
 def test_enqueue_check_returns_the_running_job_instead_of_sending(cluster: Cluster) -> None:
