@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import needs
 import pytest
 from beat_sim import UTC, Instance, simulate
 from celery import Celery
@@ -273,7 +274,7 @@ SITES = {"Europe/Berlin": (52.52, 13.40), "America/New_York": (40.71, -74.01)}
 def test_solar_runs_are_named_alike_and_claimed_once_across_the_change(change: Change) -> None:
     """A sunrise schedule (computed in UTC, so the change is nothing to it): every kind of last_run_at names the
     latest sunrise at every clock reading, and simulated instances restarted around the change claim each once."""
-    pytest.importorskip("ephem")  # celery's solar needs it; it is not in the test extra
+    needs.module("ephem", "celery's solar schedules need it (the test extra has it)")
 
     app = zone_app(change.zone)
     lat, lon = SITES[change.zone]

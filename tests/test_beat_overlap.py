@@ -30,7 +30,6 @@ def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path,
             "CSL_BROKER": broker.url,
             "CSL_LOCK_URLS": lock.url,
             "CSL_RECORD": broker.url.rsplit("/", 1)[0] + "/2",
-            "PYTHONPATH": str(APPS),
             "CSL_SCOPE": scope,
         }
         worker = CeleryWorker("beat_overlap_app", "w1", cwd=str(APPS), log_path=str(tmp_path / "w.log"), env=env)

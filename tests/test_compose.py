@@ -13,9 +13,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import needs
 import pytest
 
-yaml = pytest.importorskip("yaml")
+yaml = needs.module("yaml", "pyyaml reads the compose file (the test extra has it)")
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_NODES = ("lock1", "lock2", "lock3")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from celery_singleton_lock.config import DuplicatePolicy, UnavailablePolicy
 from celery_singleton_lock.decision import (
@@ -229,6 +231,23 @@ def test_the_table(facts: Facts, act: Act, reason: str) -> None:
         assert decision.reason == reason
 
 
-def test_the_fast_path_in_before_start_is_the_table_s_answer() -> None:
-    """LockedTask skips building the facts for a first delivery that got the lock: the table says RUN there."""
-    assert decide(Facts("acquired", ME, redelivered=False)).act is Act.RUN
+@settings(max_examples=300, deadline=None)
+@given(
+    holder_job=st.sampled_from([None, ME, OTHER]),
+    holder_state=st.sampled_from(STATES),
+    holder_remaining=st.one_of(st.none(), st.floats(0, 100)),
+    retries=st.integers(0, 5),
+    holder_try=st.one_of(st.none(), st.integers(0, 5)),
+    in_chord=st.booleans(),
+    on_duplicate=st.sampled_from(get_args(DuplicatePolicy)),
+    on_unavailable=st.sampled_from(get_args(UnavailablePolicy)),
+    attempt=st.integers(0, 5),
+    max_retries=st.one_of(st.none(), st.integers(0, 5)),
+    max_countdown=st.one_of(st.none(), st.floats(0.5, 100)),
+    jitter=st.floats(0, 1, exclude_max=True),
+)
+def test_the_fast_path_in_before_start_is_the_table_s_answer(**seen: Any) -> None:
+    """LockedTask skips building the facts for a first delivery that got the lock (task.py: ``acquired and not
+    redelivered``): the table says RUN for every such delivery, whatever else its facts would hold."""
+    facts = Facts("acquired", ME, redelivered=False, **seen)  # not looked up yet, no split retry, no take-over
+    assert decide(facts).act is Act.RUN, facts

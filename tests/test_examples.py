@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
+from celery.signals import after_task_publish
 
 from examples import (
     cache_rebuild_storm,
@@ -32,8 +34,19 @@ def app_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]
 
 def test_payment_double_click_charges_once(app_module: ModuleType) -> None:
     """Two simultaneous clicks and one 3 s later: one message, one charge, and every click gets that charge."""
-    figures = payment_double_click.main(app_module)
+    published: list[str] = []
+
+    def count(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if sender == "examples.payment.charge":  # what the broker was really sent, not the ids the callers got
+            published.append((headers or {}).get("id", ""))
+
+    after_task_publish.connect(count, weak=False)
+    try:
+        figures = payment_double_click.main(app_module)
+    finally:
+        after_task_publish.disconnect(count)
     assert figures["sent"] == 3
+    assert len(published) == 1, published
     assert figures["published"] == 1
     assert figures["charged"] == 1
     assert figures["same_answer"]

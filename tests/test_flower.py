@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import needs
 import pytest
 import rabbitmq
 
@@ -39,8 +40,7 @@ def _tool() -> ModuleType:
 @pytest.fixture(scope="module")
 def flower(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, dict[str, dict[str, Any]]]]:
     """The scenario run once against real Flower: (its task ids, Flower's ``/api/tasks`` at the end)."""
-    if importlib.util.find_spec("flower") is None:
-        pytest.skip("flower is not installed: pip install -e '.[test]' (the test extra has it)")
+    needs.module("flower", "pip install -e '.[test]' (the test extra has it)")
     tool = _tool()
     with rabbitmq.vhost() as url, tool.stack(url, tmp_path_factory.mktemp("flower")) as s:
         try:

@@ -168,8 +168,21 @@ def test_non_json_types_have_one_fixed_form() -> None:
     # Sets ignore order and equal Decimals are one job; the full rule: docs/keys.md and tests/test_keys_v2.py.
     u = uuid.UUID("12345678-1234-5678-1234-567812345678")
     when = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
-    values = [u, when, decimal.Decimal("1.10"), {"b", "a"}, b"\x00\xff", Color.RED, Point(1, 2), dt.timedelta(1)]
-    assert [key(v) for v in values] == [key(v) for v in values]
+    values = [u, when, decimal.Decimal("1.10"), {1, 9}, b"\x00\xff", Color.RED, Point(1, 2), dt.timedelta(1)]
+    # The same values built again, each a new object made another way: {9, 1} iterates in another order than
+    # {1, 9} (they share a hash slot), the datetime is the same instant in another zone.
+    again = [
+        uuid.UUID(str(u)),
+        dt.datetime(2024, 1, 2, 5, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        decimal.Decimal("1.1") + decimal.Decimal("0.00"),
+        {9, 1},
+        bytes(bytearray([0, 255])),
+        Color("red"),
+        Point(*[1, 2]),
+        dt.timedelta(hours=24),
+    ]
+    assert list(values[3]) != list(again[3])  # the set case above tests what it says
+    assert [key(v) for v in values] == [key(v) for v in again]
     assert len({key(v) for v in values}) == len(values)
     assert canonical({"b", "a", "c"}) == canonical({"c", "a", "b"}) == "<s1:as1:bs1:c>"
     assert canonical(Point(1, 2)) == f"@dataclass:{len(__name__) + 6}:{__name__}.Point{{1:xi1;1:yi2;}}"

@@ -24,8 +24,9 @@ import redis
 from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock._delivery import SETTLE_GRACE
+from celery_singleton_lock._run import SETTLE_HEADER as _SETTLE_HEADER
 from celery_singleton_lock.redlock import Redlock, done_key_for
-from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
+from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers, wait_for
 
 APPS = Path(__file__).parent / "apps"
 
@@ -73,6 +74,14 @@ class Cluster:
             time.sleep(0.02)
         return self.started(key)
 
+    def broker_messages(self, task_id: str) -> list[dict[str, Any]]:
+        """The headers of every message of ``task_id`` in the broker: queued, or held unacked by a worker (a
+        countdown copy waits there until it runs)."""
+        broker = self.broker.client()
+        raw = [json.loads(m)[0] for m in broker.hvals("unacked")]
+        raw += [json.loads(m) for m in broker.lrange("celery", 0, -1)]
+        return [m["headers"] for m in raw if m["headers"].get("id") == task_id]
+
     def wait_runs(self, key: str, count: int, timeout: float) -> list[list[Any]]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -103,6 +112,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             for w in c.workers:
                 w.kill()
             sys.path.remove(str(APPS)) if str(APPS) in sys.path else None
+
+
+def holder_states(cluster: Cluster, name: str) -> list[bytes | None]:
+    """The holder record's ``state`` of lock ``name`` on each of the three lock nodes (None: no record)."""
+    return [s.client().hget(name, "state") for s in cluster.locks]
+
+
+def settling_copies(cluster: Cluster, task_id: str) -> int:
+    """How many of ``task_id``'s messages in the broker are a copy re-sent for its second look at the result."""
+    return sum(1 for h in cluster.broker_messages(task_id) if h.get(_SETTLE_HEADER))
 
 
 def key() -> str:
@@ -193,10 +212,9 @@ def test_retry_keeps_the_job_protected(cluster: Cluster) -> None:
     mod = cluster.app_module()
     k = key()
     first = mod.flaky.delay(k, 2, 1.5)
-    deadline = time.monotonic() + 20
-    while not cluster.runs(k) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # now in the first retry's countdown
+    # The first run handed the lock over to its retry: the retry's countdown has begun.
+    name = mod.flaky.lock_key_for(k, 0, 0.0)
+    assert wait_for(lambda: holder_states(cluster, name).count(b"retry") >= 2, timeout=20, interval=0.005)
     dup = mod.flaky.delay(k, 0, 0.0)
     with pytest.raises(TaskRevokedError):
         dup.get(timeout=30)
@@ -307,12 +325,16 @@ def test_a_copy_that_finds_its_job_done_waits_for_the_twin_s_result(cluster: Clu
     assert twin.acquire(blocking=False)
     twin.finish(done_for=60, waited_for=60)  # the twin released; its SUCCESS is stored a moment later:
     result = app.work.apply_async((k,), task_id=task_id)
-    time.sleep(1.5)  # the copy ran, found the marker and no result: it must not have said REVOKED
+    # The copy ran, found the marker and no result, and re-sent itself for a second look: that message waits,
+    # held unacked by a worker, for SETTLE_GRACE s. Seeing it proves the copy ran (and stored nothing).
+    assert wait_for(lambda: settling_copies(cluster, task_id) == 1, timeout=20), cluster.broker_messages(task_id)
     assert result.state == "PENDING"
     app.work.backend.mark_as_done(task_id, "the twin's result")
     assert result.get(timeout=30) == "the twin's result"
-    time.sleep(SETTLE_GRACE + 2)  # the copy's second look found SUCCESS and left it alone
+    # The second look ran (its message is gone) and, finding SUCCESS, left it alone.
+    assert wait_for(lambda: not cluster.broker_messages(task_id), timeout=SETTLE_GRACE + 30)
     assert app.work.AsyncResult(task_id).state == "SUCCESS"
+    assert cluster.runs(k) == []
 
 
 def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -> None:
@@ -324,11 +346,19 @@ def test_sigkill_of_pool_child_redelivers_and_runs_once_more(cluster: Cluster) -
     cluster.wait_started(k)
     pid = cluster.started(k)[0][2]
     os.kill(pid, signal.SIGKILL)
+    # Nobody renews the dead run's lease now: it ends when the second-longest of its three PTTLs runs out (a quorum
+    # no longer holds it). Read right after the kill, that is when the redelivery may start, not before.
+    name = mod.work.lock_key_for(k)
+    pttls = sorted((s.client().pttl(name) for s in cluster.locks), reverse=True)
+    lease_end = time.time() + pttls[1] / 1000
+    assert pttls[1] > 0, pttls
     assert result.get(timeout=60) == k
     runs = cluster.runs(k)
     assert len(runs) == 1
-    assert len(cluster.started(k)) == 2
+    started = cluster.started(k)
+    assert len(started) == 2
     assert runs[0][1] == result.id
+    assert started[1][3] >= lease_end - 0.1, (started[1][3], lease_end)  # it waited out the dead run's lease
 
 
 def test_enqueue_check_returns_the_running_job_instead_of_sending(cluster: Cluster) -> None:

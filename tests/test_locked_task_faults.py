@@ -8,6 +8,8 @@ queue. Each test uses its own keys; tests that stop lock nodes restart them even
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import random
 import time
 from collections import Counter
@@ -51,6 +53,55 @@ def seen_held(c: Cluster, name: str) -> tuple[float, float]:
     return float(held[len(held) // 2]), time.monotonic()
 
 
+def lease_until_gone(c: Cluster, name: str, timeout: float) -> list[float]:
+    """The ms left on ``name``'s lease (its quorum's median) at each sighting, every 20 ms, until no quorum holds
+    it; fails the test if one still does after ``timeout`` s."""
+    sightings: list[float] = []
+    for _ in polling(timeout, 0.02):
+        held = sorted(ms for token, ms in c.lock_state(name) if token is not None)
+        if len(held) < 2:
+            return sightings
+        sightings.append(float(held[len(held) // 2]))
+    pytest.fail(f"lock {name} still held after {timeout} s")
+
+
+def renewed(sightings: list[float]) -> bool:
+    """True when the lease grew between two sightings (a renewal adds a whole renewal interval; 100 ms of slack
+    for the nodes being read one after the other)."""
+    return any(later > earlier + 100 for earlier, later in itertools.pairwise(sightings))
+
+
+def wait_ended(c: Cluster, name: str, timeout: float) -> list[list[tuple[bytes | None, int]]]:
+    """Sightings of ``name``, every 20 ms until no quorum holds it: (holder state, PTTL ms) on each lock node, both
+    read in one round trip per node.
+
+    A run killed at its hard time limit has its lock taken over by the worker's main process: state ``ending``,
+    a lease of about 1 s that nobody renews (task.py, LockedRequest.on_timeout and _end_lease_of)."""
+    sightings: list[list[tuple[bytes | None, int]]] = []
+    for _ in polling(timeout, 0.02):
+        nodes = []
+        for server in c.locks:
+            with contextlib.closing(c.lock_client(server)) as client:
+                state, pttl = client.pipeline(transaction=False).hget(name, "state").pttl(name).execute()
+            nodes.append((state, int(pttl)))
+        if sum(1 for _, pttl in nodes if pttl > 0) < 2:
+            return sightings
+        sightings.append(nodes)
+    pytest.fail(f"lock {name} still held after {timeout} s")
+
+
+def assert_lease_ended_at_once(sightings: list[list[tuple[bytes | None, int]]]) -> None:
+    """The killed run's lease was taken over on a quorum (state ``ending``) and every such record was the ~1 s end
+    lease, never renewed, until the lock was gone: not the run's own lease, left to run out its ttl."""
+    first = next((i for i, nodes in enumerate(sightings) if [s for s, _ in nodes].count(b"ending") >= 2), None)
+    assert first is not None, f"the lease was never taken over: {sightings}"
+    ending = [[ms for s, ms in nodes if s == b"ending"] for nodes in sightings[first:]]
+    assert all(ms <= 1000 for seen in ending for ms in seen), ending
+    nodes = range(len(sightings[first]))
+    per_node = [[float(seen[n][1]) for seen in sightings[first:] if seen[n][0] == b"ending"] for n in nodes]
+    assert not any(renewed(seen) for seen in per_node), per_node
+
+
 def wait_gone(c: Cluster, name: str, timeout: float, seen: tuple[float, float]) -> tuple[float, float]:
     """Wait until ``name`` is free; return (seconds waited, ms its lease had left by the last sighting).
 
@@ -73,7 +124,8 @@ def other_logs(c: Cluster, *names: str) -> str:
 
 
 def test_sigkill_of_a_whole_worker_frees_the_lock_within_ttl(c: Cluster) -> None:
-    """SIGKILL of a whole worker mid-task: the lock is free within ttl and the same job sent again runs elsewhere."""
+    """SIGKILL of a whole worker mid-task: nobody renews its lease, which ends within a ttl, and the same job sent
+    again runs elsewhere."""
     mod = c.app_module()
     victim = c.worker("victim-kill", queues="victim")
     k = new_key()
@@ -82,10 +134,9 @@ def test_sigkill_of_a_whole_worker_frees_the_lock_within_ttl(c: Cluster) -> None
     victim_pid = c.wait_started(k)[0][2]
     assert not c.lock_free(name)
     victim.kill()
-    start = time.monotonic()
-    freed = c.wait_lock_free(name, TTL + 5)
-    assert freed is not None, "the dead worker's lock outlived its ttl"
-    assert time.monotonic() - start <= TTL + 1.0
+    sightings = lease_until_gone(c, name, TTL + 5)
+    assert sightings[0] <= TTL * 1000, sightings[0]  # at most a ttl left at the kill ...
+    assert not renewed(sightings), sightings  # ... and never renewed after it: free within that ttl
     again = mod.work.delay(k, 0.1)
     assert again.get(timeout=30) == k
     run = [r for r in c.runs(k) if r[1] == again.id]
@@ -145,22 +196,23 @@ def test_soft_time_limit_releases_the_lock(c: Cluster) -> None:
 
 
 def test_hard_time_limit_ends_the_lease_at_once(c: Cluster) -> None:
-    """A run killed by its hard time limit (it swallows the soft one) fails, and its lock is free within ~1 s."""
+    """A run killed by its hard time limit (it swallows the soft one) fails, and its lease is ended at once: taken
+    over by a ~1 s end lease nobody renews."""
     mod = c.app_module()
     k = new_key()
     name = mod.overrun.lock_key_for(k, 5.0)
     first = mod.overrun.delay(k, 5.0, True)
     c.wait_started(k)
-    seen = seen_held(c, name)
+    seen_held(c, name)  # held by the run before its limit
+    assert_lease_ended_at_once(wait_ended(c, name, TTL + 5))  # watched from before the limit: nothing missed
     with pytest.raises(TimeLimitExceeded):
         first.get(timeout=30)
-    waited, _ = wait_gone(c, name, TTL + 5, seen)
-    assert waited <= 2.5
     assert mod.overrun.delay(k, 0.1).get(timeout=30) is None
 
 
 def test_hard_time_limit_of_a_child_deaf_to_sigterm(c: Cluster) -> None:
-    """A child deaf to SIGTERM, SIGKILLed at its hard time limit, frees its lock within ~1 s, not its 6 s ttl."""
+    """A child deaf to SIGTERM, SIGKILLed at its hard time limit: its lease is ended at once (a ~1 s end lease),
+    not renewed to its 6 s ttl."""
     # Its watchdog renews 2.05 s after the start: after the parent's after_return (at the 2 s limit) ended the lease
     # and before billiard's SIGKILL (0.1 s after a SIGTERM it ignores). Capping the lease's expiry was undone by that
     # renewal (held ~6 s more); taking the lock over is not.
@@ -169,11 +221,11 @@ def test_hard_time_limit_of_a_child_deaf_to_sigterm(c: Cluster) -> None:
     name = mod.stubborn.lock_key_for(k, 10.0)
     first = mod.stubborn.delay(k, 10.0)
     c.wait_started(k)
-    seen = seen_held(c, name)
+    seen_held(c, name)  # held by the run before its limit
+    # Its renewal after the take-over is refused: the end lease (~1 s), not the 6.15 s ttl it would renew to.
+    assert_lease_ended_at_once(wait_ended(c, name, 15))  # watched from before the limit: nothing missed
     with pytest.raises(TimeLimitExceeded):
         first.get(timeout=30)
-    waited, _ = wait_gone(c, name, 10, seen)
-    assert waited <= 2.5, f"the killed run's lock was held {waited:.1f} s more (ttl 6.15 s)"
     assert mod.work.delay(new_key(), 0.0).get(timeout=30)  # the pool replaced the killed child
 
 
@@ -209,21 +261,29 @@ def test_lock_nodes_down_fail_and_run_policies(c: Cluster, nodes_back: None) -> 
     assert f"work_unguarded[{unguarded.id}] runs UNGUARDED" in other_logs(c, "w1", "w2")
 
 
-def test_quorum_loss_during_a_run_is_noticed_within_one_renewal(c: Cluster, nodes_back: None) -> None:
-    """Losing 2 of 3 lock nodes mid-run: lock_held() turns False and check_lock() raises within ~one renewal."""
+def test_quorum_loss_during_a_run_is_noticed_before_its_lease_runs_out(c: Cluster, nodes_back: None) -> None:
+    """Losing 2 of 3 lock nodes mid-run: the watchdog's renewal notices (lock_held() turns False, check_lock()
+    raises) before the lease it last renewed could have expired, so the run can stop before another may start."""
     mod = c.app_module()
     k = new_key()
+    name = mod.watch_lock.lock_key_for(k, 15.0)
     result = mod.watch_lock.delay(k, 15.0)
     c.wait_started(k)
     time.sleep(0.3)
+    # The lease's end as last seen before the stop: nothing can renew it after the stop, so it ends by then.
+    before = time.time()
+    ms_left, _ = seen_held(c, name)
     c.stop_locks(2)
-    stopped_at = time.time()
+    lease_end = before + ms_left / 1000
     out = result.get(timeout=30)
     assert out["lost_at"] is not None, "the run never noticed"
     # The first renewal after the stop comes within one interval (TTL/3); one that gets no quorum is retried for
     # one more interval before the lock is declared lost (a stall must not cost the lock), still before it ends.
-    assert out["lost_at"] - stopped_at <= 2 * TTL / 3 + 0.75
-    assert out["lost_at"] - stopped_at < TTL
+    assert out["lost_at"] < lease_end, (out["lost_at"], lease_end)
+    # Declared lost after one renewal interval of retries, each at least an eighth of an interval apart (renewal.py:
+    # a quarter interval, or a quarter of a validity kept above half an interval): at most 8, a count, not a time.
+    retries = other_logs(c, "w1", "w2").count(f"renewal of lock {name} got no quorum; retrying")
+    assert 1 <= retries <= 8, retries
     assert out["error"].startswith("LockLostError")
     assert "renewal" in out["error"]  # noticed by the watchdog, not by the lease running out
     assert f"watch_lock[{result.id}] LOST while running" in other_logs(c, "w1", "w2")
@@ -318,8 +378,22 @@ def test_soak_no_overlap_and_every_message_accounted_for(c: Cluster, capsys: pyt
             assert ran[task_id] == 0
 
 
-def test_no_password_in_worker_logs(c: Cluster) -> None:
-    """After every fault above, no worker log contains the lock nodes' password; the settings line shows ***."""
+def test_no_password_in_worker_logs(c: Cluster, nodes_back: None) -> None:
+    """Lock nodes down (every node error logged, naming its node) and back: no worker log contains the lock
+    nodes' password; the settings line shows ***. (Independent of the tests before it; their faults are checked
+    too, as they are in the same logs.)"""
+    mod = c.app_module()
+    k = new_key()
+    c.stop_locks(3)
+    result = mod.work.delay(k, 0.0)
+    for _ in polling(15, 0.1):
+        if f"work[{result.id}] waits" in other_logs(c, "w1", "w2"):
+            break
+    c.start_locks()
+    assert result.get(timeout=30) == k
     logs = {w.name: w.log() for w in c.workers}
+    waits = [line for line in "".join(logs.values()).splitlines() if f"work[{result.id}] waits" in line]
+    assert waits, "the outage was not logged"
+    assert "127.0.0.1" in waits[0], waits[0]  # the line names the nodes: the password had a chance to appear
     assert all(PASSWORD not in text for text in logs.values())
     assert "redis://:***@127.0.0.1" in logs["w1"]

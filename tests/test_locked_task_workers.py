@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import needs
 import pytest
 import redis
 from celery.exceptions import TaskRevokedError
@@ -174,7 +175,7 @@ def test_child_recycling_after_every_task(c: Cluster) -> None:
 
 def test_gevent_pool_burst_and_renewal(c: Cluster) -> None:
     """On a gevent pool, eight copies of one job sent at once run once and a run past 5 ttls keeps its lock."""
-    pytest.importorskip("gevent")
+    needs.module("gevent", "the gevent pool needs it (the test extra has it)")
     mod = c.app_module()
     c.worker("gevent", queues="gevent", pool="gevent", concurrency=8)
     k = new_key()

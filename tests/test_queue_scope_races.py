@@ -120,29 +120,24 @@ def test_a_duplicate_sent_while_a_publish_fails_is_not_handed_the_unsent_job(c: 
 
 
 def test_a_call_with_its_own_task_id_is_not_left_pending_forever(c: Cluster, mod: Any) -> None:
-    """FINDING 2 (a caller's own task id dropped). apply_async(..., task_id=mine) while the job is queued or
-    running: nothing is published and the call returns AsyncResult(holder); nothing is ever stored for `mine`.
-    A caller that tracks the id it chose (an idempotency id, a frozen signature, a link callback frozen to wait on
-    it) waits forever. Run scope stores REVOKED for such a skipped copy, and lock_enqueue_check deliberately
-    always sends a call with its own task_id ("its caller waits on that id, which another run's result would leave
-    PENDING forever", task.py _running_run): queue scope drops that protection (task.py _reserve, the
-    `return self.AsyncResult(holder), None` at its end, reached for any task_id).
-    """
+    """FINDING 2 (a caller's own task id dropped, fixed): apply_async(..., task_id=mine) while the job is queued or
+    running publishes nothing and returns the queued job's AsyncResult, and `mine` is REVOKED at once (a caller
+    waiting on the id it chose is told), never run."""
     k = new_key()
     first = mod.q_work.delay(k, 2.0)
     mine = f"mine-{uuid.uuid4().hex[:8]}"
     returned = mod.q_work.apply_async((k, 0.0), task_id=mine)
+    assert returned.id == first.id  # nothing was published for `mine`: the call got the queued job
+    try:
+        mod.q_work.AsyncResult(mine).get(timeout=6)
+    except TaskRevokedError:
+        pass  # told: a duplicate of the queued job
+    except CeleryTimeoutError:
+        pytest.fail(f"apply_async(task_id={mine!r}) returned AsyncResult({returned.id}); {mine} stays PENDING")
+    else:
+        pytest.fail(f"{mine}, a duplicate of the queued job {first.id}, ran")
     assert first.get(timeout=30) == k
-    if returned.id != mine:
-        try:
-            mod.q_work.AsyncResult(mine).get(timeout=6)
-        except TaskRevokedError:
-            pass  # told: a duplicate of the queued job
-        except CeleryTimeoutError:
-            pytest.fail(
-                f"apply_async(task_id={mine!r}) returned AsyncResult({returned.id}) and published nothing; "
-                f"{mine} stays PENDING forever"
-            )
+    assert [r[1] for r in c.runs(k)] == [first.id]
 
 
 # -- FINDING 3 ---------------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -140,10 +139,8 @@ def test_retry_keeps_the_job_protected(rc: Cluster) -> None:
     mod = rc.app_module()
     k = new_key()
     first = mod.flaky.delay(k, 2, 1.5)
-    for _ in polling(20):
-        if rc.runs(k):
-            break
-    time.sleep(0.3)  # now in the first retry's countdown
+    # The first run handed the lock over to its retry: the retry's countdown has begun.
+    assert rc.wait_holder_state(mod.flaky.lock_key_for(k, 0, 0.0), "retry"), "the job never waited for its retry"
     dup = mod.flaky.delay(k, 0, 0.0)
     with pytest.raises(TaskRevokedError):
         dup.get(timeout=30)

@@ -8,12 +8,13 @@ bounded in count and in time; the time bounds are generous correctness limits, n
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 import redis
@@ -33,7 +34,9 @@ from celery_singleton_lock.testing import RedisServer, free_port, wait_for
 pytestmark = pytest.mark.timeout(90)  # a hung fan-out fails its test instead of stalling the run
 
 SOCKET_TIMEOUT = 0.5
-MARGIN = 2.5  # seconds added to a bound so a loaded 2-core machine does not fail a correctness check
+#: A frozen node is woken after this long, whatever happens: a client that does not apply our socket_timeout
+#: would wait for it, and then find it answering (no TimeoutError); a bound on the wait, not a timing assertion.
+WAKE_AFTER = SOCKET_TIMEOUT + 10
 
 
 def urls_of(servers: Sequence[RedisServer]) -> list[str]:
@@ -328,14 +331,14 @@ def test_one_of_three_down_still_acquires(fresh_trio: list[RedisServer], name: s
 
 
 def test_two_of_three_down_fails_fast_and_leaves_nothing(fresh_trio: list[RedisServer], name: str) -> None:
-    """With two of three nodes stopped, acquire returns False quickly, undoes its write, and says why."""
+    """With two of three nodes stopped, acquire returns False at once (they refuse connections: nothing to wait
+    for), undoes its write, and says why."""
     fresh_trio[1].stop()
     fresh_trio[2].stop()
     urls = urls_of(fresh_trio)
     lock = Redlock(urls, name, ttl=5, socket_timeout=SOCKET_TIMEOUT)
-    start = time.monotonic()
     assert lock.acquire(blocking=False) is False
-    assert time.monotonic() - start < SOCKET_TIMEOUT + MARGIN
+    assert all("ConnectionError" in e.error for e in lock.node_errors), lock.node_errors
     assert holders(fresh_trio[:1], name) == [None]
     assert lock.contended is False
     assert sorted(e.node for e in lock.node_errors) == sorted(NodeSet(urls).names[1:])
@@ -371,17 +374,33 @@ def _warm(servers: Sequence[RedisServer], name: str) -> None:
     assert lock.release()
 
 
-def test_one_paused_node_costs_at_most_the_socket_timeout(fresh_trio: list[RedisServer], name: str) -> None:
-    """With one node frozen (SIGSTOP), acquire succeeds within about socket_timeout; the frozen node keeps nothing."""
-    _warm(fresh_trio, name)
-    fresh_trio[2].pause()
+@contextlib.contextmanager
+def frozen(server: RedisServer) -> Iterator[None]:
+    """``server`` frozen (SIGSTOP) for the block, and woken (SIGCONT) at its end, or after WAKE_AFTER s if the block
+    is still waiting on it then."""
+    server.pause()
+    waker = threading.Timer(WAKE_AFTER, server.resume)
+    waker.start()
     try:
-        lock = Redlock(urls_of(fresh_trio), name, ttl=10, socket_timeout=SOCKET_TIMEOUT)
-        start = time.monotonic()
-        assert lock.acquire(blocking=False)
-        assert time.monotonic() - start < SOCKET_TIMEOUT + MARGIN
+        yield
+        assert server.paused and waker.is_alive(), f"the node was woken after {WAKE_AFTER} s: the client waited for it"
     finally:
-        fresh_trio[2].resume()
+        waker.cancel()
+        server.resume()
+
+
+def timed_out_on(lock: Redlock) -> list[str]:
+    """The nodes the lock's last attempt gave up on at socket_timeout (a TimeoutError: the node was frozen)."""
+    return [e.node for e in lock.node_errors if "TimeoutError" in e.error]
+
+
+def test_one_paused_node_costs_at_most_the_socket_timeout(fresh_trio: list[RedisServer], name: str) -> None:
+    """With one node frozen (SIGSTOP), acquire succeeds while it is still frozen (it gave up on that node at
+    socket_timeout); the frozen node keeps nothing."""
+    _warm(fresh_trio, name)
+    with frozen(fresh_trio[2]):
+        lock = Redlock(urls_of(fresh_trio), name, ttl=10, socket_timeout=SOCKET_TIMEOUT)
+        assert lock.acquire(blocking=False)  # (a success records no node errors: the quorum answered)
     # The frozen node ran our SET when it woke up, then the undo queued right behind it on the same connection.
     assert wait_for(lambda: holders(fresh_trio[2:], name) == [None], timeout=3)
     assert holders(fresh_trio[:2], name) == [lock.token.encode()] * 2
@@ -389,22 +408,15 @@ def test_one_paused_node_costs_at_most_the_socket_timeout(fresh_trio: list[Redis
 
 
 def test_two_paused_nodes_fail_in_bounded_time_and_leave_no_lease(fresh_trio: list[RedisServer], name: str) -> None:
-    """With two nodes frozen, acquire returns False within about socket_timeout; after SIGCONT no node holds it."""
+    """With two nodes frozen, acquire returns False while they are still frozen (it gave up on each at
+    socket_timeout); after SIGCONT no node holds it."""
     _warm(fresh_trio, name)
-    fresh_trio[1].pause()
-    fresh_trio[2].pause()
-    try:
+    with frozen(fresh_trio[1]), frozen(fresh_trio[2]):
         lock = Redlock(urls_of(fresh_trio), name, ttl=10, socket_timeout=SOCKET_TIMEOUT)
-        start = time.monotonic()
         assert lock.acquire(blocking=False) is False
-        assert time.monotonic() - start < SOCKET_TIMEOUT + MARGIN
         assert lock.contended is False
-        assert len(lock.node_errors) == 2
-        assert all("TimeoutError" in e.error for e in lock.node_errors)
+        assert timed_out_on(lock) == list(NodeSet(urls_of(fresh_trio)).names[1:])
         assert holders(fresh_trio[:1], name) == [None]
-    finally:
-        fresh_trio[1].resume()
-        fresh_trio[2].resume()
     assert wait_for(lambda: holders(fresh_trio, name) == [None, None, None], timeout=3)
     # The lock is free again: nothing lingers until the ttl.
     again = Redlock(urls_of(fresh_trio), name, ttl=5, socket_timeout=SOCKET_TIMEOUT)
@@ -413,18 +425,14 @@ def test_two_paused_nodes_fail_in_bounded_time_and_leave_no_lease(fresh_trio: li
 
 
 def test_user_clients_without_socket_timeout_are_bounded_by_ours(fresh_trio: list[RedisServer], name: str) -> None:
-    """redis.Redis clients passed in (socket_timeout=None) still cost at most about our socket_timeout when frozen."""
+    """redis.Redis clients passed in (socket_timeout=None) are given up on at our socket_timeout when frozen: the
+    acquire succeeds while the node is still frozen."""
     clients = [s.client(socket_timeout=None) for s in fresh_trio]
     lock = Redlock(clients, name, ttl=10, socket_timeout=SOCKET_TIMEOUT)
     assert lock.acquire(blocking=False)
     assert lock.release()
-    fresh_trio[2].pause()
-    try:
-        start = time.monotonic()
+    with frozen(fresh_trio[2]):
         assert lock.acquire(blocking=False)
-        assert time.monotonic() - start < SOCKET_TIMEOUT + MARGIN
-    finally:
-        fresh_trio[2].resume()
     assert lock.release()
 
 
@@ -473,15 +481,16 @@ def test_blocking_acquire_gets_the_lock_once_released(redis_trio: list[RedisServ
 
 
 def test_blocking_acquire_with_timeout_gives_up(redis_trio: list[RedisServer], name: str) -> None:
-    """A blocking acquire on a held lock returns False after about its timeout, not before."""
+    """A blocking acquire on a held lock returns False after its timeout, not before, and while the holder still
+    holds it (a waiter that ignored its timeout would wait for the 10 s lease to end, and then get the lock)."""
     urls = urls_of(redis_trio)
     holder = Redlock(urls, name, ttl=10)
     assert holder.acquire(blocking=False)
     waiter = Redlock(urls, name, ttl=10)
     start = time.monotonic()
     assert waiter.acquire(blocking=True, timeout=0.5) is False
-    elapsed = time.monotonic() - start
-    assert 0.5 <= elapsed < 0.5 + MARGIN
+    assert time.monotonic() - start >= 0.5
+    assert holder.owned()
     assert waiter.held_by == holder.token
     assert holder.release()
 
@@ -568,9 +577,7 @@ def test_passwords_never_appear_in_errors(redis_node: RedisServer, fresh_node: R
         f"redis://:wr0ng-pw@127.0.0.1:{fresh_node.port}/0",
     ]
     lock = Redlock(urls, name, ttl=5, socket_timeout=SOCKET_TIMEOUT)
-    start = time.monotonic()
     assert lock.acquire(blocking=False) is False
-    assert time.monotonic() - start < SOCKET_TIMEOUT + MARGIN
     assert len(lock.node_errors) == 2
     assert "ConnectionError" in lock.node_errors[0].error
     assert "Authentication" in lock.node_errors[1].error or "WRONGPASS" in lock.node_errors[1].error

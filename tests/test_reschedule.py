@@ -97,6 +97,7 @@ def test_replace_keeps_the_newest_waiting_call_and_tells_the_replaced_callers(c:
         for _ in polling(10, 0.05):  # the call is in line before the next is sent (arrival order is the point)
             if waiting[-1].id in line_ids(c, k):
                 break
+        assert waiting[-1].id in line_ids(c, k), f"{value} did not wait in line"
     assert holder.get(timeout=30) == "v0"
     assert waiting[2].get(timeout=30) == "v3"
     for older, newer in itertools.pairwise(waiting):

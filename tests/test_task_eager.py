@@ -44,13 +44,20 @@ def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celer
 def test_a_failed_run_deletes_its_lock(app: Celery, redis_node: RedisServer) -> None:
     """A run that raises leaves no marker: the key is gone, so even a copy of the same task id runs again."""
 
+    runs: list[str] = []
+
     @app.task(shared=False, base=LockedTask, bind=True)
     def boom(self: Any, n: int) -> None:
+        runs.append(self.request.id)
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
         boom.apply(args=(2,), task_id="boom-1").get()
-    assert redis_node.client().get(boom.lock_key_for(2)) is None
+    key = boom.lock_key_for(2)
+    assert redis_node.client().exists(key, done_key_for(key, "boom-1")) == 0
+    with pytest.raises(RuntimeError):  # the copy ran the body again: it did not stop as a duplicate or as done
+        boom.apply(args=(2,), task_id="boom-1").get()
+    assert runs == ["boom-1", "boom-1"]
 
 
 def test_lock_key_binds_defaults_and_keywords(app: Celery) -> None:

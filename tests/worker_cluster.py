@@ -149,6 +149,25 @@ class Cluster:
                 out.append((c.hget(name, "owner"), int(c.pttl(name))))
         return out
 
+    def holder_states(self, name: str) -> list[bytes | None]:
+        """The holder record's ``state`` of ``name`` on each running lock node (None: no record)."""
+        out = []
+        for server in self.locks:
+            if server.process is None or server.process.poll() is not None:
+                continue
+            with contextlib.closing(self.lock_client(server)) as c:
+                out.append(c.hget(name, "state"))
+        return out
+
+    def wait_holder_state(self, name: str, state: str, timeout: float = 20.0) -> bool:
+        """True once a quorum of the lock nodes says ``name``'s holder is in ``state`` (e.g. ``"retry"``: a retry's
+        countdown), polled every 5 ms for at most ``timeout`` s; False if it never did."""
+        quorum = len(self.locks) // 2 + 1
+        for _ in polling(timeout, 0.005):
+            if self.holder_states(name).count(state.encode()) >= quorum:
+                return True
+        return False
+
     def lock_free(self, name: str) -> bool:
         """True when no quorum of the lock nodes holds ``name``."""
         held = sum(1 for token, _ in self.lock_state(name) if token is not None)
