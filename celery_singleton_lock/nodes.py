@@ -458,13 +458,17 @@ class NodeSet:
                         conn.send_packed_command(packed, check_health=False)
                         results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout, own=self._own[i])
                 except NoScriptError:
-                    conn.send_command("EVAL", script.body, *command[2:])
+                    # Packed as the EVALSHA was (surrogatepass: a task id may hold a lone surrogate, which redis-py's
+                    # own encoder refuses).
+                    conn.send_packed_command([_pack(("EVAL", script.body, *command[2:]))], check_health=False)
                     results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout, own=self._own[i])
             except RedisTimeoutError as exc:
                 if undo_on_timeout is not None:
                     undo, undo_keys, undo_args = undo_on_timeout
                     with contextlib.suppress(RedisError, OSError):
-                        conn.send_command("EVAL", undo.body, len(undo_keys), *undo_keys, *undo_args)
+                        conn.send_packed_command(
+                            [_pack(("EVAL", undo.body, len(undo_keys), *undo_keys, *undo_args))], check_health=False
+                        )
                 results[i] = self._failed(pool, conn, exc, own=self._own[i])
                 continue
             except (RedisError, OSError) as exc:
@@ -634,7 +638,9 @@ class _Spread:
                 if isinstance(exc, RedisTimeoutError) and undo_on_timeout is not None:
                     undo, undo_keys, undo_args = undo_on_timeout
                     with contextlib.suppress(RedisError, OSError):
-                        conn.send_command("EVAL", undo.body, len(undo_keys), *undo_keys, *undo_args)
+                        conn.send_packed_command(
+                            [_pack(("EVAL", undo.body, len(undo_keys), *undo_keys, *undo_args))], check_health=False
+                        )
                 self._drop(pool, conn, members[k:], exc)
                 return
         if missing:
