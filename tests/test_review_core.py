@@ -41,28 +41,10 @@ def start_worker(c: Cluster, name: str, concurrency: int = 2) -> CeleryWorker:
 
 
 def client(c: Cluster) -> Any:
-    """review_core_app as this cluster's client sees it: imported afresh over the cluster's own locked_app when the
-    one imported before belongs to another cluster (this module has two: Redis, and RabbitMQ with a retry queue)."""
-    base = c.app_module()
-    mod = sys.modules.get("review_core_app")
-    if mod is not None and mod.app is base.app:
-        return mod
-    sys.modules["locked_app"] = base
-    sys.modules.pop("review_core_app", None)
-    if str(APPS) not in sys.path:  # the other cluster's close took it off
-        sys.path.insert(0, str(APPS))
-    saved = os.environ.get("CSL_DLX")
-    if "CSL_DLX" in c.env:
-        os.environ["CSL_DLX"] = c.env["CSL_DLX"]
-    else:
-        os.environ.pop("CSL_DLX", None)
-    try:
-        import review_core_app  # noqa: PLC0415 - configured from the env set just above
-    finally:
-        if saved is None:
-            os.environ.pop("CSL_DLX", None)
-        else:
-            os.environ["CSL_DLX"] = saved
+    """review_core_app as the Redis cluster's client sees it (imported once: its tasks live on that cluster's app)."""
+    c.app_module()
+    import review_core_app  # noqa: PLC0415 - configured from the cluster's env by app_module()
+
     return review_core_app
 
 
@@ -136,12 +118,20 @@ def test_a_message_rejected_without_requeue_runs_again_when_dead_lettered_back(d
     queue back to itself (Celery's documented use of Reject): the message comes back and must run. After 41ad257 the
     rejected run leaves a done marker ("a failure is an end"; Celery stores no state for a Reject), so the returning
     message stops as "already ran", and 10 s later REVOKED is stored: the job is lost."""
-    mod = client(dlx)
-    with mod.app.connection_for_write() as conn:  # the worker declares only the queue it consumes
-        for queue in mod.app.conf.task_queues:
+    # By name, on this cluster's own app: review_core_app stays the Redis cluster's client module (importing it
+    # again over another app would register its tasks twice in this process).
+    app = dlx.app_module().app
+    main = dlx.env["CSL_DLX"]
+    sys.path.insert(0, str(APPS))
+    try:
+        from dlx_queues import dlx_queues  # noqa: PLC0415 - the worker's queues; no task is registered by it
+    finally:
+        sys.path.remove(str(APPS))
+    with app.connection_for_write() as conn:  # the worker declares only the queue it consumes
+        for queue in dlx_queues(main):
             queue(conn.default_channel).declare()
     k = new_key()
-    result = mod.reject_once.delay(k)
+    result = app.send_task("review_core_app.reject_once", (k,), queue=main)
     dlx.wait_runs(k, 2, 20)
     assert [r[1] for r in dlx.runs(k)] == [result.id, result.id], "the dead-lettered message did not run"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from celery import Celery, Task
@@ -31,9 +32,10 @@ def test_a_base_class_after_lockedtask_in_the_mro_gets_apply_async_s_options_by_
     def job(self: Any, n: int) -> int:
         return n  # pragma: no cover - never runs here
 
-    sent = job.apply_async((1,), task_id="stamped-1")
+    queue = f"stamped-{uuid.uuid4().hex[:8]}"  # kombu's memory transport is one per process: a queue of our own
+    sent = job.apply_async((1,), task_id="stamped-1", queue=queue)
     assert sent.id == "stamped-1"
     with app.connection_for_read() as conn:
-        message = conn.SimpleQueue("celery", no_ack=True).get(timeout=5)
+        message = conn.SimpleQueue(queue, no_ack=True).get(timeout=5)
     assert message.headers["id"] == "stamped-1"
     assert message.headers["stamped"] == "1"

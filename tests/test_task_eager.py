@@ -41,8 +41,9 @@ def test_a_copy_of_a_job_that_just_succeeded_stops_on_the_done_marker(app: Celer
     assert runs == ["job-1", "job-2"]
 
 
-def test_a_failed_run_deletes_its_lock(app: Celery, redis_node: RedisServer) -> None:
-    """A run that raises leaves no marker: the key is gone, so even a copy of the same task id runs again."""
+def test_a_failed_run_frees_its_lock_and_its_copies_stop(app: Celery, redis_node: RedisServer) -> None:
+    """A run that raises has ended its job (issue 19): the lock is free for other jobs, the task id's done marker is
+    set, a copy of the same task id stops as "already ran", and another task id runs."""
 
     runs: list[str] = []
 
@@ -54,10 +55,14 @@ def test_a_failed_run_deletes_its_lock(app: Celery, redis_node: RedisServer) -> 
     with pytest.raises(RuntimeError):
         boom.apply(args=(2,), task_id="boom-1").get()
     key = boom.lock_key_for(2)
-    assert redis_node.client().exists(key, done_key_for(key, "boom-1")) == 0
-    with pytest.raises(RuntimeError):  # the copy ran the body again: it did not stop as a duplicate or as done
-        boom.apply(args=(2,), task_id="boom-1").get()
-    assert runs == ["boom-1", "boom-1"]
+    client = redis_node.client()
+    assert client.exists(key) == 0
+    assert client.exists(done_key_for(key, "boom-1")) == 1
+    again = boom.apply(args=(2,), task_id="boom-1").get()
+    assert isinstance(again, Skipped) and again.reason == "already ran", again
+    with pytest.raises(RuntimeError):  # another job of the same key runs: the lock was freed
+        boom.apply(args=(2,), task_id="boom-2").get()
+    assert runs == ["boom-1", "boom-2"]
 
 
 def test_lock_key_binds_defaults_and_keywords(app: Celery) -> None:

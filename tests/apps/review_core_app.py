@@ -9,22 +9,14 @@ import os
 from typing import Any
 
 from celery.exceptions import Reject
-from kombu import Exchange, Queue
+from dlx_queues import dlx_queues
 from locked_app import _run, app, record
 
 from celery_singleton_lock import LockedTask
 
 if os.environ.get("CSL_DLX"):
-    # RabbitMQ's dead-letter retry (Celery's docs on Reject): a message rejected without requeue from the main queue
-    # waits 1 s in a retry queue, then is dead-lettered back to the main queue, the same message again.
-    main, retry = os.environ["CSL_DLX"], os.environ["CSL_DLX"] + ".retry"
-    app.conf.task_queues = [
-        Queue(main, Exchange(main), routing_key=main, queue_arguments={
-            "x-dead-letter-exchange": retry, "x-dead-letter-routing-key": retry}),
-        Queue(retry, Exchange(retry), routing_key=retry, queue_arguments={
-            "x-message-ttl": 1000, "x-dead-letter-exchange": main, "x-dead-letter-routing-key": main}),
-    ]  # fmt: skip
-    app.conf.task_default_queue = main
+    app.conf.task_queues = dlx_queues(os.environ["CSL_DLX"])
+    app.conf.task_default_queue = os.environ["CSL_DLX"]
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", time_limit=1.0)
