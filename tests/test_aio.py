@@ -293,6 +293,8 @@ def test_cancel_on_loss_cancels_the_block(redis_trio: list[RedisServer], name: s
                 reached.append("after the loss")  # pragma: no cover - must never run
         assert lock.lost
         await asyncio.sleep(0.01)  # the task is usable: our cancel was taken back
+        task = asyncio.current_task()
+        assert task is not None and getattr(task, "cancelling", lambda: 0)() == 0
         reached.append("after the block")
         # The renewal found the key missing and repaired it; the lost lease is taken back off the nodes.
         assert keys_on(redis_trio, name) == [False, False, False]
@@ -390,6 +392,23 @@ def test_a_cancelled_acquire_leaves_no_lease(fresh_trio: list[RedisServer], name
         assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name) == [False] * 3, 5.0)
 
     arun(scenario, timeout=30.0)
+
+
+def test_scripts_are_loaded_where_a_node_forgot_them(redis_trio: list[RedisServer], name: str) -> None:
+    """After SCRIPT FLUSH on a node, EVALSHA's NOSCRIPT is answered by sending the script: acquire still works."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=5.0)
+        assert await lock.acquire(blocking=False)
+        for s in redis_trio[:2]:
+            c = aioredis.Redis(port=s.port)
+            await c.script_flush()
+            await c.aclose()
+        assert await lock.extend()
+        assert await lock.release()
+
+    arun(scenario)
 
 
 def test_configuration_errors_say_what_to_change() -> None:
