@@ -65,11 +65,13 @@ _GET_ARGS: tuple[str, ...] = (
     else ("EVALSHA",)
 )
 
+_timeout: Any = getattr(asyncio, "timeout", None)
+
 # One client per URL and timeout for each event loop (redis.asyncio connections cannot move between loops).
 _loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], aioredis.Redis]] = (
     weakref.WeakKeyDictionary()
 )
-# Background work (a shielded release, the undo of a cancelled attempt) must not be garbage-collected mid-flight.
+# Background work (a cancelled caller's release, a cancelled attempt's undo) must not be garbage-collected mid-flight.
 _background: set[asyncio.Task[Any]] = set()
 
 
@@ -181,6 +183,9 @@ class AsyncNodes:
         clients = self.clients()
         indices = range(len(clients)) if nodes is None else list(nodes)
         results: list[Any] = [None] * len(clients)
+        if len(indices) == 1:  # one node: no tasks to gather
+            results[indices[0]] = await self._call(clients[indices[0]], script, keys, args, undo_on_timeout)
+            return results
         answers = await asyncio.gather(*(self._call(clients[i], script, keys, args, undo_on_timeout) for i in indices))
         for i, answer in zip(indices, answers, strict=True):
             results[i] = answer
@@ -195,26 +200,17 @@ class AsyncNodes:
         undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
     ) -> Any:
         pool: Any = client.connection_pool  # untyped in redis-py
-        conn: Any = None
-        sent = False
-
-        async def exchange() -> Any:
-            nonlocal conn, sent
-            conn = await pool.get_connection(*_GET_ARGS)
-            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-            await conn.send_packed_command(conn.pack_command(*command), check_health=False)
-            sent = True
-            try:
-                return await conn.read_response(disconnect_on_error=False)
-            except NoScriptError:
-                await conn.send_packed_command(conn.pack_command("EVAL", script.body, *command[2:]), check_health=False)
-                return await conn.read_response(disconnect_on_error=False)
-
+        state: list[Any] = [None, False]  # the connection, and whether the command was sent on it
         try:
-            answer = await asyncio.wait_for(exchange(), self.socket_timeout)
+            if _timeout is not None:  # Python >= 3.11: a deadline on this task, no task of its own (wait_for's)
+                async with _timeout(self.socket_timeout):
+                    answer = await self._exchange(pool, state, script, keys, args)
+            else:  # pragma: no cover - Python 3.10
+                answer = await asyncio.wait_for(self._exchange(pool, state, script, keys, args), self.socket_timeout)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            conn = state[0]
             if conn is not None:
-                if sent and undo is not None and isinstance(exc, asyncio.TimeoutError):
+                if state[1] and undo is not None and isinstance(exc, asyncio.TimeoutError):
                     # A paused node runs what its socket holds when it wakes up: the undo right after our command.
                     body, undo_keys, undo_args = undo
                     packed = conn.pack_command("EVAL", body.body, len(undo_keys), *undo_keys, *undo_args)
@@ -223,11 +219,25 @@ class AsyncNodes:
                 await self._drop(pool, conn)
             return exc
         except BaseException:  # cancelled: the connection's state is unknown, never reuse it
-            if conn is not None:
-                _spawn(self._drop(pool, conn))
+            if state[0] is not None:
+                _spawn(self._drop(pool, state[0]))
             raise
-        await pool.release(conn)
+        await pool.release(state[0])
         return answer
+
+    @staticmethod
+    async def _exchange(
+        pool: Any, state: list[Any], script: Script, keys: Sequence[str], args: Sequence[str | int]
+    ) -> Any:
+        conn = state[0] = await pool.get_connection(*_GET_ARGS)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+        state[1] = True
+        try:
+            return await conn.read_response(disconnect_on_error=False)
+        except NoScriptError:
+            await conn.send_packed_command(conn.pack_command("EVAL", script.body, *command[2:]), check_health=False)
+            return await conn.read_response(disconnect_on_error=False)
 
     @staticmethod
     async def _drop(pool: Any, conn: Any) -> None:
@@ -248,8 +258,8 @@ class AsyncRedlock:
 
     The other arguments are :class:`Redlock`'s (``record``, ``job``, ``fencing``, ``fence_key``, ``limit``,
     ``token``, ``socket_timeout``). Nodes are URLs (``redis://``, ``rediss://``, ``unix://``), ``redis.asyncio.Redis``
-    clients, or an :class:`AsyncNodes`. ``release()`` frees the lock even when the awaiting task is cancelled (the
-    release runs shielded, bounded by ``socket_timeout``); what it cannot reach expires after ``ttl``.
+    clients, or an :class:`AsyncNodes`. ``release()`` frees the lock even when the awaiting task is cancelled (it is
+    sent again from a background task, bounded by ``socket_timeout``); what it cannot reach expires after ``ttl``.
     """
 
     DRIFT_FACTOR: ClassVar[float] = Redlock.DRIFT_FACTOR
@@ -500,14 +510,20 @@ class AsyncRedlock:
     async def release(self) -> bool:
         """Give the lock up on every node; True if we still held it (on a quorum). Idempotent.
 
-        Shielded: a caller cancelled while it awaits still frees the lock (the release runs to its end in the
-        background, bounded by ``socket_timeout``); a node it cannot reach lets the lease expire after ``ttl``.
+        A caller cancelled while it awaits still frees the lock (the release is sent again from a background task,
+        bounded by ``socket_timeout``); a node it cannot reach lets the lease expire after ``ttl``.
         """
         lease = self._lease
         if lease is None:
             return False
         self._lease = None  # a renewal in flight or to come now leaves the lease alone
-        return await asyncio.shield(_spawn(self._release(lease)))
+        try:
+            return await self._release(lease)
+        except asyncio.CancelledError:
+            # The caller was cancelled mid-release: release again from a task of its own (RELEASE compares the
+            # owner token, so a second one is harmless), bounded by socket_timeout. No task in the common case.
+            _spawn(self._release(lease))
+            raise
 
     async def _release(self, lease: _Lease) -> bool:
         async with self._lock():  # after an extend in flight: it could otherwise repair the key just deleted

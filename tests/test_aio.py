@@ -325,7 +325,7 @@ def test_loss_without_cancel_on_loss_lets_the_block_finish(redis_trio: list[Redi
 
 def test_a_caller_cancelled_in_release_still_frees_the_lock(fresh_trio: list[RedisServer], name: str) -> None:
     """The task awaiting ``release()`` is cancelled while every node is paused: after they resume the lock is free
-    (the release ran on, shielded), well before its ttl; with the nodes paused longer, the release gives up
+    (it was sent again from a background task), well before its ttl; with the nodes paused longer, the release gives up
     (never stuck) and the lease is left to expire."""
     urls = urls_of(fresh_trio)
 
@@ -358,7 +358,7 @@ def test_a_caller_cancelled_in_release_still_frees_the_lock(fresh_trio: list[Red
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            # The shielded release ends by itself (each node's exchange bounded by socket_timeout).
+            # The background release ends by itself (each node's exchange bounded by socket_timeout).
             from celery_singleton_lock import aio  # noqa: PLC0415
 
             await asyncio.wait_for(asyncio.gather(*aio._background, return_exceptions=True), 5.0)
