@@ -23,6 +23,7 @@ docs/protocol.md.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import inspect
 import logging
@@ -240,6 +241,21 @@ class LockedTask(Task):  # type: ignore[misc]
         alone).
         """
         return enqueue.revoke_queued(self, task_id, *args, **kwargs)
+
+    async def aapply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
+    ) -> Any:
+        """``apply_async`` for ``async def`` callers: the same call, the same result, never blocking the event loop.
+
+        It runs in a worker thread (``asyncio.to_thread``): kombu has no asyncio publish, and the queue scope's
+        reservation (or the enqueue check) and the publish stay the sync path's, step for step. A caller cancelled
+        meanwhile does not cancel the call: it completes in its thread (a message half-published is worse).
+        """
+        return await asyncio.to_thread(self.apply_async, args, kwargs, task_id, **options)
+
+    async def adelay(self, *args: Any, **kwargs: Any) -> Any:
+        """``delay`` for ``async def`` callers: ``await charge.adelay(7)`` (see :meth:`aapply_async`)."""
+        return await self.aapply_async(args, kwargs)
 
     # -- a delivery ----------------------------------------------------------------------------------------------
 

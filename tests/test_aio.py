@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
+from celery import Celery
 
-from celery_singleton_lock import AsyncRedlock, LockLostError, LockUnavailableError, Redlock
+from celery_singleton_lock import AsyncRedlock, LockedTask, LockLostError, LockUnavailableError, Redlock
 from celery_singleton_lock.aio import aclose
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.faults import FaultProxy
@@ -419,6 +420,26 @@ def test_configuration_errors_say_what_to_change() -> None:
         AsyncRedlock("redis://127.0.0.1:6379/0", "n", ttl=0)
     with pytest.raises(ConfigurationError, match="twice"):
         AsyncRedlock(["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"], "n")
+
+
+def test_adelay_under_queue_scope_reserves_one_job_as_delay_does(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    """Concurrent ``await charge.adelay(7)`` calls under queue scope all get one job (one reservation), the sync
+    ``delay(7)`` gets the same one, another argument another job, and the loop is never held."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+
+    @app.task(shared=False, base=LockedTask, lock_scope="queue")
+    def charge(n: int) -> int:
+        return n
+
+    async def scenario() -> list[Any]:
+        return list(await asyncio.gather(*(charge.adelay(7) for _ in range(5))))
+
+    ids = {r.id for r in arun(scenario)}
+    assert len(ids) == 1
+    assert charge.delay(7).id in ids
+    other = arun(lambda: charge.aapply_async((8,), countdown=0))
+    assert other.id not in ids
+    assert slow_callbacks(caplog) == []
 
 
 # -- a history under random faults -------------------------------------------------------------------------------
