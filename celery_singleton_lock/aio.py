@@ -517,6 +517,7 @@ class AsyncRedlock:
         if lease is None:
             return False
         self._lease = None  # a renewal in flight or to come now leaves the lease alone
+        lease.renewable = False  # given up, not lost: the renewal must not take it for a loss
         try:
             return await self._release(lease)
         except asyncio.CancelledError:
@@ -555,7 +556,7 @@ class AsyncRedlock:
                 return  # released meanwhile
             verdict = await self._renew()
             if verdict is False:
-                if self._lease is None and lease is not None:
+                if lease.renewable:  # not released by us meanwhile: lost
                     self.lost = True
                     owner = self._owner
                     if self.cancel_on_loss and owner is not None and not owner.done():

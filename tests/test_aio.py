@@ -324,6 +324,24 @@ def test_loss_without_cancel_on_loss_lets_the_block_finish(redis_trio: list[Redi
     delete_on(redis_trio, name)
 
 
+def test_a_release_inside_the_block_is_no_loss(redis_trio: list[RedisServer], name: str) -> None:
+    """A block that releases its lock itself while the renewal waits for its turn (an extend of the block's own in
+    flight) is not cancelled: giving the lease up is no loss."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> bool:
+        async with AsyncRedlock(urls, name, ttl=0.3, cancel_on_loss=True) as lock:
+            async with lock._lock():  # what an extend() of the block holds while its round trip is in flight
+                await asyncio.sleep(0.2)  # the renewal wakes (ttl / 3) and waits for the lock
+                release = asyncio.ensure_future(lock.release())
+                await asyncio.sleep(0)
+            assert await release
+            await asyncio.sleep(0.3)  # the renewal ran and stopped
+            return lock.lost
+
+    assert arun(scenario, timeout=20.0) is False
+
+
 def test_a_caller_cancelled_in_release_still_frees_the_lock(fresh_trio: list[RedisServer], name: str) -> None:
     """The task awaiting ``release()`` is cancelled while every node is paused: after they resume the lock is free
     (it was sent again from a background task), well before its ttl; with the nodes paused longer, the release gives up
