@@ -188,6 +188,52 @@ def test_sync_holder_refuses_async_and_back(redis_trio: list[RedisServer], name:
     assert tokens[0] < tokens[1] < tokens[2]
 
 
+def test_nodes_behind_on_the_fencing_counter_are_raised(fresh_trio: list[RedisServer], name: str) -> None:
+    """Nodes whose counters diverged: the async acquire returns the max and raises the nodes behind to it, so a
+    later sync acquire without the node that was ahead still gets a larger token."""
+    urls = urls_of(fresh_trio)
+    c = fresh_trio[0].client(socket_timeout=5)
+    try:
+        c.set(f"{{{name}}}:fence", 100)  # fence_key_for(name): node 0 is ahead (a failed attempt reached it)
+    finally:
+        c.close()
+
+    async def scenario() -> int:
+        lock = AsyncRedlock(urls, name, ttl=10.0)
+        assert await lock.acquire(blocking=False)
+        assert await lock.release()
+        return lock.fencing_token
+
+    token = arun(scenario)
+    assert token == 101
+    fresh_trio[0].stop()
+    later = Redlock(urls, name, ttl=10.0, socket_timeout=0.5)
+    assert later.acquire(blocking=False)
+    assert later.fencing_token > token
+    later.release()
+
+
+def test_a_node_that_timed_out_gets_the_undo_on_the_same_connection(fresh_trio: list[RedisServer], name: str) -> None:
+    """A node paused past socket_timeout during a won acquire runs the attempt's undo right after it when it
+    resumes: it holds no stray key for a ttl."""
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=0.3)
+        assert await lock.acquire(blocking=False)  # connections made while every node answers
+        await lock.release()
+        fresh_trio[0].pause()
+        try:
+            assert await lock.acquire(blocking=False)  # the two others make the quorum
+        finally:
+            fresh_trio[0].resume()
+        assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name)[0] is False, 3.0)
+        assert keys_on(fresh_trio, name)[1:] == [True, True]
+        assert await lock.release()
+
+    arun(scenario, timeout=30.0)
+
+
 def test_quorum_with_a_paused_node_never_blocks_the_loop(
     fresh_trio: list[RedisServer], name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
