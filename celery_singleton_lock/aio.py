@@ -24,14 +24,15 @@ import time as mod_time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
-from ._urls import parse_node_url, redact_url, validate_url
+from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
-from .nodes import NodeError
+from .nodes import NodeError, _url_options
 from .record import done_key_for, fence_key_for, record_of, slot_keys
 from .redlock import Redlock, _findings, _Lease, _settle, _tally
 from .scripts import (
@@ -66,6 +67,7 @@ _GET_ARGS: tuple[str, ...] = (
 )
 
 _timeout: Any = getattr(asyncio, "timeout", None)
+_untyped_sentinel: Any = Sentinel  # untyped in redis-py
 
 # One client per URL and timeout for each event loop (redis.asyncio connections cannot move between loops).
 _loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], aioredis.Redis]] = (
@@ -96,9 +98,21 @@ def _client_name(client: aioredis.Redis) -> str:
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
 
+def _sentinel_master(spec: NodeURL, options: dict[str, Any]) -> aioredis.Redis:
+    """A client of the master of ``spec.service`` on redis.asyncio, as ``nodes._sentinel_master`` builds it."""
+    kwargs = _url_options(spec, options)
+    sentinel_kwargs = {**options, "retry": None}
+    sentinel_kwargs.update((name.removeprefix("sentinel_"), value) for name, value in spec.sentinel_options)
+    if spec.tls:
+        sentinel_kwargs.update({k: v for k, v in kwargs.items() if k.startswith("ssl")})
+    sentinel: Any = _untyped_sentinel(list(spec.hosts), sentinel_kwargs=sentinel_kwargs)
+    return cast(aioredis.Redis, sentinel.master_for(spec.service, redis_class=aioredis.Redis, **kwargs))
+
+
 class AsyncNodes:
-    """The Redis masters of an :class:`AsyncRedlock`: URLs (``redis://``, ``rediss://``, ``unix://``) or
-    ``redis.asyncio.Redis`` clients (a Sentinel master: ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``)."""
+    """The Redis masters of an :class:`AsyncRedlock`: URLs (``redis://``, ``rediss://``, ``unix://``,
+    ``redis+sentinel://``; see docs/nodes.md) or ``redis.asyncio.Redis`` clients (a Sentinel master too:
+    ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``). Not a Redis Cluster yet."""
 
     def __init__(
         self, urls: str | aioredis.Redis | Sequence[str | aioredis.Redis], *, socket_timeout: float = 0.5
@@ -113,10 +127,10 @@ class AsyncNodes:
             if isinstance(item, str):
                 url = validate_url(item)
                 spec = parse_node_url(url)
-                if spec is not None:
+                if spec is not None and spec.kind != "sentinel":
                     raise ConfigurationError(
-                        f"AsyncRedlock takes redis://, rediss:// and unix:// URLs, not {redact_url(url)!r}: for a "
-                        "Sentinel master pass redis.asyncio.sentinel.Sentinel(...).master_for(service)"
+                        f"AsyncRedlock takes redis://, rediss://, unix:// and redis+sentinel:// URLs, not "
+                        f"{redact_url(url)!r}: a Redis Cluster is not supported by AsyncRedlock yet"
                     )
                 items[i] = url
                 names.append(redact_url(url))
@@ -151,13 +165,14 @@ class AsyncNodes:
             if client is None:
                 # RESP2 and no CLIENT SETINFO: a new connection writes nothing before our command, so connecting to
                 # a paused node does not wait on a handshake (as nodes.py's clients).
-                client = aioredis.Redis.from_url(
-                    item,
-                    socket_timeout=self.socket_timeout,
-                    socket_connect_timeout=self.socket_timeout,
-                    protocol=2,
+                options: dict[str, Any] = {
+                    "socket_timeout": self.socket_timeout,
+                    "socket_connect_timeout": self.socket_timeout,
+                    "protocol": 2,
                     **_NO_SETINFO,
-                )
+                }
+                spec = parse_node_url(item)
+                client = aioredis.Redis.from_url(item, **options) if spec is None else _sentinel_master(spec, options)
                 shared[(item, self.socket_timeout)] = client
             out.append(client)
         return out

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 from celery import Celery
+from topologies import SentinelSet
 
 from celery_singleton_lock import AsyncRedlock, LockedTask, LockLostError, LockUnavailableError, Redlock
 from celery_singleton_lock.aio import aclose
@@ -476,10 +477,26 @@ def test_scripts_are_loaded_where_a_node_forgot_them(redis_trio: list[RedisServe
     arun(scenario)
 
 
+def test_a_sentinel_url_reaches_the_master_and_excludes_a_sync_holder(name: str) -> None:
+    """A ``redis+sentinel://`` URL: the async lease is taken on the Sentinel's master, where a sync Redlock on the
+    same URL is refused."""
+    with SentinelSet(service="aio") as topology:
+
+        async def scenario() -> None:
+            lock = AsyncRedlock(topology.url(), name, ttl=10.0)
+            assert await lock.acquire(blocking=False)
+            sync = Redlock(topology.url(), name, ttl=10.0)
+            assert not await asyncio.to_thread(sync.acquire, blocking=False)
+            assert sync.held_by == lock.token
+            assert await lock.release()
+
+        arun(scenario, timeout=30.0)
+
+
 def test_configuration_errors_say_what_to_change() -> None:
-    """Sentinel/Cluster URLs and bad arguments are refused with one line naming the fix."""
-    with pytest.raises(ConfigurationError, match="master_for"):
-        AsyncRedlock("redis+sentinel://127.0.0.1:26379/mymaster", "n")
+    """Cluster URLs and bad arguments are refused with one line naming the fix."""
+    with pytest.raises(ConfigurationError, match="Cluster"):
+        AsyncRedlock("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "n")
     with pytest.raises(ConfigurationError, match="ttl"):
         AsyncRedlock("redis://127.0.0.1:6379/0", "n", ttl=0)
     with pytest.raises(ConfigurationError, match="twice"):
