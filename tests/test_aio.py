@@ -309,8 +309,8 @@ def test_renewal_keeps_the_lease_while_the_block_runs(redis_trio: list[RedisServ
     urls = urls_of(redis_trio)
 
     async def scenario() -> None:
-        async with AsyncRedlock(urls, name, ttl=0.3) as lock:
-            await asyncio.sleep(1.0)
+        async with AsyncRedlock(urls, name, ttl=0.6) as lock:
+            await asyncio.sleep(2.0)  # more than three ttls
             assert not await AsyncRedlock(urls, name).acquire(blocking=False)
             assert await lock.owned() and not lock.lost
         assert await AsyncRedlock(urls, name).acquire(blocking=False)
