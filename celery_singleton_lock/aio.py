@@ -46,6 +46,7 @@ from .scripts import (
     RELEASE,
     REPAIRED,
     STATUS,
+    TRANSFER,
     UNDO,
     Script,
 )
@@ -546,6 +547,35 @@ class AsyncRedlock:
             answers = await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
         freed = sum(1 for a in answers if a == 1)
         return freed >= self.nodes.quorum and lease.deadline > self._clock()
+
+    async def transfer(self, ttl: float, record: Mapping[str, str] | None = None) -> bool:
+        """Hand the lease on under a fresh owner token for ``ttl`` s, changing the ``record`` fields, on a quorum
+        (:meth:`Redlock.transfer`; the lease is no longer renewed, and ``release()`` still cancels the hand-over)."""
+        async with self._lock():
+            lease = self._lease
+            if lease is None:
+                return False
+            start = self._clock()
+            token = f"{self._label}{secrets.token_hex(16)}"
+            changes = [x for kv in (record or {}).items() for x in kv]
+            answers = await self.nodes.run(TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
+            current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
+            held = sum(1 for a in answers if a == 1) >= self.nodes.quorum and lease.deadline > self._clock()
+            lease.renewable = False  # handed on: a renewal waiting for its turn must not take it for a loss
+            self._lease = (
+                _Lease(
+                    token,
+                    int(ttl * 1000),
+                    lease.fence,
+                    start + ttl - self._drift(),
+                    renewable=False,
+                    fields=tuple(x for kv in current.items() for x in kv),
+                    key=lease.key,
+                )
+                if held
+                else None
+            )
+        return held
 
     async def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""

@@ -26,6 +26,7 @@ from celery import Celery
 from topologies import SentinelSet
 
 from celery_singleton_lock import AsyncRedlock, LockedTask, LockLostError, LockUnavailableError, Redlock
+from celery_singleton_lock import _enqueue as enqueue
 from celery_singleton_lock.aio import aclose
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.faults import FaultProxy
@@ -520,6 +521,40 @@ def test_adelay_under_queue_scope_reserves_one_job_as_delay_does(app: Celery, ca
     assert charge.delay(7).id in ids
     other = arun(lambda: charge.aapply_async((8,), countdown=0))
     assert other.id not in ids
+    assert slow_callbacks(caplog) == []
+
+
+def test_adelay_with_a_lock_node_paused_never_blocks_the_loop(
+    fresh_trio: list[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's trial: one of three lock nodes paused, a double click of ``adelay`` under queue scope. The
+    reservation's round trips run on AsyncRedlock (never a sync call on the loop), both calls get one job, and a
+    second charge of it after the first's publish is refused the same way by the sync ``delay``."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    app = Celery(f"aio-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = urls_of(fresh_trio)
+    app.conf.singleton_lock_socket_timeout = 0.5
+    app.conf.singleton_lock_prefix = f"aio-{uuid.uuid4().hex[:8]}:"
+    try:
+
+        @app.task(shared=False, base=LockedTask, lock_scope="queue")
+        def charge(n: int) -> int:
+            return n
+
+        assert enqueue._async_nodes(charge) is not None  # the reservation takes the AsyncRedlock path
+        fresh_trio[0].pause()
+        try:
+
+            async def scenario() -> list[Any]:
+                return list(await asyncio.gather(charge.adelay(7), charge.adelay(7)))
+
+            ids = {r.id for r in arun(scenario)}
+            assert len(ids) == 1
+            assert charge.delay(7).id in ids
+        finally:
+            fresh_trio[0].resume()
+    finally:
+        app.close()
     assert slow_callbacks(caplog) == []
 
 
