@@ -2,6 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .aio import AsyncRedlock
 from .errors import (
     ConfigurationError,
     DuplicateTaskError,
@@ -20,6 +21,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
     __version__ = "0.0.0"
 
 __all__ = [
+    "AsyncRedlock",
     "ConfigurationError",
     "DuplicateTaskError",
     "LockError",

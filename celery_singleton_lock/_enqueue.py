@@ -8,9 +8,11 @@ run-time check (the delivery room) stays the guard of both.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,14 +23,25 @@ from celery.utils import uuid
 from . import signals
 from ._handover import ending_lease
 from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
+from .aio import AsyncNodes, AsyncRedlock, _spawn
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
-from .errors import DuplicateTaskError
+from .errors import ConfigurationError, DuplicateTaskError
 from .redlock import Redlock
 
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["DEFAULT_QUEUE_TTL", "SENDING_WAIT", "free_reservation", "reserve", "revoke_queued", "running_run", "send"]
+__all__ = [
+    "DEFAULT_QUEUE_TTL",
+    "SENDING_WAIT",
+    "areserve",
+    "asend",
+    "free_reservation",
+    "reserve",
+    "revoke_queued",
+    "running_run",
+    "send",
+]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -107,6 +120,122 @@ def send(
     return publish(args, kwargs, task_id=task_id, **options)
 
 
+async def asend(
+    task: LockedTask,
+    publish: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    *,
+    linked: bool,
+) -> Any:
+    """:func:`send` for ``aapply_async``: the queue scope's reservation on AsyncRedlock (its round trips on the
+    loop), every publish in a worker thread (kombu has no asyncio publish). Nodes AsyncRedlock cannot reach (a
+    redis.Redis client, a Cluster) and the enqueue check take :func:`send` whole, in a worker thread."""
+    nodes = _async_nodes(task)
+    if (
+        nodes is None
+        or task.lock_scope != "queue"
+        or task.app.conf.task_always_eager
+        or _GROUPED.intersection(options)
+        or (task_id is not None and task_id == task.request.id)
+    ):
+        return await asyncio.to_thread(send, task, publish, args, kwargs, task_id, options, linked=linked)
+    own_id = task_id is not None
+    task_id = task_id or uuid()
+    existing, lock, lease, stand_in = await areserve(
+        task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id
+    )
+    if existing is not None:
+        return existing
+    if stand_in is not None:  # a copy of the job whose publish is under way (see send)
+        headers = {**(options.pop("headers", None) or {}), REDELIVERY_HEADER: 1}
+        options.pop("expires", None)
+        sent = await asyncio.to_thread(publish, args, kwargs, task_id=stand_in, headers=headers, **options)
+        if task._options().policy.raises:
+            key = task.lock_key_for(*(args or ()), **(kwargs or {}))
+            raise DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
+        return sent
+    if lock is not None:
+        options["headers"] = {**(options.get("headers") or {}), RESERVED_HEADER: 1}
+    publishing = asyncio.ensure_future(asyncio.to_thread(publish, args, kwargs, task_id=task_id, **options))
+    try:
+        sent = await asyncio.shield(publishing)
+    except asyncio.CancelledError:
+        # The caller is cancelled, not the publish (a thread runs on): settle the reservation when it ends.
+        if lock is not None:
+            _spawn(_settle(publishing, lock, lease))
+        raise
+    except BaseException:
+        if lock is not None:  # nothing was sent: nothing may stay reserved
+            await lock.release()
+        raise
+    if lock is not None:
+        await lock.transfer(lease, {"state": QUEUED})  # sent: a duplicate may now be told to wait on it
+    return sent
+
+
+async def _settle(publishing: asyncio.Future[Any], lock: AsyncRedlock, lease: float) -> None:
+    """A cancelled caller's reservation: marked queued once its message was sent, freed if the publish failed."""
+    try:
+        await publishing
+    except BaseException:
+        await lock.release()
+        return
+    await lock.transfer(lease, {"state": QUEUED})
+
+
+_async_nodes_cache: dict[tuple[Any, ...], AsyncNodes | None] = {}
+_async_nodes_lock = threading.Lock()
+
+
+def _async_nodes(task: LockedTask) -> AsyncNodes | None:
+    """The task's lock nodes for AsyncRedlock, or None when they are not all URLs it takes."""
+    settings = task._options().settings
+    cache_key = (settings.urls, settings.socket_timeout)
+    with _async_nodes_lock:
+        if cache_key not in _async_nodes_cache:
+            try:
+                nodes: AsyncNodes | None = AsyncNodes(
+                    [u for u in settings.urls if isinstance(u, str)], socket_timeout=settings.socket_timeout
+                )
+                if nodes is not None and len(nodes) != len(settings.urls):
+                    nodes = None
+            except ConfigurationError:
+                nodes = None
+            _async_nodes_cache[cache_key] = nodes
+        return _async_nodes_cache[cache_key]
+
+
+async def areserve(
+    task: LockedTask, nodes: AsyncNodes, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
+) -> tuple[Any, AsyncRedlock | None, float, str | None]:
+    """:func:`reserve` on AsyncRedlock: the same attempts, waits and verdict, awaited."""
+    key = task.lock_key_for(*args, **kwargs)
+    lease, record = _reservation(task, options)
+    lock = AsyncRedlock(nodes, key, ttl=lease, fencing=False, job=task_id, record=record, auto_renewal=False)
+    try:
+        splits, deadline = 0, time.monotonic() + SENDING_WAIT
+        for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
+            if await lock.acquire(blocking=False):
+                return None, lock, lease, None
+            if lock.split and splits < SPLIT_RETRIES:
+                splits += 1
+                await asyncio.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
+                continue
+            sending = (lock.holder_record or {}).get("state") == SENDING
+            if not (lock.contended and sending) or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.005)  # another call's publish of the job is under way (see reserve)
+    except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
+        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
+        return None, None, 0.0, None
+    if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
+        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id)
+    return _verdict(task, lock, key, task_id, own_id=own_id)
+
+
 def reserve(
     task: LockedTask, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
 ) -> tuple[Any, Redlock | None, float, str | None]:
@@ -123,31 +252,12 @@ def reserve(
     ``(None, None, 0, None)``: the message is sent, and the worker's run-time check is the guard.
     """
     key = task.lock_key_for(*args, **kwargs)
-    options_ = task._options()
-    wait = _delay_of(options)
-    lease = wait + float(task.lock_queue_ttl)
-    expires = _expires_in(options.get("expires"))
-    if expires is not None:  # a message that expires unseen frees its job when it would have expired
-        lease = min(lease, max(expires, 0.0) + 1.0)
-    lease = max(lease, 0.01)
-    lock = Redlock(
-        options_.settings.nodes,
-        key,
-        # "sending" lasts the whole lease, not a few seconds: a producer that dies between its publish and
-        # marking the reservation sent leaves a message that may wait in the queue for as long (a busy worker),
-        # and the job must stay reserved for it. A producer that died before its publish leaves no message:
-        # the next call's copy (see the stand-in above) runs the job under the reservation's id.
-        ttl=lease,
-        fencing=False,
-        job=task_id,
-        record={
-            "state": SENDING,
-            "name": task.name,
-            "worker": worker_id(),
-            "at": str(int(time.time() * 1000)),
-            "open": "1",
-        },
-    )
+    lease, record = _reservation(task, options)
+    # "sending" lasts the whole lease, not a few seconds: a producer that dies between its publish and marking the
+    # reservation sent leaves a message that may wait in the queue for as long (a busy worker), and the job must
+    # stay reserved for it. A producer that died before its publish leaves no message: the next call's copy (see
+    # the stand-in above) runs the job under the reservation's id.
+    lock = Redlock(task._options().settings.nodes, key, ttl=lease, fencing=False, job=task_id, record=record)
     try:
         splits, deadline = 0, time.monotonic() + SENDING_WAIT
         for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
@@ -167,6 +277,31 @@ def reserve(
     except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
         logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
         return None, None, 0.0, None
+    return _verdict(task, lock, key, task_id, own_id=own_id)
+
+
+def _reservation(task: LockedTask, options: dict[str, Any]) -> tuple[float, dict[str, str]]:
+    """A reservation's lease (s) and holder record for a call with these ``options``."""
+    lease = _delay_of(options) + float(task.lock_queue_ttl)
+    expires = _expires_in(options.get("expires"))
+    if expires is not None:  # a message that expires unseen frees its job when it would have expired
+        lease = min(lease, max(expires, 0.0) + 1.0)
+    record = {
+        "state": SENDING,
+        "name": task.name,
+        "worker": worker_id(),
+        "at": str(int(time.time() * 1000)),
+        "open": "1",
+    }
+    return max(lease, 0.01), record
+
+
+def _verdict(
+    task: LockedTask, lock: Redlock | AsyncRedlock, key: str, task_id: str, *, own_id: bool
+) -> tuple[Any, None, float, str | None]:
+    """What a reservation that was not taken means (see :func:`reserve`), from the lock's findings: no I/O but the
+    result backend's, when a caller's own task id turned out a duplicate."""
+    options_ = task._options()
     if lock.done:  # this very task id already ran
         return task.AsyncResult(task_id), None, 0.0, None
     record = lock.holder_record or {}

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import redis
 
@@ -74,6 +74,92 @@ class _Lease:
     renewable: bool = True  # False once handed over (transfer): the marker is never extended
     fields: tuple[str, ...] = ()  # the record's fields (field, value, ...) besides owner and fence, for a refill
     key: str = ""  # the key the record lives under: the name, or with a limit the slot taken
+
+
+#: One node's findings of an acquire's answers, parsed (see :func:`_tally`).
+_Holder = tuple[str, int, dict[str, str]]  # owner, remaining ms, brief record
+
+
+def _tally(
+    answers: Sequence[Any],
+) -> tuple[dict[int, int], dict[int, int], list[_Holder], list[list[str]], list[tuple[int, BaseException]], bool]:
+    """An acquire's answers (one per node, or its exception) parsed: the fencing token and slot each granting node
+    gave (by node index), the holders the refusing nodes named, the slots' owners as nodes saw them (with a limit),
+    the nodes that failed, and whether a node said the job is done. Pure: shared by Redlock and AsyncRedlock."""
+    fences: dict[int, int] = {}
+    slots: dict[int, int] = {}
+    holders: list[_Holder] = []
+    slot_owners: list[list[str]] = []  # with a limit: the slots' owners as nodes saw them ('' = free)
+    failed: list[tuple[int, BaseException]] = []
+    done = False
+    for i, answer in enumerate(answers):
+        if isinstance(answer, BaseException):
+            failed.append((i, answer))
+        elif answer[0] == ACQUIRED:
+            fences[i] = int(answer[1])
+            slots[i] = int(answer[2])
+            if len(answer) > 3:
+                slot_owners.append(_prefixed(answer[3]))
+        elif answer[0] == DONE:
+            done = True
+        else:
+            record = _brief(answer[1])
+            holders.append((record.get("owner", ""), int(answer[2]), record))
+            if len(answer) > 3:
+                slot_owners.append(_prefixed(answer[3]))
+    return fences, slots, holders, slot_owners, failed, done
+
+
+def _settle(fences: dict[int, int], slots: dict[int, int], slot_keys: Sequence[str]) -> tuple[str, dict[int, int]]:
+    """The key the lease is on and the nodes that granted it: with a limit, nodes may grant different slots (one
+    restarted empty), and the lease is on the slot most nodes granted."""
+    if len(slot_keys) > 1 and fences:
+        best, _ = Counter(slots.values()).most_common(1)[0]
+        return slot_keys[best], {i: f for i, f in fences.items() if slots[i] == best}
+    return slot_keys[0], fences
+
+
+def _findings(
+    holders: list[_Holder],
+    slot_owners: list[list[str]],
+    fences: dict[int, int],
+    errors: bool,  # noqa: FBT001
+    size: int,
+    quorum: int,
+    limit: int,
+    job: str | None,
+) -> tuple[str | None, float | None, dict[str, str] | None, bool, bool]:
+    """A failed attempt's findings: (held_by, held_for, holder_record, contended, split), see Redlock's attributes."""
+    held_by: str | None = None
+    held_for: float | None = None
+    holder_record: dict[str, str] | None = None
+    # Held by someone else only when one holder has a quorum of the nodes. Refusals that deny us the quorum
+    # without any single holder having one are a split vote (contenders that arrived together): nobody holds
+    # the lock, and skipping because of it would skip every contender.
+    refused = len(holders) > size - quorum
+    count = 0
+    if holders:
+        holder, count = holders[0][0], len(holders)
+        if any(h != holder for h, _, _ in holders):  # not one owner everywhere: the most reported one
+            holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]
+        held_by = holder
+        held_for = max(ms for h, ms, _ in holders if h == holder) / 1000.0
+        holder_record = _merged(r for h, _, r in holders if h == holder)
+    contended = count >= quorum
+    split = refused and not contended
+    if limit > 1:
+        # The limit is reached when every slot has one owner on a quorum of the nodes, as the nodes that
+        # refused (every slot busy) and those that granted us a free slot saw them (each slot is a lock of its
+        # own: at most one owner holds it on a quorum); or when this job's own holder has a quorum of refusals
+        # (a job never holds two slots). Refusals short of that are contenders that split the free slots, as
+        # are grants on some nodes without a quorum for one slot: try again.
+        per_slot = [Counter(o[s] for o in slot_owners if s < len(o) and o[s]) for s in range(limit)]
+        limit_reached = all(c and c.most_common(1)[0][1] >= quorum for c in per_slot)
+        same_job = [h for h, _, r in holders if job and r.get("job") == job]
+        job_held = bool(same_job) and Counter(same_job).most_common(1)[0][1] >= quorum
+        contended = limit_reached or (refused and job_held)
+        split = not contended and (refused or (not errors and bool(fences)))
+    return held_by, held_for, holder_record, contended, split
 
 
 class Redlock:
@@ -291,34 +377,9 @@ class Redlock:
             deadline = start + self.ttl - self._drift()
             if all(int(a[1]) == fence for a in answers) and deadline > self._clock():
                 return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=self._slots[0]))
-        fences: dict[int, int] = {}
-        slots: dict[int, int] = {}
-        holders: list[tuple[str, int, dict[str, str]]] = []
-        slot_owners: list[list[str]] = []  # with a limit: the slots' owners as nodes saw them ('' = free)
-        errors: list[NodeError] = []
-        done = False
-        for i, answer in enumerate(answers):
-            if isinstance(answer, BaseException):
-                errors.append(nodes.error(i, answer))
-            elif answer[0] == ACQUIRED:
-                fences[i] = int(answer[1])
-                slots[i] = int(answer[2])
-                if len(answer) > 3:
-                    slot_owners.append(_prefixed(answer[3]))
-            elif answer[0] == DONE:
-                done = True
-            else:
-                record = _brief(answer[1])
-                holders.append((record.get("owner", ""), int(answer[2]), record))
-                if len(answer) > 3:
-                    slot_owners.append(_prefixed(answer[3]))
-        key = self._slots[0]
-        granted = fences
-        if self.limit > 1 and fences:
-            # Nodes may grant different slots (one restarted empty): the lease is on the slot most nodes granted.
-            best, _ = Counter(slots.values()).most_common(1)[0]
-            key = self._slots[best]
-            granted = {i: f for i, f in fences.items() if slots[i] == best}
+        fences, slots, holders, slot_owners, failed, done = _tally(answers)
+        errors = [nodes.error(i, exc) for i, exc in failed]
+        key, granted = _settle(fences, slots, self._slots)
         if len(granted) >= nodes.quorum and not done:
             if len(granted) < len(fences):
                 others = [i for i in fences if i not in granted]
@@ -348,32 +409,9 @@ class Redlock:
         self._reset_failure()
         self.node_errors = tuple(errors)
         self.done = done
-        # Held by someone else only when one holder has a quorum of the nodes. Refusals that deny us the quorum
-        # without any single holder having one are a split vote (contenders that arrived together): nobody holds
-        # the lock, and skipping because of it would skip every contender.
-        refused = len(holders) > len(nodes) - nodes.quorum
-        count = 0
-        if holders:
-            holder, count = holders[0][0], len(holders)
-            if any(h != holder for h, _, _ in holders):  # not one owner everywhere: the most reported one
-                holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]
-            self.held_by = holder
-            self.held_for = max(ms for h, ms, _ in holders if h == holder) / 1000.0
-            self.holder_record = _merged(r for h, _, r in holders if h == holder)
-        self.contended = count >= nodes.quorum
-        self.split = refused and not self.contended
-        if self.limit > 1:
-            # The limit is reached when every slot has one owner on a quorum of the nodes, as the nodes that
-            # refused (every slot busy) and those that granted us a free slot saw them (each slot is a lock of its
-            # own: at most one owner holds it on a quorum); or when this job's own holder has a quorum of refusals
-            # (a job never holds two slots). Refusals short of that are contenders that split the free slots, as
-            # are grants on some nodes without a quorum for one slot: try again.
-            per_slot = [Counter(o[s] for o in slot_owners if s < len(o) and o[s]) for s in range(self.limit)]
-            limit_reached = all(c and c.most_common(1)[0][1] >= nodes.quorum for c in per_slot)
-            same_job = [h for h, _, r in holders if self.job and r.get("job") == self.job]
-            job_held = bool(same_job) and Counter(same_job).most_common(1)[0][1] >= nodes.quorum
-            self.contended = limit_reached or (refused and job_held)
-            self.split = not self.contended and (refused or (not errors and bool(fences)))
+        self.held_by, self.held_for, self.holder_record, self.contended, self.split = _findings(
+            holders, slot_owners, fences, bool(errors), len(nodes), nodes.quorum, self.limit, self.job
+        )
         return False
 
     def _won(self, lease: _Lease) -> bool:

@@ -1,0 +1,649 @@
+"""AsyncRedlock: Redlock on ``redis.asyncio``, for ``async def`` code (web handlers, asyncio workers).
+
+The same lease as :class:`~celery_singleton_lock.redlock.Redlock`: the same scripts (``scripts.py``), holder
+records and keys (``record.py``), the same quorum, validity and drift rules, the same fencing (the FENCE script
+raises the nodes that are behind) and the same undo of a failed attempt, judged by the same pure helpers
+(``redlock._tally``, ``_settle``, ``_findings``). So a sync and an async holder of one name exclude each other and
+share one fencing sequence. What differs is I/O only: the fan-out is ``asyncio.gather`` over the nodes, each node's
+exchange bounded by ``socket_timeout`` (``asyncio.wait_for``), so a paused node costs the loop nothing and the
+attempt at most ``socket_timeout``.
+
+Clients built from URLs are shared per event loop (a ``redis.asyncio`` connection belongs to the loop that opened
+it); :func:`aclose` closes the running loop's (an app's shutdown hook).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import random
+import secrets
+import time as mod_time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, ClassVar, Literal, cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import NoScriptError, RedisError
+
+from ._urls import NodeURL, parse_node_url, redact_url, validate_url
+from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
+from .nodes import NodeError, _url_options
+from .record import done_key_for, fence_key_for, record_of, slot_keys
+from .redlock import Redlock, _findings, _Lease, _settle, _tally
+from .scripts import (
+    ACQUIRE,
+    ACQUIRED,
+    EXTEND,
+    EXTENDED,
+    FENCE,
+    LOST,
+    REFILL,
+    RELEASE,
+    REPAIRED,
+    STATUS,
+    TRANSFER,
+    UNDO,
+    Script,
+)
+
+__all__ = ["AsyncNodes", "AsyncRedlock", "aclose"]
+
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(aioredis.Redis.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+# redis < 5.3 wants a command name (ignored); later versions warn when given one.
+_GET_ARGS: tuple[str, ...] = (
+    ()
+    if inspect.signature(aioredis.ConnectionPool.get_connection).parameters["command_name"].default
+    is not inspect.Parameter.empty
+    else ("EVALSHA",)
+)
+
+_timeout: Any = getattr(asyncio, "timeout", None)
+_untyped_sentinel: Any = Sentinel  # untyped in redis-py
+
+# One client per URL and timeout for each event loop (redis.asyncio connections cannot move between loops).
+_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], aioredis.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+# Background work (a cancelled caller's release, a cancelled attempt's undo) must not be garbage-collected mid-flight.
+_background: set[asyncio.Task[Any]] = set()
+
+
+def _spawn(coro: Any) -> asyncio.Task[Any]:
+    task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
+
+
+async def aclose() -> None:
+    """Close the connections the running event loop opened from URLs (call it from your app's shutdown)."""
+    clients = _loop_clients.pop(asyncio.get_running_loop(), {})
+    for client in clients.values():
+        await client.aclose()
+
+
+def _client_name(client: aioredis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def _sentinel_master(spec: NodeURL, options: dict[str, Any]) -> aioredis.Redis:
+    """A client of the master of ``spec.service`` on redis.asyncio, as ``nodes._sentinel_master`` builds it."""
+    kwargs = _url_options(spec, options)
+    sentinel_kwargs = {**options, "retry": None}
+    sentinel_kwargs.update((name.removeprefix("sentinel_"), value) for name, value in spec.sentinel_options)
+    if spec.tls:
+        sentinel_kwargs.update({k: v for k, v in kwargs.items() if k.startswith("ssl")})
+    sentinel: Any = _untyped_sentinel(list(spec.hosts), sentinel_kwargs=sentinel_kwargs)
+    return cast(aioredis.Redis, sentinel.master_for(spec.service, redis_class=aioredis.Redis, **kwargs))
+
+
+class AsyncNodes:
+    """The Redis masters of an :class:`AsyncRedlock`: URLs (``redis://``, ``rediss://``, ``unix://``,
+    ``redis+sentinel://``; see docs/nodes.md) or ``redis.asyncio.Redis`` clients (a Sentinel master too:
+    ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``). Not a Redis Cluster yet."""
+
+    def __init__(
+        self, urls: str | aioredis.Redis | Sequence[str | aioredis.Redis], *, socket_timeout: float = 0.5
+    ) -> None:
+        if socket_timeout <= 0:
+            raise ConfigurationError(f"socket_timeout must be > 0 seconds, got {socket_timeout!r}")
+        items: list[str | aioredis.Redis] = [urls] if isinstance(urls, str | aioredis.Redis) else list(urls)
+        if not items:
+            raise ConfigurationError("at least one Redis node is needed, e.g. 'redis://127.0.0.1:6379/0'")
+        names: list[str] = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                url = validate_url(item)
+                spec = parse_node_url(url)
+                if spec is not None and spec.kind != "sentinel":
+                    raise ConfigurationError(
+                        f"AsyncRedlock takes redis://, rediss://, unix:// and redis+sentinel:// URLs, not "
+                        f"{redact_url(url)!r}: a Redis Cluster is not supported by AsyncRedlock yet"
+                    )
+                items[i] = url
+                names.append(redact_url(url))
+            elif isinstance(item, aioredis.Redis):
+                names.append(_client_name(item))
+            else:
+                raise ConfigurationError(
+                    f"AsyncRedlock nodes are URLs or redis.asyncio.Redis clients, got {type(item).__name__}"
+                )
+        if len(set(names)) < len(names):
+            raise ConfigurationError("a Redis node is listed twice: Redlock needs independent nodes")
+        self._items = tuple(items)
+        self.names: tuple[str, ...] = tuple(names)
+        self.quorum = len(items) // 2 + 1
+        self.socket_timeout = socket_timeout
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"AsyncNodes({list(self.names)!r}, quorum={self.quorum})"
+
+    def clients(self) -> list[aioredis.Redis]:
+        """The clients for the running loop (built from URLs on first use in that loop; nothing connects here)."""
+        shared = _loop_clients.setdefault(asyncio.get_running_loop(), {})
+        out: list[aioredis.Redis] = []
+        for item in self._items:
+            if not isinstance(item, str):
+                out.append(item)
+                continue
+            client = shared.get((item, self.socket_timeout))
+            if client is None:
+                # RESP2 and no CLIENT SETINFO: a new connection writes nothing before our command, so connecting to
+                # a paused node does not wait on a handshake (as nodes.py's clients).
+                options: dict[str, Any] = {
+                    "socket_timeout": self.socket_timeout,
+                    "socket_connect_timeout": self.socket_timeout,
+                    "protocol": 2,
+                    **_NO_SETINFO,
+                }
+                spec = parse_node_url(item)
+                client = aioredis.Redis.from_url(item, **options) if spec is None else _sentinel_master(spec, options)
+                shared[(item, self.socket_timeout)] = client
+            out.append(client)
+        return out
+
+    def error(self, index: int, exc: BaseException) -> NodeError:
+        """A redacted description of node ``index``'s failure."""
+        if isinstance(exc, asyncio.TimeoutError):
+            return NodeError(self.names[index], f"TimeoutError: no answer within {self.socket_timeout} s")
+        return NodeError(self.names[index], f"{type(exc).__name__}: {exc}")
+
+    async def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        nodes: Sequence[int] | Mapping[int, Any] | None = None,
+        *,
+        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None = None,
+    ) -> list[Any]:
+        """Run ``script`` on the given nodes (default: all) concurrently; one answer or exception per node (None
+        for a node not asked). Each node's exchange is bounded by ``socket_timeout``; ``undo_on_timeout`` is written
+        on the same connection when a node timed out after the command was sent (as ``NodeSet.run``)."""
+        clients = self.clients()
+        indices = range(len(clients)) if nodes is None else list(nodes)
+        results: list[Any] = [None] * len(clients)
+        if len(indices) == 1:  # one node: no tasks to gather
+            results[indices[0]] = await self._call(clients[indices[0]], script, keys, args, undo_on_timeout)
+            return results
+        answers = await asyncio.gather(*(self._call(clients[i], script, keys, args, undo_on_timeout) for i in indices))
+        for i, answer in zip(indices, answers, strict=True):
+            results[i] = answer
+        return results
+
+    async def _call(
+        self,
+        client: aioredis.Redis,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> Any:
+        pool: Any = client.connection_pool  # untyped in redis-py
+        state: list[Any] = [None, False]  # the connection, and whether the command was sent on it
+        try:
+            if _timeout is not None:  # Python >= 3.11: a deadline on this task, no task of its own (wait_for's)
+                async with _timeout(self.socket_timeout):
+                    answer = await self._exchange(pool, state, script, keys, args)
+            else:  # pragma: no cover - Python 3.10
+                answer = await asyncio.wait_for(self._exchange(pool, state, script, keys, args), self.socket_timeout)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            conn = state[0]
+            if conn is not None:
+                if state[1] and undo is not None and isinstance(exc, asyncio.TimeoutError):
+                    # A paused node runs what its socket holds when it wakes up: the undo right after our command.
+                    body, undo_keys, undo_args = undo
+                    packed = conn.pack_command("EVAL", body.body, len(undo_keys), *undo_keys, *undo_args)
+                    with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+                        await asyncio.wait_for(conn.send_packed_command(packed, check_health=False), 0.05)
+                await self._drop(pool, conn)
+            return exc
+        except BaseException:  # cancelled: the connection's state is unknown, never reuse it
+            if state[0] is not None:
+                _spawn(self._drop(pool, state[0]))
+            raise
+        await pool.release(state[0])
+        return answer
+
+    @staticmethod
+    async def _exchange(
+        pool: Any, state: list[Any], script: Script, keys: Sequence[str], args: Sequence[str | int]
+    ) -> Any:
+        conn = state[0] = await pool.get_connection(*_GET_ARGS)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        await conn.send_packed_command(conn.pack_command(*command), check_health=False)
+        state[1] = True
+        try:
+            return await conn.read_response(disconnect_on_error=False)
+        except NoScriptError:
+            await conn.send_packed_command(conn.pack_command("EVAL", script.body, *command[2:]), check_health=False)
+            return await conn.read_response(disconnect_on_error=False)
+
+    @staticmethod
+    async def _drop(pool: Any, conn: Any) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await conn.disconnect(nowait=True)
+        await pool.release(conn)
+
+
+class AsyncRedlock:
+    """A distributed lock on one or N independent Redis masters, for asyncio: :class:`Redlock`'s lease, awaited.
+
+    ``async with AsyncRedlock(urls, "invoice:42", ttl=10.0) as lock:`` acquires (waiting ``timeout`` s, ``None``:
+    until acquired), renews the lease every ``ttl / 3`` s from a task of its own while the block runs
+    (``auto_renewal=False`` turns that off) and releases at the end. With ``cancel_on_loss=True``, a lease lost
+    while the block runs (a renewal that finds it held by someone else or gone on too many nodes, or its validity
+    run out before a quorum answered) cancels the block at its next ``await`` and ``async with`` raises
+    :class:`LockLostError`; without, ``lost`` is set and the block runs on.
+
+    The other arguments are :class:`Redlock`'s (``record``, ``job``, ``fencing``, ``fence_key``, ``limit``,
+    ``token``, ``socket_timeout``). Nodes are URLs (``redis://``, ``rediss://``, ``unix://``), ``redis.asyncio.Redis``
+    clients, or an :class:`AsyncNodes`. ``release()`` frees the lock even when the awaiting task is cancelled (it is
+    sent again from a background task, bounded by ``socket_timeout``); what it cannot reach expires after ``ttl``.
+    """
+
+    DRIFT_FACTOR: ClassVar[float] = Redlock.DRIFT_FACTOR
+    DRIFT_FLOOR: ClassVar[float] = Redlock.DRIFT_FLOOR
+    RETRY_BASE: ClassVar[float] = Redlock.RETRY_BASE
+    RETRY_CAP: ClassVar[float] = Redlock.RETRY_CAP
+
+    #: Findings of the last failed attempt, as :class:`Redlock`'s.
+    split: bool = False
+    done: bool = False
+    held_by: str | None = None
+    holder_record: dict[str, str] | None = None
+    held_for: float | None = None
+    node_errors: tuple[NodeError, ...] = ()
+    contended: bool = False
+    #: True once the renewal of an ``async with`` found the lease lost.
+    lost: bool = False
+
+    def __init__(
+        self,
+        urls: str | aioredis.Redis | Sequence[str | aioredis.Redis] | AsyncNodes,
+        name: str,
+        *,
+        ttl: float = 10.0,
+        timeout: float | None = None,
+        token: str | None = None,
+        record: Mapping[str, str] | None = None,
+        job: str | None = None,
+        fencing: bool = True,
+        fence_key: str | None = None,
+        limit: int = 1,
+        socket_timeout: float = 0.5,
+        auto_renewal: bool = True,
+        cancel_on_loss: bool = False,
+        clock: Callable[[], float] = mod_time.monotonic,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
+        if not ttl > 0.01:
+            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
+        if timeout is not None and timeout < 0:
+            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
+        if record and ("owner" in record or "fence" in record or "waiting" in record):
+            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+        self.nodes = urls if isinstance(urls, AsyncNodes) else AsyncNodes(urls, socket_timeout=socket_timeout)
+        self.name = name
+        self.fence_key = fence_key or fence_key_for(name)
+        self.ttl = float(ttl)
+        self.timeout = timeout
+        self.job = job
+        self.auto_renewal = auto_renewal
+        self.cancel_on_loss = cancel_on_loss
+        self._label = f"{token}:" if token else ""
+        fields = dict(record) if record else {}
+        if job is not None:
+            fields["job"] = job
+        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
+        self.limit = limit
+        self._slots = slot_keys(name, limit)
+        self._keys: tuple[str, ...] = (
+            (name, self.fence_key, *self._slots[1:])
+            if job is None
+            else (name, self.fence_key, *self._slots[1:], done_key_for(name, job))
+        )
+        self._limit_arg = str(limit)
+        self._fencing = "1" if fencing else "0"
+        self._clock = clock
+        self._lease: _Lease | None = None
+        self._fence: int | None = None
+        self._last_key = self._slots[0]
+        self._mutex: asyncio.Lock | None = None  # made in the loop: orders release against an extend in flight
+        self._renewer: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[Any] | None = None
+        self._cancelled_by_us = False
+
+    def __repr__(self) -> str:
+        return f"AsyncRedlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
+
+    @property
+    def key(self) -> str:
+        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
+        return self._lease.key if self._lease else self._last_key
+
+    @property
+    def token(self) -> str | None:
+        """The owner token of the current (or last) lease, None before the first acquire."""
+        return self._lease.token if self._lease else None
+
+    @property
+    def fencing_token(self) -> int:
+        """Greater than every fencing token returned earlier for this name (sync or async); raises before an
+        acquire."""
+        if self._fence is None:
+            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
+        return self._fence
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still ours by the local clock (0 when not held)."""
+        if self._lease is None:
+            return 0.0
+        return max(0.0, self._lease.deadline - self._clock())
+
+    def _drift(self) -> float:
+        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
+
+    def _lock(self) -> asyncio.Lock:
+        if self._mutex is None:
+            self._mutex = asyncio.Lock()
+        return self._mutex
+
+    def _reset_failure(self) -> None:
+        self.split = self.done = self.contended = False
+        self.held_by = self.holder_record = self.held_for = None
+        self.node_errors = ()
+
+    def _won(self, lease: _Lease) -> bool:
+        self._lease = lease
+        self._last_key = lease.key
+        self._fence = lease.fence
+        self._reset_failure()
+        return True
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
+        """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
+
+        A blocking acquire stops early, returning False, when the job is done (``done``): waiting cannot help.
+        """
+        if timeout is None:
+            timeout = self.timeout
+        deadline = None if timeout is None else self._clock() + timeout
+        attempt = 0
+        while True:
+            if await self._attempt():
+                return True
+            if not blocking or self.done:
+                return False
+            delay = random.uniform(self.RETRY_BASE, min(self.RETRY_CAP, self.RETRY_BASE * 2**attempt))  # noqa: S311
+            if deadline is not None:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return False
+                delay = min(delay, remaining)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _attempt(self) -> bool:
+        token = f"{self._label}{secrets.token_hex(16)}"
+        try:
+            return await self._attempt_with(token)
+        except BaseException:
+            # Cancelled (or failed) mid-attempt: some nodes may hold this attempt's token; take it back off them in
+            # the background (bounded by socket_timeout), or the name would stay blocked for a ttl.
+            if self._lease is None or self._lease.token != token:
+                _spawn(self.nodes.run(UNDO, self._slots, (token,)))
+            raise
+
+    async def _attempt_with(self, token: str) -> bool:
+        ttl_ms = int(self.ttl * 1000)
+        nodes = self.nodes
+        start = self._clock()
+        answers = await nodes.run(
+            ACQUIRE,
+            self._keys,
+            (token, ttl_ms, self._fencing, "", self.job or "", self._limit_arg, *self._fields),
+            undo_on_timeout=(UNDO, self._slots, (token,)),
+        )
+        if self.limit == 1 and all(type(a) is list and a[0] == ACQUIRED for a in answers):
+            # Every node granted with one fencing token: nothing to undo, fence or settle (Redlock's fast path).
+            fence = int(answers[0][1])
+            deadline = start + self.ttl - self._drift()
+            if all(int(a[1]) == fence for a in answers) and deadline > self._clock():
+                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=self._slots[0]))
+        fences, slots, holders, slot_owners, failed, done = _tally(answers)
+        errors = [nodes.error(i, exc) for i, exc in failed]
+        key, granted = _settle(fences, slots, self._slots)
+        if len(granted) >= nodes.quorum and not done:
+            if len(granted) < len(fences):
+                await nodes.run(UNDO, self._slots, (token,), [i for i in fences if i not in granted])
+                fences = granted
+            fence = max(fences.values())
+            behind = [i for i, f in fences.items() if f < fence]
+            confirmed = len(fences) - len(behind)
+            if behind and confirmed < nodes.quorum:
+                # Every node of the quorum must hold at least the returned token (see redlock.py's docstring).
+                fenced = await nodes.run(FENCE, (key, self.fence_key), (token, fence), behind)
+                for i in behind:
+                    if fenced[i] == 1:
+                        confirmed += 1
+                    elif isinstance(fenced[i], BaseException):
+                        errors.append(nodes.error(i, fenced[i]))
+            deadline = start + self.ttl - self._drift()
+            if confirmed >= nodes.quorum and deadline > self._clock():
+                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key))
+        if fences:
+            await nodes.run(UNDO, self._slots, (token,), fences)
+        self._reset_failure()
+        self.node_errors = tuple(errors)
+        self.done = done
+        self.held_by, self.held_for, self.holder_record, self.contended, self.split = _findings(
+            holders, slot_owners, fences, bool(errors), len(nodes), nodes.quorum, self.limit, self.job
+        )
+        return False
+
+    async def extend(self) -> bool:
+        """Reset the lease to ``ttl`` if we still hold it; False when not extended (lost: ``validity`` is 0; or
+        too few nodes answered: try again before the lease ends)."""
+        return await self._renew() is True
+
+    async def _renew(self) -> bool | None:
+        """True (extended), False (lost) or None (undecided: too few answers, the lease stands until its deadline).
+
+        The rules are Redlock._extend_locked's for one lease: only nodes that still held our token vote; a node
+        that had lost the key is repaired (and refilled) but does not count.
+        """
+        async with self._lock():
+            lease = self._lease
+            if lease is None or not lease.renewable:
+                return False
+            if lease.deadline <= self._clock():
+                self._lease = None
+                return False
+            start = self._clock()
+            answers = await self.nodes.run(
+                EXTEND, (lease.key, self.fence_key), (lease.token, lease.ttl_ms, lease.fence)
+            )
+            now = self._clock()
+            codes = [None if isinstance(a, BaseException) else a[0] for a in answers]
+            repaired = [i for i, c in enumerate(codes) if c == REPAIRED]
+            if repaired and lease.fields:
+                await self.nodes.run(REFILL, (lease.key,), (lease.token, *lease.fields), repaired)
+            votes = codes.count(EXTENDED)
+            gone = sum(1 for c in codes if c in (LOST, REPAIRED))
+            deadline = start + self.ttl - self._drift()
+            if votes >= self.nodes.quorum and deadline > now and lease.deadline > now:
+                lease.deadline = deadline
+                return True
+            if lease.deadline > now and gone <= len(self.nodes) - self.nodes.quorum:
+                return None
+            self._lease = None
+            if any(c is not None and c != LOST for c in codes):
+                # Lost, yet some nodes still (or again, by repair) hold our token: take it back off them.
+                await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
+            return False
+
+    async def release(self) -> bool:
+        """Give the lock up on every node; True if we still held it (on a quorum). Idempotent.
+
+        A caller cancelled while it awaits still frees the lock (the release is sent again from a background task,
+        bounded by ``socket_timeout``); a node it cannot reach lets the lease expire after ``ttl``.
+        """
+        lease = self._lease
+        if lease is None:
+            return False
+        self._lease = None  # a renewal in flight or to come now leaves the lease alone
+        lease.renewable = False  # given up, not lost: the renewal must not take it for a loss
+        try:
+            return await self._release(lease)
+        except asyncio.CancelledError:
+            # The caller was cancelled mid-release: release again from a task of its own (RELEASE compares the
+            # owner token, so a second one is harmless), bounded by socket_timeout. No task in the common case.
+            _spawn(self._release(lease))
+            raise
+
+    async def _release(self, lease: _Lease) -> bool:
+        async with self._lock():  # after an extend in flight: it could otherwise repair the key just deleted
+            answers = await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
+        freed = sum(1 for a in answers if a == 1)
+        return freed >= self.nodes.quorum and lease.deadline > self._clock()
+
+    async def transfer(self, ttl: float, record: Mapping[str, str] | None = None) -> bool:
+        """Hand the lease on under a fresh owner token for ``ttl`` s, changing the ``record`` fields, on a quorum
+        (:meth:`Redlock.transfer`; the lease is no longer renewed, and ``release()`` still cancels the hand-over)."""
+        async with self._lock():
+            lease = self._lease
+            if lease is None:
+                return False
+            start = self._clock()
+            token = f"{self._label}{secrets.token_hex(16)}"
+            changes = [x for kv in (record or {}).items() for x in kv]
+            answers = await self.nodes.run(TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
+            current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
+            held = sum(1 for a in answers if a == 1) >= self.nodes.quorum and lease.deadline > self._clock()
+            lease.renewable = False  # handed on: a renewal waiting for its turn must not take it for a loss
+            self._lease = (
+                _Lease(
+                    token,
+                    int(ttl * 1000),
+                    lease.fence,
+                    start + ttl - self._drift(),
+                    renewable=False,
+                    fields=tuple(x for kv in current.items() for x in kv),
+                    key=lease.key,
+                )
+                if held
+                else None
+            )
+        return held
+
+    async def owned(self) -> bool:
+        """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
+        lease = self._lease
+        if lease is None or lease.deadline <= self._clock():
+            return False
+        answers = await self.nodes.run(STATUS, (lease.key, self.fence_key), ())
+        mine = sum(
+            1 for a in answers if not isinstance(a, BaseException) and record_of(a[0]).get("owner") == lease.token
+        )
+        return mine >= self.nodes.quorum
+
+    async def _renewal(self) -> None:
+        """The lease's watchdog while ``async with`` runs: extend every ttl/3 (sooner after an undecided round, and
+        never later than the lease's deadline); on loss, cancel the block when ``cancel_on_loss``."""
+        interval = self.ttl / 3
+        while True:
+            lease = self._lease
+            if lease is None:
+                return
+            await asyncio.sleep(max(0.0, min(interval, lease.deadline - self._clock())))
+            if self._lease is not lease:
+                return  # released meanwhile
+            verdict = await self._renew()
+            if verdict is False:
+                if lease.renewable:  # not released by us meanwhile: lost
+                    self.lost = True
+                    owner = self._owner
+                    if self.cancel_on_loss and owner is not None and not owner.done():
+                        self._cancelled_by_us = True
+                        owner.cancel()
+                return
+            interval = max(0.01, self.ttl / 10) if verdict is None else self.ttl / 3
+
+    async def __aenter__(self) -> AsyncRedlock:
+        if not await self.acquire(blocking=True, timeout=self.timeout):
+            errors = [str(e) for e in self.node_errors]
+            if self.contended or not errors:
+                raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
+            raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+        self.lost = self._cancelled_by_us = False
+        self._owner = asyncio.current_task()
+        if self.auto_renewal:
+            self._renewer = asyncio.ensure_future(self._renewal())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        renewer, self._renewer = self._renewer, None
+        try:
+            if renewer is not None and not renewer.done():
+                renewer.cancel()
+                await asyncio.wait([renewer])
+            await self.release()
+        except asyncio.CancelledError:
+            # The renewal's cancel arrived after the block's last await: the loss is known at the exit itself.
+            if not self._cancelled_by_us:
+                raise
+            exc_type = asyncio.CancelledError
+        if self._cancelled_by_us:
+            self._cancelled_by_us = False
+            uncancel = getattr(self._owner, "uncancel", None)
+            if uncancel is not None:
+                uncancel()  # our cancel, not the caller's: Python >= 3.11 counts cancel requests per task
+            if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+                raise LockLostError(f"lock {self.name!r} was lost while the block ran", key=self.name) from None
+        return False

@@ -1,0 +1,675 @@
+"""AsyncRedlock on real redis-servers: exclusion with itself and with the sync Redlock, one fencing sequence, a quorum
+with a node down or paused that never blocks the event loop, renewal, cancel on loss, a cancelled release, and a
+history under random faults checked by check_history.
+
+Each test runs its own event loop in debug mode (``asyncio.run(..., debug=True)``) with a small
+``slow_callback_duration``: a callback that blocks the loop longer is logged by asyncio as ``Executing ... took``.
+Every wait is bounded (``asyncio.wait_for``); no test asserts an upper bound on elapsed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import pytest
+import redis.asyncio as aioredis
+from celery import Celery
+from topologies import SentinelSet
+
+from celery_singleton_lock import AsyncRedlock, LockedTask, LockLostError, LockUnavailableError, Redlock
+from celery_singleton_lock import _enqueue as enqueue
+from celery_singleton_lock.aio import aclose
+from celery_singleton_lock.errors import ConfigurationError
+from celery_singleton_lock.faults import FaultProxy
+from celery_singleton_lock.history import Acquisition, FaultInjector, History, run_lock_client
+from celery_singleton_lock.testing import RedisServer, wait_for
+
+T = TypeVar("T")
+SLOW = 0.1  # slow_callback_duration: a callback holding the loop longer than this is logged by asyncio
+
+
+def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
+    """Run ``make()`` on a fresh debug-mode loop, bounded by ``timeout``; the loop's shared clients are closed."""
+
+    async def main() -> T:
+        asyncio.get_running_loop().slow_callback_duration = SLOW
+        try:
+            return await asyncio.wait_for(make(), timeout)
+        finally:
+            await aclose()
+
+    return asyncio.run(main(), debug=True)
+
+
+def slow_callbacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """asyncio's debug-mode reports of callbacks that held the loop longer than ``slow_callback_duration``."""
+    return [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
+
+
+def urls_of(servers: Sequence[RedisServer]) -> list[str]:
+    return [s.url for s in servers]
+
+
+def keys_on(servers: Sequence[RedisServer], name: str) -> list[bool]:
+    """Whether each server holds the key ``name``."""
+    out = []
+    for s in servers:
+        c = s.client(socket_timeout=5)
+        try:
+            out.append(bool(c.exists(name)))
+        finally:
+            c.close()
+    return out
+
+
+def delete_on(servers: Sequence[RedisServer], name: str) -> None:
+    for s in servers:
+        c = s.client(socket_timeout=5)
+        try:
+            c.delete(name)
+        finally:
+            c.close()
+
+
+@pytest.fixture(params=[1, 3], ids=["1node", "3nodes"])
+def nodes(request: pytest.FixtureRequest, redis_node: RedisServer, redis_trio: list[RedisServer]) -> list[str]:
+    """The shared servers as a 1-node or a 3-node lock."""
+    return [redis_node.url] if request.param == 1 else urls_of(redis_trio)
+
+
+class Room:
+    """A critical section shared by threads and coroutines: records who is inside and the fencing tokens in order
+    of entry, and any overlap."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.inside = 0
+        self.overlaps = 0
+        self.fences: list[int] = []
+
+    def enter(self, fence: int) -> None:
+        with self._lock:
+            self.inside += 1
+            if self.inside > 1:
+                self.overlaps += 1
+            self.fences.append(fence)
+
+    def leave(self) -> None:
+        with self._lock:
+            self.inside -= 1
+
+
+def test_async_holders_exclude_each_other(nodes: list[str], name: str) -> None:
+    """Concurrent ``async with`` holders of one name never overlap, and their fencing tokens grow in entry order."""
+    room = Room()
+
+    async def worker() -> None:
+        for _ in range(5):
+            async with AsyncRedlock(nodes, name, ttl=5.0, timeout=20.0) as lock:
+                room.enter(lock.fencing_token)
+                await asyncio.sleep(0.002)
+                room.leave()
+
+    arun(lambda: asyncio.gather(*(worker() for _ in range(8))))
+    assert room.overlaps == 0
+    assert len(room.fences) == 40
+    assert room.fences == sorted(room.fences) and len(set(room.fences)) == 40
+
+
+def test_async_and_sync_holders_exclude_each_other(nodes: list[str], name: str) -> None:
+    """Sync Redlock holders in threads and AsyncRedlock holders in a loop never overlap on one name, and share one
+    strictly growing fencing sequence."""
+    room = Room()
+    errors: list[str] = []
+
+    def sync_worker() -> None:
+        try:
+            for _ in range(8):
+                with Redlock(nodes, name, ttl=5.0, timeout=20.0) as lock:
+                    room.enter(lock.fencing_token)
+                    time.sleep(0.002)
+                    room.leave()
+        except Exception:
+            errors.append(traceback.format_exc())
+
+    async def async_worker() -> None:
+        for _ in range(8):
+            async with AsyncRedlock(nodes, name, ttl=5.0, timeout=20.0) as lock:
+                room.enter(lock.fencing_token)
+                await asyncio.sleep(0.002)
+                room.leave()
+
+    threads = [threading.Thread(target=sync_worker, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        arun(lambda: asyncio.gather(*(async_worker() for _ in range(4))))
+    finally:
+        for t in threads:
+            t.join(60)
+    assert not errors, errors[0]
+    assert not any(t.is_alive() for t in threads)
+    assert room.overlaps == 0
+    assert len(room.fences) == 56
+    assert room.fences == sorted(room.fences) and len(set(room.fences)) == 56
+
+
+def test_sync_holder_refuses_async_and_back(redis_trio: list[RedisServer], name: str) -> None:
+    """A sync holder refuses an async acquire (contended, named holder) and vice versa; tokens alternate upward."""
+    urls = urls_of(redis_trio)
+    tokens: list[int] = []
+
+    async def scenario() -> None:
+        sync = Redlock(urls, name, ttl=10.0)
+        assert await asyncio.to_thread(sync.acquire, blocking=False)
+        tokens.append(sync.fencing_token)
+        lock = AsyncRedlock(urls, name, ttl=10.0)
+        assert not await lock.acquire(blocking=False)
+        assert lock.contended and not lock.split and lock.held_by == sync.token
+        await asyncio.to_thread(sync.release)
+        assert await lock.acquire(blocking=False)
+        tokens.append(lock.fencing_token)
+        assert await lock.owned()
+        assert not await asyncio.to_thread(Redlock(urls, name).acquire, blocking=False)
+        assert await lock.release()
+        assert not await lock.release()  # idempotent
+        assert await asyncio.to_thread(sync.acquire, blocking=False)
+        tokens.append(sync.fencing_token)
+        await asyncio.to_thread(sync.release)
+
+    arun(scenario)
+    assert tokens[0] < tokens[1] < tokens[2]
+
+
+def test_nodes_behind_on_the_fencing_counter_are_raised(fresh_trio: list[RedisServer], name: str) -> None:
+    """Nodes whose counters diverged: the async acquire returns the max and raises the nodes behind to it, so a
+    later sync acquire without the node that was ahead still gets a larger token."""
+    urls = urls_of(fresh_trio)
+    c = fresh_trio[0].client(socket_timeout=5)
+    try:
+        c.set(f"{{{name}}}:fence", 100)  # fence_key_for(name): node 0 is ahead (a failed attempt reached it)
+    finally:
+        c.close()
+
+    async def scenario() -> int:
+        lock = AsyncRedlock(urls, name, ttl=10.0)
+        assert await lock.acquire(blocking=False)
+        assert await lock.release()
+        return lock.fencing_token
+
+    token = arun(scenario)
+    assert token == 101
+    fresh_trio[0].stop()
+    later = Redlock(urls, name, ttl=10.0, socket_timeout=0.5)
+    assert later.acquire(blocking=False)
+    assert later.fencing_token > token
+    later.release()
+
+
+def test_a_node_that_timed_out_gets_the_undo_on_the_same_connection(fresh_trio: list[RedisServer], name: str) -> None:
+    """A node paused past socket_timeout during a won acquire runs the attempt's undo right after it when it
+    resumes: it holds no stray key for a ttl."""
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=0.3)
+        assert await lock.acquire(blocking=False)  # connections made while every node answers
+        await lock.release()
+        fresh_trio[0].pause()
+        try:
+            assert await lock.acquire(blocking=False)  # the two others make the quorum
+        finally:
+            fresh_trio[0].resume()
+        assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name)[0] is False, 3.0)
+        assert keys_on(fresh_trio, name)[1:] == [True, True]
+        assert await lock.release()
+
+    arun(scenario, timeout=30.0)
+
+
+def test_quorum_with_a_paused_node_never_blocks_the_loop(
+    fresh_trio: list[RedisServer], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With one of three nodes paused (SIGSTOP) the lease is taken, extended and released on the other two, and the
+    loop is never held (no slow-callback report); with two paused, the attempt is refused as unavailable."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    urls = urls_of(fresh_trio)
+    ticks = 0
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        tick = asyncio.ensure_future(ticker(stop))
+        lock = AsyncRedlock(urls, name, ttl=10.0, socket_timeout=0.5)
+        assert await lock.acquire(blocking=False)  # connections made while every node answers
+        await lock.release()
+        fresh_trio[0].pause()
+        try:
+            for _ in range(3):
+                assert await lock.acquire(blocking=False)
+                assert await lock.extend()
+                assert await lock.release()
+            fresh_trio[1].pause()
+            other = AsyncRedlock(urls, name, ttl=10.0, socket_timeout=0.5, timeout=0.0)
+            with pytest.raises(LockUnavailableError):
+                async with other:
+                    pass  # pragma: no cover - never entered
+            assert not other.contended and len(other.node_errors) == 2
+        finally:
+            for s in fresh_trio:
+                s.resume()
+            stop.set()
+            await tick
+        # One node down (stopped) instead: still a quorum.
+        await asyncio.to_thread(fresh_trio[2].stop)
+        assert await lock.acquire(blocking=False)
+        assert await lock.release()
+
+    arun(scenario)
+    assert ticks > 0
+    assert slow_callbacks(caplog) == []
+
+
+def test_the_slow_callback_detector_sees_a_sync_lock_on_the_loop(
+    fresh_trio: list[RedisServer], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The detector of the test above works: a sync Redlock called on the loop with a node paused is reported."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        lock = Redlock(urls, name, ttl=10.0, socket_timeout=0.5)
+        fresh_trio[0].pause()
+        try:
+            assert lock.acquire(blocking=False)  # blocks the loop for up to socket_timeout: what we must never do
+            lock.release()
+        finally:
+            fresh_trio[0].resume()
+
+    arun(scenario)
+    assert slow_callbacks(caplog)
+
+
+def test_renewal_keeps_the_lease_while_the_block_runs(redis_trio: list[RedisServer], name: str) -> None:
+    """``async with`` renews a short lease: a contender is still refused after several ttls; with
+    ``auto_renewal=False`` it gets in once the ttl ran out."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> None:
+        async with AsyncRedlock(urls, name, ttl=0.6) as lock:
+            await asyncio.sleep(2.0)  # more than three ttls
+            assert not await AsyncRedlock(urls, name).acquire(blocking=False)
+            assert await lock.owned() and not lock.lost
+        assert await AsyncRedlock(urls, name).acquire(blocking=False)
+
+    async def unrenewed() -> None:
+        other = f"{name}:unrenewed"
+        async with AsyncRedlock(urls, other, ttl=0.3, auto_renewal=False):
+            contender = AsyncRedlock(urls, other, ttl=5.0)
+            assert await contender.acquire(blocking=True, timeout=5.0)
+            await contender.release()
+
+    arun(scenario)
+    arun(unrenewed)
+
+
+def test_cancel_on_loss_cancels_the_block(redis_trio: list[RedisServer], name: str) -> None:
+    """Keys deleted on every node mid-block: the renewal finds the lease lost, the block is cancelled at its await
+    (the code after it never runs), ``async with`` raises LockLostError, and the task is not left cancelled."""
+    urls = urls_of(redis_trio)
+    reached: list[str] = []
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=0.6, cancel_on_loss=True)
+        with pytest.raises(LockLostError):  # noqa: PT012 - the block is what is cancelled
+            async with lock:
+                await asyncio.to_thread(delete_on, redis_trio, name)
+                await asyncio.sleep(10)
+                reached.append("after the loss")  # pragma: no cover - must never run
+        assert lock.lost
+        await asyncio.sleep(0.01)  # the task is usable: our cancel was taken back
+        task = asyncio.current_task()
+        assert task is not None and getattr(task, "cancelling", lambda: 0)() == 0
+        reached.append("after the block")
+        # The renewal found the key missing and repaired it; the lost lease is taken back off the nodes.
+        assert keys_on(redis_trio, name) == [False, False, False]
+
+    arun(scenario, timeout=20.0)
+    assert reached == ["after the block"]
+
+
+def test_loss_without_cancel_on_loss_lets_the_block_finish(redis_trio: list[RedisServer], name: str) -> None:
+    """Without ``cancel_on_loss`` a lost lease sets ``lost`` and the block runs to its end."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> bool:
+        async with AsyncRedlock(urls, name, ttl=0.3) as lock:
+            for s in redis_trio:
+                c = aioredis.Redis(port=s.port)
+                await c.hset(name, mapping={"owner": "someone-else", "fence": "0"})
+                await c.aclose()
+            for _ in range(100):
+                if lock.lost:
+                    break
+                await asyncio.sleep(0.05)
+        return lock.lost
+
+    assert arun(scenario, timeout=20.0)
+    delete_on(redis_trio, name)
+
+
+def test_a_release_inside_the_block_is_no_loss(redis_trio: list[RedisServer], name: str) -> None:
+    """A block that releases its lock itself while the renewal waits for its turn (an extend of the block's own in
+    flight) is not cancelled: giving the lease up is no loss."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> bool:
+        async with AsyncRedlock(urls, name, ttl=0.3, cancel_on_loss=True) as lock:
+            async with lock._lock():  # what an extend() of the block holds while its round trip is in flight
+                await asyncio.sleep(0.2)  # the renewal wakes (ttl / 3) and waits for the lock
+                release = asyncio.ensure_future(lock.release())
+                await asyncio.sleep(0)
+            assert await release
+            await asyncio.sleep(0.3)  # the renewal ran and stopped
+            return lock.lost
+
+    assert arun(scenario, timeout=20.0) is False
+
+
+def test_a_caller_cancelled_in_release_still_frees_the_lock(fresh_trio: list[RedisServer], name: str) -> None:
+    """The task awaiting ``release()`` is cancelled while every node is paused: after they resume the lock is free
+    (it was sent again from a background task), well before its ttl; with the nodes paused longer, the release gives up
+    (never stuck) and the lease is left to expire."""
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=1.0)
+        assert await lock.acquire(blocking=False)
+        for s in fresh_trio:
+            s.pause()
+        try:
+            task = asyncio.ensure_future(lock.release())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            for s in fresh_trio:
+                s.resume()
+        assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name) == [False] * 3, 5.0)
+        assert await AsyncRedlock(urls, name).acquire(blocking=False)
+
+    async def stuck_nodes() -> None:
+        other = f"{name}:stuck"
+        lock = AsyncRedlock(urls, other, ttl=60.0, socket_timeout=0.2)
+        assert await lock.acquire(blocking=False)
+        for s in fresh_trio:
+            s.pause()
+        try:
+            task = asyncio.ensure_future(lock.release())
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The background release ends by itself (each node's exchange bounded by socket_timeout).
+            from celery_singleton_lock import aio  # noqa: PLC0415
+
+            await asyncio.wait_for(asyncio.gather(*aio._background, return_exceptions=True), 5.0)
+            assert lock.token is None and lock.validity == 0.0
+        finally:
+            for s in fresh_trio:
+                s.resume()
+
+    arun(scenario, timeout=30.0)
+    arun(stuck_nodes, timeout=30.0)
+
+
+def test_a_cancelled_acquire_leaves_no_lease(fresh_trio: list[RedisServer], name: str) -> None:
+    """An acquire cancelled while a node is paused leaves no key behind once the node resumes (its attempt is
+    undone), so the name is free long before the attempt's ttl."""
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=2.0)
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+        fresh_trio[0].pause()
+        try:
+            task = asyncio.ensure_future(lock.acquire(blocking=False))
+            await asyncio.sleep(0.2)  # the two live nodes granted; the paused one keeps the attempt waiting
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            fresh_trio[0].resume()
+        assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name) == [False] * 3, 5.0)
+
+    arun(scenario, timeout=30.0)
+
+
+def test_scripts_are_loaded_where_a_node_forgot_them(redis_trio: list[RedisServer], name: str) -> None:
+    """After SCRIPT FLUSH on a node, EVALSHA's NOSCRIPT is answered by sending the script: acquire still works."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> None:
+        lock = AsyncRedlock(urls, name, ttl=5.0)
+        assert await lock.acquire(blocking=False)
+        for s in redis_trio[:2]:
+            c = aioredis.Redis(port=s.port)
+            await c.script_flush()
+            await c.aclose()
+        assert await lock.extend()
+        assert await lock.release()
+
+    arun(scenario)
+
+
+def test_a_sentinel_url_reaches_the_master_and_excludes_a_sync_holder(name: str) -> None:
+    """A ``redis+sentinel://`` URL: the async lease is taken on the Sentinel's master, where a sync Redlock on the
+    same URL is refused."""
+    with SentinelSet(service="aio") as topology:
+
+        async def scenario() -> None:
+            lock = AsyncRedlock(topology.url(), name, ttl=10.0)
+            assert await lock.acquire(blocking=False)
+            sync = Redlock(topology.url(), name, ttl=10.0)
+            assert not await asyncio.to_thread(sync.acquire, blocking=False)
+            assert sync.held_by == lock.token
+            assert await lock.release()
+
+        arun(scenario, timeout=30.0)
+
+
+def test_configuration_errors_say_what_to_change() -> None:
+    """Cluster URLs and bad arguments are refused with one line naming the fix."""
+    with pytest.raises(ConfigurationError, match="Cluster"):
+        AsyncRedlock("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "n")
+    with pytest.raises(ConfigurationError, match="ttl"):
+        AsyncRedlock("redis://127.0.0.1:6379/0", "n", ttl=0)
+    with pytest.raises(ConfigurationError, match="twice"):
+        AsyncRedlock(["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"], "n")
+
+
+def test_adelay_under_queue_scope_reserves_one_job_as_delay_does(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
+    """Concurrent ``await charge.adelay(7)`` calls under queue scope all get one job (one reservation), the sync
+    ``delay(7)`` gets the same one, another argument another job, and the loop is never held."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+
+    @app.task(shared=False, base=LockedTask, lock_scope="queue")
+    def charge(n: int) -> int:
+        return n
+
+    async def scenario() -> list[Any]:
+        return list(await asyncio.gather(*(charge.adelay(7) for _ in range(5))))
+
+    ids = {r.id for r in arun(scenario)}
+    assert len(ids) == 1
+    assert charge.delay(7).id in ids
+    other = arun(lambda: charge.aapply_async((8,), countdown=0))
+    assert other.id not in ids
+    assert slow_callbacks(caplog) == []
+
+
+def test_adelay_with_a_lock_node_paused_never_blocks_the_loop(
+    fresh_trio: list[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's trial: one of three lock nodes paused, a double click of ``adelay`` under queue scope. The
+    reservation's round trips run on AsyncRedlock (never a sync call on the loop), both calls get one job, and a
+    second charge of it after the first's publish is refused the same way by the sync ``delay``."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    app = Celery(f"aio-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = urls_of(fresh_trio)
+    app.conf.singleton_lock_socket_timeout = 0.5
+    app.conf.singleton_lock_prefix = f"aio-{uuid.uuid4().hex[:8]}:"
+    try:
+
+        @app.task(shared=False, base=LockedTask, lock_scope="queue")
+        def charge(n: int) -> int:
+            return n
+
+        assert enqueue._async_nodes(charge) is not None  # the reservation takes the AsyncRedlock path
+        fresh_trio[0].pause()
+        try:
+
+            async def scenario() -> list[Any]:
+                return list(await asyncio.gather(charge.adelay(7), charge.adelay(7)))
+
+            ids = {r.id for r in arun(scenario)}
+            assert len(ids) == 1
+            assert charge.delay(7).id in ids
+        finally:
+            fresh_trio[0].resume()
+    finally:
+        app.close()
+    assert slow_callbacks(caplog) == []
+
+
+# -- a history under random faults -------------------------------------------------------------------------------
+
+
+async def async_lock_client(
+    urls: Sequence[str],
+    names: Sequence[str],
+    history: History,
+    *,
+    seconds: float,
+    client: str,
+    seed: int,
+    ttl: tuple[float, float] = (0.3, 0.9),
+    socket_timeout: float = 0.2,
+) -> None:
+    """run_lock_client's schedule on AsyncRedlock: acquire (blocking or not), extend at random, release or abandon,
+    recording what the client believed."""
+    rng = random.Random(seed)  # a reproducible schedule
+    deadline = time.monotonic() + seconds
+    ttls = [round(rng.uniform(*ttl), 2) for _ in range(3)]
+    for _ in range(100_000):
+        start = time.monotonic()
+        if start >= deadline:
+            return
+        name, lease = rng.choice(list(names)), rng.choice(ttls)
+        lock = AsyncRedlock(urls, name, ttl=lease, socket_timeout=socket_timeout)
+        history.count("attempts")
+        if rng.random() < 0.5:
+            ok = await lock.acquire(blocking=True, timeout=min(rng.uniform(0.05, 1.0), max(0.0, deadline - start)))
+        else:
+            ok = await lock.acquire(blocking=False)
+        if not ok:
+            history.count("refused" if lock.contended else "unavailable")
+            await asyncio.sleep(rng.uniform(0.0, 0.05))
+            continue
+        acquired = time.monotonic()
+        end = acquired + lock.validity
+        owner, fence, extends, released = lock.token or "", lock.fencing_token, 0, False
+        hold_until = acquired + lease * (rng.uniform(0.0, 0.15) if rng.random() < 0.85 else rng.uniform(0.5, 1.5))
+        for _step in range(1000):
+            now = time.monotonic()
+            if now >= end:
+                history.count("expired")
+                break
+            if now >= hold_until:
+                if rng.random() < 0.9:
+                    end = min(end, time.monotonic())
+                    await lock.release()
+                    released = True
+                    history.count("released")
+                else:
+                    history.count("abandoned")
+                break
+            await asyncio.sleep(max(0.001, min(hold_until, now + rng.uniform(0.15, 0.6) * lease) - now))
+            if time.monotonic() >= min(hold_until, end) or rng.random() < 0.2:
+                continue
+            if await lock.extend():
+                end = time.monotonic() + lock.validity
+                extends += 1
+                history.count("extended")
+            elif lock.validity > 0:
+                history.count("extend_undecided")
+            else:
+                end = min(end, time.monotonic())
+                history.count("extend_lost")
+                break
+        history.add(Acquisition(name, owner, fence, start, acquired, end, client, extends, released))
+
+
+@contextlib.contextmanager
+def proxies_for(servers: Sequence[RedisServer]) -> Iterator[list[FaultProxy]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(FaultProxy(s.port)) for s in servers]
+
+
+def test_async_history_under_faults_mixed_with_sync_clients(fresh_trio: list[RedisServer]) -> None:
+    """Async clients (one loop) and sync clients (threads) on proxied nodes under random proxy faults and pauses:
+    no overlapping validity windows, no fencing inversions."""
+    history = History()
+    errors: list[str] = []
+    label = f"ahist-{uuid.uuid4().hex[:8]}"
+    names = [f"{label}:{i}" for i in range(3)]
+    seconds = 5.0
+    with proxies_for(fresh_trio) as proxies:
+        urls = [p.url for p in proxies]
+        with FaultInjector(proxies, fresh_trio, seed=7):
+
+            def sync_client(i: int) -> None:
+                try:
+                    run_lock_client(urls, names, history, seconds=seconds, client=f"s{i}", seed=700 + i)
+                except Exception:
+                    errors.append(traceback.format_exc())
+
+            threads = [threading.Thread(target=sync_client, args=(i,), daemon=True) for i in range(2)]
+            for t in threads:
+                t.start()
+
+            async def clients() -> Any:
+                return await asyncio.gather(
+                    *(
+                        async_lock_client(urls, names, history, seconds=seconds, client=f"a{i}", seed=900 + i)
+                        for i in range(6)
+                    )
+                )
+
+            try:
+                arun(clients, timeout=seconds + 30)
+            finally:
+                for t in threads:
+                    t.join(seconds + 30)
+    assert not errors, errors[0]
+    report = history.check()
+    report.assert_ok()
+    mine = [a for a in history.acquisitions if a.client.startswith("a")]
+    assert mine and any(a.client.startswith("s") for a in history.acquisitions)
+    assert history.events["attempts"] > 0
