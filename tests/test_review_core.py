@@ -127,11 +127,14 @@ def test_a_message_rejected_without_requeue_runs_again_when_dead_lettered_back(d
         from dlx_queues import dlx_queues  # noqa: PLC0415 - the worker's queues; no task is registered by it
     finally:
         sys.path.remove(str(APPS))
+    queues = dlx_queues(main)
     with app.connection_for_write() as conn:  # the worker declares only the queue it consumes
-        for queue in dlx_queues(main):
+        for queue in queues:
             queue(conn.default_channel).declare()
     k = new_key()
-    result = app.send_task("review_core_app.reject_once", (k,), queue=main)
+    # The Queue itself, not its name: Celery declares what it publishes to, and a plain name would be declared
+    # without the dead-letter arguments (PRECONDITION_FAILED on RabbitMQ).
+    result = app.send_task("review_core_app.reject_once", (k,), queue=queues[0])
     dlx.wait_runs(k, 2, 20)
     assert [r[1] for r in dlx.runs(k)] == [result.id, result.id], "the dead-lettered message did not run"
 
