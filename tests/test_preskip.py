@@ -1,0 +1,166 @@
+"""A duplicate skipped in the worker's main process, before the pool (issue 26; celery_singleton_lock._preskip).
+
+Real redis-server processes (a broker, 1 or 3 lock nodes), real ``celery worker`` processes (prefork, ``-E``) running
+tests/apps/preskip_app.py, which records every tracer run (``task_prerun``) in Redis: a duplicate skipped before the
+pool is never traced, and is otherwise seen exactly as the child's skip (REVOKED naming the holder, task-revoked
+with our fields, the "skipped duplicate" log line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import chord
+from worker_cluster import APPS, Cluster, cluster, new_key, polling
+
+from celery_singleton_lock.testing import CeleryWorker, EventLog, assert_skipped_duplicate
+
+pytestmark = pytest.mark.slow
+
+TTL = 5.0
+STORM = 20
+
+
+@pytest.fixture(scope="module")
+def pc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Redis broker and three lock nodes; each test starts its own worker(s)."""
+    with cluster(tmp_path_factory.mktemp("preskip"), ttl=TTL) as c:
+        c.app_module()
+        try:
+            yield c
+        finally:
+            sys.modules.pop("preskip_app", None)
+
+
+@contextlib.contextmanager
+def worker(c: Cluster, name: str, *, nodes: int = 3, env: dict[str, str] | None = None) -> Iterator[CeleryWorker]:
+    """A prefork worker (-c 2, -E) on preskip_app, locking on the first ``nodes`` lock nodes; killed on exit."""
+    queue = f"q-{name}"
+    w = CeleryWorker(
+        "preskip_app",
+        name,
+        cwd=str(APPS),
+        log_path=str(c.tmp / f"{name}.log"),
+        env={**c.env, "CSL_LOCK_URLS": ",".join(c.lock_urls[:nodes]), **(env or {})},
+        extra=["-E", "-Q", queue],
+    )
+    c.workers.append(w)
+    w.queue = queue  # type: ignore[attr-defined]
+    try:
+        yield w.start(timeout=60)
+    finally:
+        w.kill()
+
+
+def traced(c: Cluster) -> set[str]:
+    return {x.decode() for x in c.record.lrange("traced", 0, -1)}
+
+
+def holding(c: Cluster, w: CeleryWorker, key: str, duration: float) -> Any:
+    """Start a run of ``key`` holding its lock for ``duration`` s; returns its AsyncResult once it runs."""
+    holder = c.app_module().work.apply_async((key, duration), queue=w.queue)  # type: ignore[attr-defined]
+    c.wait_started(key)
+    return holder
+
+
+def storm(c: Cluster, w: CeleryWorker, key: str, count: int = STORM) -> list[Any]:
+    work = c.app_module().work
+    return [work.apply_async((key,), queue=w.queue) for _ in range(count)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_a_storm_of_duplicates_is_skipped_before_the_pool(pc: Cluster, nodes: int) -> None:
+    """Duplicates of a running job are skipped in the main process: REVOKED naming the holder, task-revoked with
+    our fields, the skip's log line; no tracer run, no body run."""
+    with worker(pc, f"storm{nodes}-{uuid.uuid4().hex[:6]}", nodes=nodes) as w, EventLog(pc.app_module().app) as ev:
+        key = new_key()
+        holder = holding(pc, w, key, 4.0)
+        copies = storm(pc, w, key)
+        for r in copies:
+            assert assert_skipped_duplicate(r, of=holder.id, timeout=20) == holder.id
+        assert not {r.id for r in copies} & traced(pc)  # the pool never saw them
+        assert len(pc.wait_runs(key, 1, 20)) == 1
+        revoked = ev.wait(copies[-1].id, "task-revoked")
+        assert revoked["holder"] == holder.id and revoked["lock_skip"] == "duplicate"
+        assert revoked["reason"] == revoked["exception"] and "held by task " + holder.id in revoked["reason"]
+        assert "task-started" not in ev.types(copies[-1].id)
+        log = w.log()
+        assert "skipped duplicate in" in log and f"[{copies[-1].id}] skipped duplicate" in log
+        assert holder.get(timeout=20) == key
+
+
+def test_turned_off_the_child_decides(pc: Cluster) -> None:
+    """singleton_lock_skip_before_pool=False: every duplicate is traced and skipped in the pool child, as before."""
+    with worker(pc, f"off-{uuid.uuid4().hex[:6]}", env={"CSL_SKIP_BEFORE_POOL": "0"}) as w:
+        key = new_key()
+        holder = holding(pc, w, key, 3.0)
+        copies = storm(pc, w, key, 5)
+        for r in copies:
+            assert_skipped_duplicate(r, of=holder.id, timeout=20)
+        assert {r.id for r in copies} <= traced(pc)
+
+
+def test_what_is_not_the_clear_case_goes_to_the_child(pc: Cluster) -> None:
+    """A redelivered copy, a retry, one of our re-sent copies, a chord member and a reschedule duplicate are traced
+    in the pool child and behave as without the pre-check; a countdown copy is not decided at its receipt."""
+    mod = pc.app_module()
+    with worker(pc, f"child-{uuid.uuid4().hex[:6]}") as w:
+        q = w.queue  # type: ignore[attr-defined]
+        key, waits, due = new_key(), new_key(), new_key()
+        holder = holding(pc, w, key, 8.0)
+        first = mod.work_later.apply_async((waits, 3.0), queue=q)
+        pc.wait_started(waits)
+        later_holder = holding(pc, w, due, 1.0)
+        storm(pc, w, key, 2)  # the key is "seen": the copies below would be checked if they were clear cases
+        redelivered = mod.work.apply_async((key,), queue=q, headers={"redelivered": True})
+        retry = mod.work.apply_async((key,), queue=q, retries=1)
+        ours = mod.work.apply_async((key,), queue=q, headers={"singleton_lock_since": "1"})
+        rescheduled = mod.work_later.apply_async((waits,), queue=q)
+        member = chord([mod.work.s(key).set(queue=q)], mod.collect.s().set(queue=q)).apply_async()
+        # Received while its key's holder runs, with expires (Celery asks revoked() at receipt), due after it: runs.
+        later = mod.work.apply_async((due,), queue=q, countdown=4, expires=120)
+        child = [redelivered.id, retry.id, ours.id, rescheduled.id]
+        for _ in polling(30):
+            if set(child) <= traced(pc):
+                break
+        assert set(child) <= traced(pc)
+        assert_skipped_duplicate(retry, of=holder.id, timeout=20)
+        assert_skipped_duplicate(ours, of=holder.id, timeout=20)
+        assert later_holder.get(timeout=20) == due
+        assert later.get(timeout=30) == due
+        assert first.get(timeout=20) == waits
+        assert rescheduled.get(timeout=30) == waits  # rescheduled: ran after its holder
+        assert holder.get(timeout=20) == key
+        assert member.get(timeout=40) == [key]  # a chord member always reschedules: it ran after the holder
+
+
+def test_a_paused_lock_node_opens_the_breaker_and_nothing_runs_twice(pc: Cluster) -> None:
+    """A lock node SIGSTOPped mid-storm: the worker keeps working (another key's tasks complete), the breaker opens
+    (the child decides, on the two live nodes), every duplicate is skipped and the job runs once."""
+    mod = pc.app_module()
+    with worker(pc, f"pause-{uuid.uuid4().hex[:6]}") as w:
+        key, other = new_key(), new_key()
+        holder = holding(pc, w, key, 20.0)
+        first = storm(pc, w, key)
+        for r in first:
+            assert_skipped_duplicate(r, of=holder.id, timeout=20)
+        paused = pc.locks[2]
+        paused.pause()
+        try:
+            # In the child, each costs the paused node's socket timeout (0.5 s): a few, well within the holder's run.
+            second = storm(pc, w, key, 6)
+            others = [mod.work.apply_async((f"{other}-{i}",), queue=w.queue) for i in range(3)]
+            assert [r.get(timeout=60) for r in others] == [f"{other}-{i}" for i in range(3)]
+            for r in second:
+                assert_skipped_duplicate(r, of=holder.id, timeout=60)
+            assert "are checked in the pool again" in w.log()
+            assert {r.id for r in second} & traced(pc)  # the breaker sent them to the child
+        finally:
+            paused.resume()
+        assert holder.get(timeout=30) == key
+        assert len(pc.wait_runs(key, 1, 10)) == 1
