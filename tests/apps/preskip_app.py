@@ -11,7 +11,8 @@ from typing import Any
 from celery.signals import task_prerun
 from locked_app import app, record, work, work_later  # noqa: F401 - the worker imports locked_app's tasks through this
 
-app.conf.singleton_lock_skip_before_pool = os.environ.get("CSL_SKIP_BEFORE_POOL", "1") == "1"
+if "CSL_SKIP_BEFORE_POOL" in os.environ:  # unset: the default (and an older checkout, which has no such setting)
+    app.conf.singleton_lock_skip_before_pool = os.environ["CSL_SKIP_BEFORE_POOL"] == "1"
 
 
 @task_prerun.connect
