@@ -14,8 +14,9 @@ Only the clear case is decided here; everything else goes to the child exactly a
 * a key this process saw within :data:`SEEN_FOR` s (the first message of a key is usually its holder: it pays
   nothing but the key);
 * one read-only round trip (the holder read of ``Redlock.holder()`` and ``celery locks``) with its own
-  :data:`TIMEOUT`, on URL-built plain Redis nodes; skipped only when a quorum names a holder record of ANOTHER job
-  in state running. A node that errs or times out opens the breaker: no pre-check for :data:`BREAKER_FOR` s.
+  :data:`TIMEOUT`, on URL-built plain Redis nodes (not under gevent/eventlet: not measured there); skipped only
+  when a quorum names a holder record of ANOTHER job in state running. A node that errs or times out opens the
+  breaker: no pre-check for :data:`BREAKER_FOR` s.
 
 What the caller and monitors see is the child's skip (``_delivery._Duplicate.revoke``): REVOKED naming the holder
 (unless results are ignored), ``task-revoked`` with ``reason``/``holder``/``lock_skip``, ``duplicate_skipped``, and
@@ -26,6 +27,7 @@ the same "skipped duplicate" log line. ``task_prerun``/``task_postrun`` and ``ta
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -74,7 +76,9 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
     nodes: NodeSet | None = None
     # Only nodes we build from URLs, plain Redis: a client passed in keeps its own connect timeout, a Sentinel asks
     # its Sentinels first, a Cluster may move slots; none of those is a single short round trip.
-    if all(isinstance(u, str) for u in settings.urls) and all(settings.nodes._own) and not settings.nodes.cluster:  # noqa: SLF001
+    # Nor under gevent/eventlet (sockets patched): not measured there, so their pool decides, as before.
+    plain = all(isinstance(u, str) for u in settings.urls) and all(settings.nodes._own) and not settings.nodes.cluster  # noqa: SLF001
+    if plain and socket.socket.__module__ == "socket":
         nodes = NodeSet(list(settings.urls), socket_timeout=min(TIMEOUT, settings.socket_timeout))
     _nodes[id(settings)] = nodes
     return nodes
