@@ -15,8 +15,8 @@ Only the clear case is decided here; everything else goes to the child exactly a
   nothing but the key);
 * one read-only round trip (the holder read of ``Redlock.holder()`` and ``celery locks``) with its own
   :data:`TIMEOUT`, on URL-built plain Redis nodes (not under gevent/eventlet: not measured there); skipped only
-  when a quorum names a holder record of ANOTHER job in state running. A node that errs or times out opens the
-  breaker: no pre-check for :data:`BREAKER_FOR` s.
+  when a quorum names a holder record of ANOTHER job in state running, and no node marks this task id done. A
+  node that errs or times out opens the breaker: no pre-check for :data:`BREAKER_FOR` s.
 
 What the caller and monitors see is the child's skip (``_delivery._Duplicate.revoke``): REVOKED naming the holder
 (unless results are ignored), ``task-revoked`` with ``reason``/``holder``/``lock_skip``, ``duplicate_skipped``, and
@@ -37,7 +37,7 @@ from celery.worker import state as worker_state
 from . import signals
 from ._run import OWN_HEADERS, is_locked_task
 from .decision import RUNNING
-from .redlock import _STATUS, NodeSet, _merged, record_of
+from .redlock import _STATUS, NodeSet, _merged, done_key_for, record_of
 
 if TYPE_CHECKING:
     from .config import LockSettings
@@ -126,7 +126,9 @@ def skipped(request: Any) -> bool:
     nodes = _fast_nodes(settings)
     if nodes is None:
         return False
-    answers = nodes.run(_STATUS, (key, settings.fence_key), ())
+    # The holder read's second key is a counter it returns as a number: here this task id's done marker ('1' when
+    # set), so that a copy of a job that already ran (the child stops it quietly) is never made REVOKED over it.
+    answers = nodes.run(_STATUS, (key, done_key_for(key, request.id)), ())
     if any(isinstance(a, BaseException) for a in answers):
         _open_until = time.monotonic() + BREAKER_FOR
         logger.warning(
@@ -135,6 +137,8 @@ def skipped(request: Any) -> bool:
             BREAKER_FOR,
             TIMEOUT * 1000,
         )
+        return False
+    if any(a[2] for a in answers):
         return False
     records = [record_of(a[0]) for a in answers if a[0]]
     owners: dict[str, int] = {}

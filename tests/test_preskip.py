@@ -164,3 +164,23 @@ def test_a_paused_lock_node_opens_the_breaker_and_nothing_runs_twice(pc: Cluster
             paused.resume()
         assert holder.get(timeout=30) == key
         assert len(pc.wait_runs(key, 1, 10)) == 1
+
+
+def test_a_copy_of_a_finished_job_is_left_to_the_child(pc: Cluster) -> None:
+    """A first delivery of a task id that already ran (its done marker set; no redelivered flag), while another job
+    holds its key, is not made REVOKED before the pool: the child stops it quietly and SUCCESS stays."""
+    mod = pc.app_module()
+    with worker(pc, f"done-{uuid.uuid4().hex[:6]}") as w:
+        key = new_key()
+        first = mod.work.apply_async((key,), queue=w.queue)  # type: ignore[attr-defined]
+        assert first.get(timeout=20) == key
+        holder = holding(pc, w, key, 4.0)
+        assert_skipped_duplicate(storm(pc, w, key, 1)[0], of=holder.id)  # the key is seen again: the copy is checked
+        again = mod.work.apply_async((key,), queue=w.queue, task_id=first.id)  # type: ignore[attr-defined]
+        for _ in polling(20):
+            if [x.decode() for x in pc.record.lrange("traced", 0, -1)].count(again.id) >= 2:
+                break
+        assert [x.decode() for x in pc.record.lrange("traced", 0, -1)].count(again.id) == 2
+        assert holder.get(timeout=20) == key
+        assert pc.states([first.id]) == {first.id: "SUCCESS"}
+        assert len(pc.runs(key)) == 2  # the first run and the holder's, not the copy
