@@ -11,8 +11,8 @@ Only the clear case is decided here; everything else goes to the child exactly a
 * run scope, ``lock_limit`` 1, ``lock_on_duplicate="skip"``; not a chord member, not redelivered, not a retry, none
   of our own re-send headers, and handed to the pool now (an ETA/countdown message once it is due, never at
   receipt: Celery also calls ``revoked()`` at receipt for a message with ``expires``);
-* a key this process saw within :data:`SEEN_FOR` s (the first message of a key is usually its holder: it pays
-  nothing but the key);
+* a call this process saw within :data:`SEEN_FOR` s (task name and argument reprs, from the message's headers: the
+  first message of a call is usually its holder, and pays one dict look-up, not even the key);
 * one read-only round trip (the holder read of ``Redlock.holder()`` and ``celery locks``) with its own
   :data:`TIMEOUT`, on URL-built plain Redis nodes (not under gevent/eventlet: not measured there); skipped only
   when a quorum names a holder record of ANOTHER job in state running, and no node marks this task id done. A
@@ -48,7 +48,7 @@ __all__ = ["BREAKER_FOR", "SEEN_FOR", "TIMEOUT", "skipped"]
 TIMEOUT = 0.03
 #: Seconds the pre-check stays off after a node erred or timed out (the child's check decides meanwhile).
 BREAKER_FOR = 30.0
-#: A key seen this recently (s) by this process is checked; older or unseen keys go to the child unchecked.
+#: A call seen this recently (s) by this process is checked; older or unseen calls go to the child unchecked.
 SEEN_FOR = 60.0
 _SEEN_MAX = 4096
 
@@ -56,7 +56,7 @@ _SEEN_MAX = 4096
 trace_logger = logging.getLogger("celery.app.trace")
 logger = logging.getLogger("celery_singleton_lock.task")
 
-_seen: OrderedDict[str, float] = OrderedDict()
+_seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
 _nodes: dict[int, NodeSet | None] = {}
 _open_until = 0.0
 
@@ -113,15 +113,19 @@ def skipped(request: Any) -> bool:
     if now < _open_until:
         return False
     started = time.perf_counter()
-    try:
-        key = task._key(options, request.args or (), request.kwargs or {})  # noqa: SLF001
-    except Exception:  # an argument the key cannot be made of: the child says so, as before
-        return False
-    seen = _seen.pop(key, None)
-    _seen[key] = now
+    # The gate, before the key (hashing the bound arguments costs ~30 µs, a non-duplicate's whole bill otherwise):
+    # the message's argument reprs, which Celery puts in its headers. Copies of one call share them; calls that
+    # differ only in arguments outside the key do not, and go to the child (where the key decides, as before).
+    seen_as = (task.name, request.argsrepr, request.kwargsrepr)
+    seen = _seen.pop(seen_as, None)
+    _seen[seen_as] = now
     if len(_seen) > _SEEN_MAX:
         _seen.popitem(last=False)
     if seen is None or now - seen > SEEN_FOR:
+        return False
+    try:
+        key = task._key(options, request.args or (), request.kwargs or {})  # noqa: SLF001
+    except Exception:  # an argument the key cannot be made of: the child says so, as before
         return False
     nodes = _fast_nodes(settings)
     if nodes is None:
@@ -147,7 +151,7 @@ def skipped(request: Any) -> bool:
         owners[token] = owners.get(token, 0) + 1
     owner = max(owners, key=owners.__getitem__, default=None)
     if owner is None or owners[owner] < nodes.quorum:
-        _seen.pop(key, None)  # free: the next message of the key is likely its holder again
+        _seen.pop(seen_as, None)  # free: the next message of the call is likely its holder again
         return False
     record = _merged(r for r in records if r.get("owner", "") == owner)
     holder = record.get("job")
