@@ -12,9 +12,11 @@ import contextlib
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import rabbitmq
 from celery import chord
 from worker_cluster import APPS, Cluster, cluster, new_key, polling
 
@@ -95,6 +97,22 @@ def test_a_storm_of_duplicates_is_skipped_before_the_pool(pc: Cluster, nodes: in
         log = w.log()
         assert "skipped duplicate in" in log and f"[{copies[-1].id}] skipped duplicate" in log
         assert holder.get(timeout=20) == key
+
+
+def test_a_storm_on_rabbitmq_is_skipped_before_the_pool(tmp_path: Path) -> None:
+    """On RabbitMQ (a vhost of its own), duplicates of a running job are skipped before the pool: REVOKED naming the
+    holder, never traced, one run."""
+    with rabbitmq.vhost() as url, cluster(tmp_path, ttl=TTL, broker_url=url) as c:
+        c.app_module()
+        with worker(c, f"rabbit-{uuid.uuid4().hex[:6]}") as w:
+            key = new_key()
+            holder = holding(c, w, key, 4.0)
+            copies = storm(c, w, key, duration=4.0)
+            for r in copies:
+                assert_skipped_duplicate(r, of=holder.id, timeout=20)
+            assert not {r.id for r in copies} & traced(c)
+            assert holder.get(timeout=20) == key
+            assert len(c.runs(key)) == 1
 
 
 def test_turned_off_the_child_decides(pc: Cluster) -> None:
