@@ -10,7 +10,7 @@ Configured from the environment (the benchmark writes it):
 ``BENCH_N``            throughput mode: the number of tasks this worker will run (0: no probe)
 ``BENCH_RUN``          a label the report is stored under (``bench:done:<run>``)
 ``BENCH_PROFILE``      optional path: cProfile the worker between its 1st and N-th task and dump the stats there
-                       (block mode: each path's blocks after the first cycle, to ``<path>.<name of the path>.pstats``)
+                       (throughput mode only: since issue 26 a block may end in either process, and is not profiled)
 ``BENCH_BLOCK``        block mode (``bench_skip.py``), instead of N: messages per block; ``BENCH_BLOCKS`` the blocks'
                        paths in queue order (``plain``, ``floor``, ``executed``, ``executed_child``, ``skip``,
                        ``preskip``), ``BENCH_HELD_ARG`` the skip's argument, ``BENCH_HELD_KEY`` its lock key (the

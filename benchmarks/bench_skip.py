@@ -54,8 +54,8 @@ package file the workers imported and its git HEAD)::
     python benchmarks/bench_skip.py --results ignored,stored --rounds 3  # also with results stored (REVOKED)
     git worktree add /tmp/bench-before ae142af
     PYTHONPATH=/tmp/bench-before python benchmarks/bench_skip.py --json /tmp/skip-before.json
-    python benchmarks/bench_skip.py --rounds 1 --profile /tmp/prof      # + cProfile of the pool child per path
-                                                                         #   (/tmp/prof.<path>.pstats; slows it)
+    python benchmarks/bench_skip.py --rounds 1 --profile /tmp/prof      # cProfile per path: not since issue 26
+                                                                         #   (a block may end in either process)
 """
 
 from __future__ import annotations
