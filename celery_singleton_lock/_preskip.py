@@ -56,8 +56,8 @@ _SEEN_MAX = 4096
 trace_logger = logging.getLogger("celery.app.trace")
 logger = logging.getLogger("celery_singleton_lock.task")
 
-_seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
-_nodes: dict[int, NodeSet | None] = {}
+_seen: OrderedDict[int, float] = OrderedDict()
+_nodes: dict[int, tuple[LockSettings, NodeSet | None]] = {}
 _open_until = 0.0
 
 
@@ -70,9 +70,9 @@ def reset() -> None:
 
 def _fast_nodes(settings: LockSettings) -> NodeSet | None:
     """The lock nodes with the pre-check's short timeout (connect and read); None when they cannot have it."""
-    found = _nodes.get(id(settings), False)
-    if found is not False:
-        return found  # type: ignore[return-value]
+    found = _nodes.get(id(settings))
+    if found is not None and found[0] is settings:
+        return found[1]
     nodes: NodeSet | None = None
     # Only nodes we build from URLs, plain Redis: a client passed in keeps its own connect timeout, a Sentinel asks
     # its Sentinels first, a Cluster may move slots; none of those is a single short round trip.
@@ -80,7 +80,7 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
     plain = all(isinstance(u, str) for u in settings.urls) and all(settings.nodes._own) and not settings.nodes.cluster  # noqa: SLF001
     if plain and socket.socket.__module__ == "socket":
         nodes = NodeSet(list(settings.urls), socket_timeout=min(TIMEOUT, settings.socket_timeout))
-    _nodes[id(settings)] = nodes
+    _nodes[id(settings)] = (settings, nodes)
     return nodes
 
 
@@ -116,7 +116,8 @@ def skipped(request: Any) -> bool:
     # The gate, before the key (hashing the bound arguments costs ~30 µs, a non-duplicate's whole bill otherwise):
     # the message's argument reprs, which Celery puts in its headers. Copies of one call share them; calls that
     # differ only in arguments outside the key do not, and go to the child (where the key decides, as before).
-    seen_as = (task.name, request.argsrepr, request.kwargsrepr)
+    # A hash: reprs run up to Celery's argsrepr_maxsize; a collision only makes a message pay the key and the read.
+    seen_as = hash((task.name, request.argsrepr, request.kwargsrepr))
     seen = _seen.pop(seen_as, None)
     _seen[seen_as] = now
     if len(_seen) > _SEEN_MAX:
@@ -136,7 +137,7 @@ def skipped(request: Any) -> bool:
     if any(isinstance(a, BaseException) for a in answers):
         _open_until = time.monotonic() + BREAKER_FOR
         logger.warning(
-            "Duplicates of %s are checked in the pool again for %.0fs: a lock node did not answer within %.0f ms",
+            "Duplicates of %s are checked in the pool again for %.0fs: a lock node failed or took over %.0f ms",
             task.name,
             BREAKER_FOR,
             TIMEOUT * 1000,
