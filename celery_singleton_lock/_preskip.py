@@ -87,8 +87,6 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
 def _clear_case(request: Any, task: Any) -> bool:
     if task.lock_scope != "run" or task.lock_limit != 1:
         return False
-    if request.chord:
-        return False
     data = request.request_dict
     if data.get("retries") or data.get("redelivered") or (request.delivery_info or {}).get("redelivered"):
         return False
@@ -123,6 +121,8 @@ def skipped(request: Any) -> bool:
     if len(_seen) > _SEEN_MAX:
         _seen.popitem(last=False)
     if seen is None or now - seen > SEEN_FOR:
+        return False
+    if request.chord:  # after the gate: reading it decodes the message's embed (~4 µs a non-duplicate would pay)
         return False
     try:
         key = task._key(options, request.args or (), request.kwargs or {})  # noqa: SLF001
