@@ -10,10 +10,11 @@ Configured from the environment (the benchmark writes it):
 ``BENCH_N``            throughput mode: the number of tasks this worker will run (0: no probe)
 ``BENCH_RUN``          a label the report is stored under (``bench:done:<run>``)
 ``BENCH_PROFILE``      optional path: cProfile the worker between its 1st and N-th task and dump the stats there
-                       (block mode: each path's blocks after the first cycle, to ``<path>.<name of the path>.pstats``)
+                       (throughput mode only: since issue 26 a block may end in either process, and is not profiled)
 ``BENCH_BLOCK``        block mode (``bench_skip.py``), instead of N: messages per block; ``BENCH_BLOCKS`` the blocks'
-                       paths in queue order (``plain``, ``floor``, ``executed``, ``skip``), ``BENCH_HELD_ARG`` the
-                       skip's argument, ``BENCH_HELD_KEY`` its lock key (the floor's refused acquire goes there)
+                       paths in queue order (``plain``, ``floor``, ``executed``, ``executed_child``, ``skip``,
+                       ``preskip``), ``BENCH_HELD_ARG`` the skip's argument, ``BENCH_HELD_KEY`` its lock key (the
+                       floor's refused acquire goes there)
 
 The probe (throughput mode) is one ``task_postrun`` receiver, connected for every contender alike: it counts
 finished tasks in a local int; at the 1st and at the N-th it reads the wall clock and the CPU time (utime+stime from
@@ -25,6 +26,7 @@ is exactly N-1 tasks, measured in the worker, with no I/O per task and without t
 from __future__ import annotations
 
 import cProfile
+import itertools
 import json
 import os
 import time
@@ -32,9 +34,10 @@ from typing import Any, ClassVar
 
 import redis
 from celery import Celery, signals
+from celery.worker.request import Request
 
 import celery_singleton_lock
-from celery_singleton_lock import LockedTask
+from celery_singleton_lock import LockedRequest, LockedTask
 
 try:  # the peers are only needed by bench_task.py (the `bench` extra); profile_task.py runs without them
     from celery_once import QueueOnce
@@ -70,6 +73,18 @@ def plain(i: int) -> None:
 @app.task(base=LockedTask, name="bench.locked")
 def locked(i: int) -> None:
     """No-op, LockedTask (the lock key hashes ``i``: every call is a distinct job)."""
+
+
+class ChildOnlyRequest(LockedRequest):  # type: ignore[misc]
+    """LockedRequest without the pre-check before the pool (issue 26): every duplicate is decided in the pool child."""
+
+    def revoked(self) -> bool:
+        return bool(Request.revoked(self))
+
+
+@app.task(base=LockedTask, name="bench.locked_child", Request=f"{__name__}:ChildOnlyRequest")
+def locked_child(i: int) -> None:
+    """``bench.locked`` as it was before the pre-check: its duplicates are skipped in the pool child."""
 
 
 if QueueOnce is not None and Singleton is not None:
@@ -197,63 +212,85 @@ def _thread_cpu_ns(pid: int) -> int:
     return total
 
 
+def _children(pid: int) -> list[int]:
+    """The pool children of the worker's main process ``pid``."""
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 class _BlockProbe:
     """One worker, a queue of blocks of ``BENCH_BLOCK`` messages, each block one path (``BENCH_BLOCKS`` says which:
-    ``plain``, ``executed``, ``skip``): at the end of every block, the CPU time of the pool child and of the main
-    process (ns, every thread) and the wall clock; at the end of the last, the report. Each task is checked to
-    belong to its block's path (the skip path's argument is ``BENCH_HELD_ARG``, and a skip returns a marker)."""
+    ``plain``, ``executed``, ``skip``, ...): at the end of every block, the CPU time of the pool children and of the
+    main process (ns, every thread) and the wall clock; at the end of the last, the report. Each task is checked to
+    belong to its block's path (the skip paths' argument is ``BENCH_HELD_ARG``, and a child's skip returns a marker).
+
+    A task ends in the pool child (``task_postrun``) or, skipped before the pool (``preskip``), in the main process
+    (``duplicate_skipped`` there): the count is shared by both (an int in memory the fork shares, under a lock made
+    before the fork), and whichever process ends a block takes its mark (to Redis, once per block).
+    """
 
     def __init__(self) -> None:
-        self.count = 0
+        import multiprocessing  # noqa: PLC0415 - block mode only
+
+        self.shared = multiprocessing.Value("q", 0)  # made at import, in the main process: the pool children share it
         self.leader = os.getpgid(0)
-        self.marks: list[tuple[float, int, int]] = []
         self.wrong: list[str] = []
-        self.sample: str | None = None
         self.profiler: cProfile.Profile | None = None
 
-    def _mark(self) -> None:
-        self.marks.append((time.perf_counter(), _thread_cpu_ns(os.getpid()), _thread_cpu_ns(self.leader)))
+    def _mark(self, index: int) -> None:
+        main = _thread_cpu_ns(self.leader)
+        child = sum(_thread_cpu_ns(p) for p in _children(self.leader)) if os.getpid() == self.leader else 0
+        if os.getpid() != self.leader:
+            child = _thread_cpu_ns(os.getpid())
+        record.rpush(f"bench:marks:{RUN}", json.dumps([index, time.perf_counter(), child, main]))
 
-    def __call__(self, sender: Any = None, args: Any = None, retval: Any = None, **_: Any) -> None:
-        index = self.count // BLOCK
-        self.count += 1
-        expected = BLOCKS[index] if index < len(BLOCKS) else "?"
-        if sender is not None and sender.name in ("bench.plain", "bench.floor"):
-            path = sender.name.split(".")[1]
-        else:
-            path = "skip" if args and args[0] == HELD_ARG else "executed"
-        if (path == "skip") != (retval is not None) or path != expected:
-            self.wrong.append(f"task {self.count} ({path}, block of {expected}) returned {retval!r}"[:300])
-        if retval is not None and self.sample is None:
-            self.sample = repr(retval)[:300]
-        if self.count == 1:  # the first block is measured from its first task's end: the warm-up cycle anyway
-            self._mark()
-        if self.count % BLOCK:
-            return
-        if self.profiler is not None:
-            self.profiler.disable()
-        self._mark()
-        nxt = index + 1
-        if PROFILE and nxt < len(BLOCKS) and nxt >= len(set(BLOCKS)):  # a block after the warm-up cycle
-            # CPU time, not wall time: the child waits on its pipe and on Redis, and that is not cost
-            self.profiler = self.profilers.setdefault(BLOCKS[nxt], cProfile.Profile(time.process_time))
-            self.profiler.enable()
-        else:
-            self.profiler = None
-        if nxt < len(BLOCKS):
-            return
-        for path, profiler in self.profilers.items():
-            profiler.dump_stats(f"{PROFILE}.{path}.pstats")
+    def main_skip(self, sender: Any = None, **_: Any) -> None:
+        """``duplicate_skipped`` in the main process: a skip before the pool (in the child, postrun counts it)."""
+        if os.getpid() == self.leader:
+            self(sender=sender, args=(HELD_ARG,), retval=None, main=True)
+
+    def __call__(self, sender: Any = None, args: Any = None, retval: Any = None, main: bool = False, **_: Any) -> None:
+        with self.shared.get_lock():
+            count = self.shared.value = self.shared.value + 1
+            index = (count - 1) // BLOCK
+            expected = BLOCKS[index] if index < len(BLOCKS) else "?"
+            if sender is not None and sender.name in ("bench.plain", "bench.floor"):
+                path = sender.name.split(".")[1]
+            elif sender is not None and sender.name == "bench.locked_child":
+                path = "skip" if args and args[0] == HELD_ARG else "executed_child"
+            else:
+                path = "preskip" if args and args[0] == HELD_ARG else "executed"
+            # A skip before the pool returns nothing; the first message of the held key in a worker is not checked
+            # (the pre-check's gate: a key this worker has not seen), so its skip comes from the child, with a marker.
+            skipped = path == "skip" or (path == "preskip" and (main or retval is not None))
+            if skipped != (main or retval is not None) or path != expected:
+                self.wrong.append(f"task {count} ({path}, block of {expected}) returned {retval!r}"[:300])
+                record.rpush(f"bench:wrong:{RUN}", self.wrong[-1])
+            if retval is not None:
+                record.setnx(f"bench:sample:{RUN}", repr(retval)[:300])
+            if count == 1 or not count % BLOCK:
+                self._mark(index if count == 1 else index + 1)
+            if count % BLOCK or (count // BLOCK) < len(BLOCKS):
+                return
+        marks = sorted(json.loads(m) for m in record.lrange(f"bench:marks:{RUN}", 0, -1))
         blocks = [
-            {"path": BLOCKS[i], "seconds": b[0] - a[0], "child_ns": b[1] - a[1], "main_ns": b[2] - a[2]}
-            for i, (a, b) in enumerate(zip(self.marks, self.marks[1:], strict=False))
+            {"path": BLOCKS[i], "seconds": b[1] - a[1], "child_ns": b[2] - a[2], "main_ns": b[3] - a[3]}
+            for i, (a, b) in enumerate(itertools.pairwise(marks))
         ]
+        wrong = [w.decode() for w in record.lrange(f"bench:wrong:{RUN}", 0, -1)]
+        sample = record.get(f"bench:sample:{RUN}")
         report = {
             "block": BLOCK,
             "blocks": blocks,
-            "wrong": self.wrong[:20],
-            "wrong_count": len(self.wrong),
-            "sample": self.sample,
+            "wrong": wrong[:20],
+            "wrong_count": len(wrong),
+            "sample": sample.decode() if sample else None,
             "pids": [os.getpid(), self.leader],
             "package": celery_singleton_lock.__file__,  # which checkout the worker imported
         }
@@ -263,6 +300,8 @@ class _BlockProbe:
 
 
 if BLOCK > 0:
-    signals.task_postrun.connect(_BlockProbe(), weak=False)
+    _block_probe = _BlockProbe()
+    signals.task_postrun.connect(_block_probe, weak=False)
+    celery_singleton_lock.signals.duplicate_skipped.connect(_block_probe.main_skip, weak=False)
 elif N > 0:
     signals.task_postrun.connect(_Probe(), weak=False)

@@ -13,9 +13,17 @@ Paths:
 * ``plain + 1 refused acquire``     ``bench.floor``, the floor of a skip: a plain no-op whose body does ONE refused
                                     acquire (``_floors``' hash acquire, low-level redis-py) on the skip path's held key
 * ``LockedTask executed``           ``bench.locked``, a unique argument per call: acquire, the body, release
-* ``LockedTask skipped duplicate``  ``bench.locked`` with ONE argument whose lock another job holds (a holder record
-                                    taken by this script before the worker starts, as LockedTask writes it for a
-                                    running task): every delivery is skipped as that job's duplicate (checked)
+* ``LockedTask executed``           ``bench.locked``, a unique argument per call: acquire, the body, release; with
+  (pre-check on)                    the pre-check before the pool (issue 26): a key the worker has not seen pays
+                                    only the key and the gate
+* ``... executed (no pre-check)``   ``bench.locked_child``: the same task with a Request class that skips the
+                                    pre-check (``ChildOnlyRequest``: Celery's ``revoked()`` only), as before issue 26
+* ``... skipped in the pool child`` ``bench.locked_child`` with ONE argument whose lock another job holds (a holder
+                                    record taken by this script before the worker starts, as LockedTask writes it for
+                                    a running task): every delivery is skipped as that job's duplicate, in the child
+* ``... skipped before the pool``   ``bench.locked`` with that argument (its own held key): skipped in the worker's
+                                    main process (the first message of the key in a worker goes to the child: the
+                                    gate; it falls in the warm-up cycle)
 
 Settings (one worker each, per round): task events off, and on (``-E``, as Flower users run workers; a subscriber
 like Flower's counts the events by type: a skip is ``task-revoked`` since d2ab1d1, ``task-succeeded`` before);
@@ -46,8 +54,8 @@ package file the workers imported and its git HEAD)::
     python benchmarks/bench_skip.py --results ignored,stored --rounds 3  # also with results stored (REVOKED)
     git worktree add /tmp/bench-before ae142af
     PYTHONPATH=/tmp/bench-before python benchmarks/bench_skip.py --json /tmp/skip-before.json
-    python benchmarks/bench_skip.py --rounds 1 --profile /tmp/prof      # + cProfile of the pool child per path
-                                                                         #   (/tmp/prof.<path>.pstats; slows it)
+    python benchmarks/bench_skip.py --rounds 1 --profile /tmp/prof      # cProfile per path: not since issue 26
+                                                                         #   (a block may end in either process)
 """
 
 from __future__ import annotations
@@ -74,9 +82,13 @@ from bench_task import Worker, load_apps, wait_for
 PATHS = {
     "plain": "plain no-op",
     "floor": "plain + 1 refused acquire (floor)",
-    "executed": "LockedTask executed",
-    "skip": "LockedTask skipped duplicate",
+    "executed": "LockedTask executed (pre-check on)",
+    "executed_child": "LockedTask executed (no pre-check)",
+    "skip": "LockedTask skipped in the pool child",
+    "preskip": "LockedTask skipped before the pool",
 }
+#: The task each path sends: ``bench.locked_child`` is ``bench.locked`` without the pre-check before the pool.
+TASK_OF = {"plain": "plain", "floor": "floor", "executed": "locked", "preskip": "locked"}
 HELD_ARG = -7  # the skip path's one argument: its lock is held by another job for the whole run
 HOLD_TTL = 900.0  # the holder's lease, s: longer than any worker's run
 
@@ -181,11 +193,11 @@ def block_order(paths: list[str], cycles: int) -> list[str]:
 
 
 class SkipBench:
-    def __init__(self, args: argparse.Namespace, broker: str, lock_url: str, tmp: str) -> None:
+    def __init__(self, args: argparse.Namespace, broker: str, lock_urls: list[str], tmp: str) -> None:
         self.args = args
         self.tmp = tmp
         self.nonce = secrets.token_hex(4)
-        self.apps, self.base_env = load_apps(broker, [lock_url], BENCH_HELD_ARG=str(HELD_ARG))
+        self.apps, self.base_env = load_apps(broker, lock_urls, BENCH_HELD_ARG=str(HELD_ARG))
         self.backend_url, self.record_url = self.base_env["BENCH_BACKEND"], self.base_env["BENCH_RECORD"]
         self.base_env["BENCH_HELD_KEY"] = self.apps.locked.lock_key_for(HELD_ARG)
         # The client sends; it does not wait on results (a caller who waits would subscribe to each task's result
@@ -194,13 +206,13 @@ class SkipBench:
         self.record = redis.Redis.from_url(self.record_url)
         self.broker_client = redis.Redis.from_url(broker)
         self.backend_client = redis.Redis.from_url(self.backend_url)
-        self.lock_client = redis.Redis.from_url(lock_url)
+        self.lock_clients = [redis.Redis.from_url(u) for u in lock_urls]
         self.events = EventCounter(broker)
         self.serial = 0
 
     def close(self) -> None:
         self.events.close()
-        for c in (self.record, self.broker_client, self.backend_client, self.lock_client):
+        for c in (self.record, self.broker_client, self.backend_client, *self.lock_clients):
             c.close()
 
     def warm_up_client(self) -> None:
@@ -209,14 +221,16 @@ class SkipBench:
             self.apps.plain.apply_async((-100 - i,), queue="bench.warmup")
             self.apps.locked.apply_async((-100 - i,), queue="bench.warmup")
 
-    def hold(self) -> Any:
-        """Take the skip path's lock as ANOTHER JOB does while it runs (a record of no job would be deferred)."""
-        locked = self.apps.locked
-        options = dataclasses.replace(locked._options(), ttl=HOLD_TTL)
-        blocker = locked._new_lock(locked.lock_key_for(HELD_ARG), f"holder-{uuid.uuid4()}", options, 0)
-        if not blocker.acquire(blocking=False):
-            raise RuntimeError(f"could not take {blocker.name}")
-        return blocker
+    def hold(self) -> list[Any]:
+        """Take the skip paths' locks as ANOTHER JOB does while it runs (a record of no job would be deferred)."""
+        blockers = []
+        for locked in (self.apps.locked, self.apps.locked_child):
+            options = dataclasses.replace(locked._options(), ttl=HOLD_TTL)
+            blocker = locked._new_lock(locked.lock_key_for(HELD_ARG), f"holder-{uuid.uuid4()}", options, 0)
+            if not blocker.acquire(blocking=False):
+                raise RuntimeError(f"could not take {blocker.name}")
+            blockers.append(blocker)
+        return blockers
 
     def run(self, setting: Setting, rnd: int, profile: str = "") -> dict[str, Any]:
         """One worker, every path in blocks; per path CPU µs per task (child + main), and what the skips looked like."""
@@ -224,17 +238,18 @@ class SkipBench:
         self.serial += 1
         run = f"{self.nonce}-{setting.slug}-{rnd}-{self.serial}"
         queue = f"bench.{run}"
-        for c in (self.broker_client, self.lock_client):
+        for c in (self.broker_client, *self.lock_clients):
             c.flushall()  # the backend and the record are dbs of the broker's server
-        blocker = self.hold()
+        blockers = self.hold()
         order = block_order(args.paths, args.cycles)
         ignore = setting.results == "ignored"
         serial = self.serial * 10_000_000
         for path in order:
-            task = {"plain": self.apps.plain, "floor": self.apps.floor}.get(path, self.apps.locked)
+            task = getattr(self.apps, TASK_OF.get(path, "locked_child"))
             for _ in range(args.block):
                 serial += 1
-                task.apply_async((HELD_ARG if path == "skip" else serial,), queue=queue, ignore_result=ignore)
+                held = path in ("skip", "preskip")
+                task.apply_async((HELD_ARG if held else serial,), queue=queue, ignore_result=ignore)
         total = len(order) * args.block
         queued = self.broker_client.llen(queue)
         if queued != total:
@@ -263,7 +278,8 @@ class SkipBench:
             worker.stop()
         elapsed = time.monotonic() - t0
         report = json.loads(raw)
-        if not blocker.release():
+        released = [b.release() for b in blockers]  # every one, even after a lost one
+        if not all(released):
             raise RuntimeError(f"{setting.label}: the holder's lock was lost during the run")
         if report["wrong_count"]:
             raise RuntimeError(f"{setting.label}: {report['wrong_count']} tasks not on their path: {report['wrong']}")
@@ -291,7 +307,7 @@ class SkipBench:
                 / sum(b["child_ns"] + b["main_ns"] for b in cycle if b["path"] == "plain")
                 for cycle in cycles
             ]
-        skips = order.count("skip") * args.block
+        skips = (order.count("skip") + order.count("preskip")) * args.block
         return {
             "round": rnd,
             "setting": setting.label,
@@ -394,12 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", default="off,on", help="comma-separated: off, on (-E); default off,on")
     parser.add_argument("--results", default="ignored", help="comma-separated: ignored, stored; default ignored")
     parser.add_argument(
-        "--paths", default="plain,floor,executed,skip", help="comma-separated: plain (always), floor, executed, skip"
+        "--paths",
+        default="plain,floor,executed,executed_child,skip,preskip",
+        help="comma-separated: plain (always), floor, executed, executed_child, skip, preskip",
     )
     parser.add_argument(
         "--profile", metavar="PREFIX", help="after the rounds, one more worker (events on, results ignored) with "
         "cProfile in the pool child, per path: PREFIX.<path>.pstats (its figures are not in the table)"
     )  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=1, help="lock nodes (redis-servers), default 1")
     parser.add_argument("--logs", metavar="DIR", help="keep the workers' logs in DIR (default: a temporary directory)")
     args = parser.parse(argv)
     events = [e.strip() for e in args.events.split(",") if e.strip()]
@@ -407,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     args.paths = ["plain", *(p.strip() for p in args.paths.split(",") if p.strip() and p.strip() != "plain")]
     if (
         args.block < 10
+        or args.nodes < 1
         or args.cycles < 1
         or args.rounds < 1
         or not events
@@ -416,15 +436,16 @@ def main(argv: list[str] | None = None) -> int:
         or not set(args.paths) <= set(PATHS)
     ):
         parser.error("--block >= 10, --cycles >= 1, --rounds >= 1, --events from off,on, --results from "
-                     "ignored,stored, --paths from plain,floor,executed,skip")  # fmt: skip
+                     "ignored,stored, --paths from plain,floor,executed,executed_child,skip,preskip")  # fmt: skip
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
 
     settings = [Setting(e == "on", m) for m in results_modes for e in events]
     env = harness.start("skip benchmark", "celery", "kombu")
-    with tempfile.TemporaryDirectory(prefix="bench-skip-") as tmp, _common.pinned_servers(2, args.pin) as servers:
+    servers_cm = _common.pinned_servers(1 + args.nodes, args.pin)
+    with tempfile.TemporaryDirectory(prefix="bench-skip-") as tmp, servers_cm as servers:
         env["placement"] = _common.placement(servers)
-        bench = SkipBench(args, servers[0].url, servers[1].url, tmp)
+        bench = SkipBench(args, servers[0].url, [x.url for x in servers[1:]], tmp)
         try:
             bench.warm_up_client()
 

@@ -19,6 +19,7 @@ from celery.signals import worker_process_shutdown
 from celery.worker.request import Request
 
 from . import _handover as handover
+from . import _preskip as preskip
 from ._run import HOST, is_locked_task
 from .renewal import flush_stats
 
@@ -154,6 +155,17 @@ class LockedRequest(Request):  # type: ignore[misc]
                         fields = {"terminated": False, "signum": None, "expired": False, "exception": reason, **extra}
                     type_ = event
         super().send_event(type_, **fields)
+
+    def revoked(self) -> bool:
+        """Celery's answer first (revoked by id or stamp, expired); then a duplicate of a running job is skipped
+        here, in the worker's main process, before the pool (see :mod:`celery_singleton_lock._preskip`)."""
+        if super().revoked():
+            return True
+        try:
+            return preskip.skipped(self)
+        except Exception:  # never lose a message to the pre-check: the child decides, as without it
+            logger.exception("the pre-check of %s[%s] failed; the pool child decides", self.name, self.id)
+            return False
 
     def on_timeout(self, soft: bool, timeout: float) -> None:  # noqa: FBT001 - Celery's signature
         super().on_timeout(soft, timeout)

@@ -61,6 +61,8 @@ class LockSettings:
     ``singleton_lock_retry_max_delay``    60.0                         cap of that back-off
     ``singleton_lock_max_retries``        None (forever)               retries before giving up when unavailable
     ``singleton_lock_renew_fraction``     1/3                          renew every ``ttl * fraction`` seconds
+    ``singleton_lock_skip_before_pool``   True                         skip a clear duplicate in the worker's main
+                                                                       process, before the pool (docs: README)
     ===================================== ============================ ==============================================
     """
 
@@ -74,6 +76,7 @@ class LockSettings:
     retry_max_delay: float = 60.0
     max_retries: int | None = None
     renew_fraction: float = 1 / 3
+    skip_before_pool: bool = True
     nodes: NodeSet = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +95,10 @@ class LockSettings:
         if not (isinstance(self.renew_fraction, int | float) and 0 < self.renew_fraction < 1):
             raise ConfigurationError(
                 f"singleton_lock_renew_fraction must be between 0 and 1 (e.g. 0.33), got {self.renew_fraction!r}"
+            )
+        if not isinstance(self.skip_before_pool, bool):
+            raise ConfigurationError(
+                f"singleton_lock_skip_before_pool must be True or False, got {self.skip_before_pool!r}"
             )
         object.__setattr__(self, "nodes", NodeSet(list(self.urls), socket_timeout=self.socket_timeout))
 
@@ -129,6 +136,7 @@ _FIELDS: Final = {
     "retry_max_delay",
     "max_retries",
     "renew_fraction",
+    "skip_before_pool",
 }
 
 

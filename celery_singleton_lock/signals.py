@@ -8,7 +8,8 @@ Connect as with Celery's own signals; every signal is sent with the task (or Non
     def count_skip(sender, key, task_id, holder_task_id, policy, **kwargs):
         SKIPPED.labels(sender.name).inc()
 
-Handlers run in the worker's pool process, in the task's thread (``lock_lost``: in the watchdog thread). A handler
+Handlers run in the worker's pool process, in the task's thread (``lock_lost``: in the watchdog thread;
+``duplicate_skipped`` of a duplicate skipped before the pool: in the worker's main process). A handler
 that raises is logged by Celery and does not affect the lock.
 
 ================== ==================================================================================

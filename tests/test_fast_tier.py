@@ -27,6 +27,7 @@ from celery.signals import task_success
 from celery_singleton_lock import LockedTask, LockLostError, Skipped, signals
 from celery_singleton_lock.testing import (
     RedisServer,
+    _forget_lock_settings,
     assert_holds_lock,
     assert_no_locks_left,
     assert_skipped_duplicate,
@@ -215,13 +216,17 @@ def test_signals_reach_receivers_in_this_process(
 
 
 def test_celerys_task_success_sees_a_skipped_duplicate_as_a_skipped_marker(tasks: SimpleNamespace, worker: Any) -> None:
-    """What the README promises Celery's own ``task_success`` receivers: it still fires for a skipped duplicate, with
+    """What the README promises Celery's own ``task_success`` receivers: it still fires for a duplicate skipped in the
+    pool (here: ``singleton_lock_skip_before_pool=False``; a duplicate skipped before the pool never reaches it), with
     ``result`` a ``Skipped`` (its reason naming the holder), while the job's own run gets its real return value."""
     seen: dict[str, Any] = {}
 
     def receiver(sender: Any = None, result: Any = None, **kwargs: Any) -> None:
         seen[sender.request.id] = result
 
+    app = tasks.hold.app
+    app.conf.singleton_lock_skip_before_pool = False
+    _forget_lock_settings(app)
     task_success.connect(receiver, weak=False)
     try:
         first = tasks.hold.delay(11)
@@ -234,6 +239,8 @@ def test_celerys_task_success_sees_a_skipped_duplicate_as_a_skipped_marker(tasks
         assert wait_for(lambda: first.id in seen, timeout=WAIT)
     finally:
         task_success.disconnect(receiver)
+        app.conf.pop("singleton_lock_skip_before_pool", None)
+        _forget_lock_settings(app)
     skipped = seen[duplicate.id]
     assert isinstance(skipped, Skipped), skipped
     assert first.id in repr(skipped)

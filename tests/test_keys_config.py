@@ -295,6 +295,7 @@ def test_celery_singleton_setting_says_what_to_use_instead() -> None:
         ("singleton_lock_renew_fraction", 1, "between 0 and 1"),
         ("singleton_lock_max_retries", -1, "singleton_lock_max_retries must be"),
         ("singleton_lock_prefix", 3, "singleton_lock_prefix must be a string"),
+        ("singleton_lock_skip_before_pool", "yes", "singleton_lock_skip_before_pool must be True or False"),
     ],
 )
 def test_invalid_values_say_what_to_change(setting: str, value: object, says: str) -> None:
