@@ -37,7 +37,9 @@ from celery.worker import state as worker_state
 from . import signals
 from ._run import OWN_HEADERS, is_locked_task
 from .decision import RUNNING
-from .redlock import _STATUS, NodeSet, _merged, done_key_for, record_of
+from .nodes import NodeSet
+from .record import _merged, done_key_for, record_of
+from .scripts import STATUS as _STATUS
 
 if TYPE_CHECKING:
     from .config import LockSettings
