@@ -13,7 +13,9 @@ from collections.abc import Iterator
 import pytest
 from worker_cluster import APPS, Cluster, cluster, new_key
 
-from celery_singleton_lock.testing import CeleryWorker
+from celery_singleton_lock import _preskip as preskip
+from celery_singleton_lock.config import LockSettings
+from celery_singleton_lock.testing import CeleryWorker, RedisServer
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +68,15 @@ def test_a_copy_waiting_for_a_busy_pool_is_decided_when_it_starts(rc: Cluster, p
         assert holder.get(timeout=30) == key
         assert copy.get(timeout=30) == key
         assert len(rc.wait_runs(key, 2, 10)) == 2
+
+
+def test_a_url_connect_timeout_does_not_stretch_the_pre_checks_deadline(redis_node: RedisServer) -> None:
+    """A node URL naming its own socket_connect_timeout (redis-py lets the URL win over our options) does not give
+    the main process's pre-check a longer connect wait than its own deadline: it stays off for such nodes or keeps
+    its deadline (a node down behind a dropped SYN would otherwise hold the worker's event loop that long)."""
+    settings = LockSettings(urls=[f"{redis_node.url}?socket_connect_timeout=5"])
+    nodes = preskip._fast_nodes(settings)
+    if nodes is not None:
+        for client in nodes.clients:
+            kwargs = client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+            assert kwargs["socket_connect_timeout"] <= preskip.TIMEOUT
