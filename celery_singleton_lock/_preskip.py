@@ -30,7 +30,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery.worker import state as worker_state
 
@@ -93,6 +93,11 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
     plain = all(isinstance(u, str) for u in settings.urls) and all(settings.nodes._own) and not settings.nodes.cluster  # noqa: SLF001
     if plain and socket.socket.__module__ == "socket":
         nodes = NodeSet(list(settings.urls), socket_timeout=min(TIMEOUT, settings.socket_timeout))
+        # A URL's own socket_connect_timeout wins over ours (redis-py), and a connect is not under the read deadline:
+        # a node down behind a dropped SYN would hold the event loop that long. The pool decides for such nodes.
+        waits = (cast(Any, c).connection_pool.connection_kwargs.get("socket_connect_timeout") for c in nodes.clients)
+        if any(w is None or w > TIMEOUT for w in waits):
+            nodes = None
     _nodes[id(settings)] = (settings, nodes)
     return nodes
 
