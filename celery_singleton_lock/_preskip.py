@@ -30,7 +30,7 @@ import logging
 import socket
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery.worker import state as worker_state
 
@@ -61,6 +61,19 @@ logger = logging.getLogger("celery_singleton_lock.task")
 _seen: OrderedDict[int, float] = OrderedDict()
 _nodes: dict[int, tuple[LockSettings, NodeSet | None]] = {}
 _open_until = 0.0
+# Whether Celery asks revoked() only once a pool slot is free to take the message (set at worker start by
+# pool_started; unknown outside a worker: as before). The threads pool asks at receipt and queues the message behind
+# busy threads, where it may wait past its holder's end: decided there, a copy the child would run was skipped.
+_at_start = True
+
+
+def pool_started(worker: Any) -> None:
+    """Note whether this worker's pool hands a message to the pool only once a slot is free: prefork with putlocks
+    (its semaphore) or solo (one message at a time, in the main process); elsewhere the pool child decides."""
+    global _at_start  # noqa: PLW0603 - one per process
+    pool_cls = getattr(worker, "pool_cls", None)
+    held = bool(getattr(pool_cls, "uses_semaphore", False) and getattr(worker, "pool_putlocks", False))
+    _at_start = held or getattr(pool_cls, "__module__", None) == "celery.concurrency.solo"
 
 
 def reset() -> None:
@@ -82,6 +95,11 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
     plain = all(isinstance(u, str) for u in settings.urls) and all(settings.nodes._own) and not settings.nodes.cluster  # noqa: SLF001
     if plain and socket.socket.__module__ == "socket":
         nodes = NodeSet(list(settings.urls), socket_timeout=min(TIMEOUT, settings.socket_timeout))
+        # A URL's own socket_connect_timeout wins over ours (redis-py), and a connect is not under the read deadline:
+        # a node down behind a dropped SYN would hold the event loop that long. The pool decides for such nodes.
+        waits = (cast(Any, c).connection_pool.connection_kwargs.get("socket_connect_timeout") for c in nodes.clients)
+        if any(w is None or w > TIMEOUT for w in waits):
+            nodes = None
     _nodes[id(settings)] = (settings, nodes)
     return nodes
 
@@ -107,7 +125,11 @@ def skipped(request: Any) -> bool:
         return False
     options = task._options()  # noqa: SLF001
     settings = options.settings
-    if not settings.skip_before_pool or options.on_duplicate != "skip" or not _clear_case(request, task):
+    if (
+        not (_at_start and settings.skip_before_pool)
+        or options.on_duplicate != "skip"
+        or not _clear_case(request, task)
+    ):
         return False
     now = time.monotonic()
     if now < _open_until:

@@ -13,6 +13,7 @@ import click
 from celery import bootsteps
 from kombu.utils.imports import symbol_by_name
 
+from . import _preskip as preskip
 from ._brokers import broker_findings
 from ._monitoring import LockedRequest
 from ._run import is_locked_task
@@ -225,6 +226,7 @@ class SettingsStep(bootsteps.Step):  # type: ignore[misc]
         logger.info("celery_singleton_lock: %s", settings.describe())
         warn_about_broker(parent.app)
         warn_about_pool(parent)
+        preskip.pool_started(parent)
         super().__init__(parent, **kwargs)
 
 
