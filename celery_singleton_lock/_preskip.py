@@ -73,7 +73,14 @@ def pool_started(worker: Any) -> None:
     global _at_start  # noqa: PLW0603 - one per process
     pool_cls = getattr(worker, "pool_cls", None)
     held = bool(getattr(pool_cls, "uses_semaphore", False) and getattr(worker, "pool_putlocks", False))
-    _at_start = held or getattr(pool_cls, "__module__", None) == "celery.concurrency.solo"
+    # Not on AMQP brokers (RabbitMQ): acks sent from the main process mid-storm stalled the worker's consumer for
+    # ~4 s in review (Celery's own discard of expired messages at receipt stalls the same way; not diagnosed), so
+    # the pool child decides there, as before.
+    try:
+        amqp = worker.app.connection_for_write().transport.driver_type == "amqp"
+    except Exception:  # a transport we cannot inspect: as before, the child decides
+        amqp = True
+    _at_start = (held or getattr(pool_cls, "__module__", None) == "celery.concurrency.solo") and not amqp
 
 
 def reset() -> None:

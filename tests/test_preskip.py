@@ -99,28 +99,20 @@ def test_a_storm_of_duplicates_is_skipped_before_the_pool(pc: Cluster, nodes: in
         assert holder.get(timeout=20) == key
 
 
-def test_a_storm_on_rabbitmq_is_skipped_before_the_pool(tmp_path: Path) -> None:
-    """On RabbitMQ (a vhost of its own), duplicates of a running job are skipped before the pool (REVOKED, never
-    traced), and no two runs of the job overlap.
-
-    Seen on this machine: the worker sometimes receives nothing for ~4-5 s in the middle of the storm (not
-    diagnosed); a copy delivered after the holder ended then runs, as it should. So the copies are not all required
-    to be the first holder's duplicates: those skipped must have been skipped before the pool, and runs never overlap.
-    """
+def test_on_rabbitmq_the_pool_child_decides(tmp_path: Path) -> None:
+    """On RabbitMQ (a vhost of its own) the pre-check stays off (review: acks from the main process mid-storm stalled
+    the consumer for seconds): duplicates of a running job are traced and skipped in the pool child, naming the
+    holder, and no two runs of the job overlap."""
     with rabbitmq.vhost() as url, cluster(tmp_path, ttl=TTL, broker_url=url) as c:
         c.app_module()
         with worker(c, f"rabbit-{uuid.uuid4().hex[:6]}") as w:
             key = new_key()
-            holder = holding(c, w, key, 10.0)
-            copies = storm(c, w, key, duration=10.0)
+            holder = holding(c, w, key, 6.0)
+            copies = storm(c, w, key, 5, 6.0)
+            for r in copies:
+                assert_skipped_duplicate(r, of=holder.id, timeout=30)
+            assert {r.id for r in copies} <= traced(c)  # the pool saw every one
             assert holder.get(timeout=30) == key
-            for _ in polling(60):
-                if all(c.states([r.id])[r.id] in ("REVOKED", "SUCCESS") for r in copies):
-                    break
-            states = c.states([r.id for r in copies])
-            skipped = {t for t, state in states.items() if state == "REVOKED"}
-            assert skipped and set(states.values()) <= {"REVOKED", "SUCCESS"}
-            assert not skipped & traced(c)  # the pool never saw them
             assert not overlapping(c.runs(key))
 
 
