@@ -8,11 +8,9 @@ run-time check (the delivery room) stays the guard of both.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,9 +21,9 @@ from celery.utils import uuid
 from . import signals
 from ._handover import ending_lease
 from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
-from .aio import AsyncNodes, AsyncRedlock, _spawn
+from .aio import AsyncRedlock
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
-from .errors import ConfigurationError, DuplicateTaskError
+from .errors import DuplicateTaskError
 from .redlock import Redlock
 
 if TYPE_CHECKING:
@@ -34,8 +32,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_QUEUE_TTL",
     "SENDING_WAIT",
-    "areserve",
-    "asend",
     "free_reservation",
     "reserve",
     "revoke_queued",
@@ -118,122 +114,6 @@ def send(
         if running is not None:
             return running
     return publish(args, kwargs, task_id=task_id, **options)
-
-
-async def asend(
-    task: LockedTask,
-    publish: Callable[..., Any],
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    options: dict[str, Any],
-    *,
-    linked: bool,
-) -> Any:
-    """:func:`send` for ``aapply_async``: the queue scope's reservation on AsyncRedlock (its round trips on the
-    loop), every publish in a worker thread (kombu has no asyncio publish). Nodes AsyncRedlock cannot reach (a
-    redis.Redis client, a Cluster) and the enqueue check take :func:`send` whole, in a worker thread."""
-    nodes = _async_nodes(task)
-    if (
-        nodes is None
-        or task.lock_scope != "queue"
-        or task.app.conf.task_always_eager
-        or _GROUPED.intersection(options)
-        or (task_id is not None and task_id == task.request.id)
-    ):
-        return await asyncio.to_thread(send, task, publish, args, kwargs, task_id, options, linked=linked)
-    own_id = task_id is not None
-    task_id = task_id or uuid()
-    existing, lock, lease, stand_in = await areserve(
-        task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id
-    )
-    if existing is not None:
-        return existing
-    if stand_in is not None:  # a copy of the job whose publish is under way (see send)
-        headers = {**(options.pop("headers", None) or {}), REDELIVERY_HEADER: 1}
-        options.pop("expires", None)
-        sent = await asyncio.to_thread(publish, args, kwargs, task_id=stand_in, headers=headers, **options)
-        if task._options().policy.raises:
-            key = task.lock_key_for(*(args or ()), **(kwargs or {}))
-            raise DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
-        return sent
-    if lock is not None:
-        options["headers"] = {**(options.get("headers") or {}), RESERVED_HEADER: 1}
-    publishing = asyncio.ensure_future(asyncio.to_thread(publish, args, kwargs, task_id=task_id, **options))
-    try:
-        sent = await asyncio.shield(publishing)
-    except asyncio.CancelledError:
-        # The caller is cancelled, not the publish (a thread runs on): settle the reservation when it ends.
-        if lock is not None:
-            _spawn(_settle(publishing, lock, lease))
-        raise
-    except BaseException:
-        if lock is not None:  # nothing was sent: nothing may stay reserved
-            await lock.release()
-        raise
-    if lock is not None:
-        await lock.transfer(lease, {"state": QUEUED})  # sent: a duplicate may now be told to wait on it
-    return sent
-
-
-async def _settle(publishing: asyncio.Future[Any], lock: AsyncRedlock, lease: float) -> None:
-    """A cancelled caller's reservation: marked queued once its message was sent, freed if the publish failed."""
-    try:
-        await publishing
-    except BaseException:
-        await lock.release()
-        return
-    await lock.transfer(lease, {"state": QUEUED})
-
-
-_async_nodes_cache: dict[tuple[Any, ...], AsyncNodes | None] = {}
-_async_nodes_lock = threading.Lock()
-
-
-def _async_nodes(task: LockedTask) -> AsyncNodes | None:
-    """The task's lock nodes for AsyncRedlock, or None when they are not all URLs it takes."""
-    settings = task._options().settings
-    cache_key = (settings.urls, settings.socket_timeout)
-    with _async_nodes_lock:
-        if cache_key not in _async_nodes_cache:
-            try:
-                nodes: AsyncNodes | None = AsyncNodes(
-                    [u for u in settings.urls if isinstance(u, str)], socket_timeout=settings.socket_timeout
-                )
-                if nodes is not None and len(nodes) != len(settings.urls):
-                    nodes = None
-            except ConfigurationError:
-                nodes = None
-            _async_nodes_cache[cache_key] = nodes
-        return _async_nodes_cache[cache_key]
-
-
-async def areserve(
-    task: LockedTask, nodes: AsyncNodes, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
-) -> tuple[Any, AsyncRedlock | None, float, str | None]:
-    """:func:`reserve` on AsyncRedlock: the same attempts, waits and verdict, awaited."""
-    key = task.lock_key_for(*args, **kwargs)
-    lease, record = _reservation(task, options)
-    lock = AsyncRedlock(nodes, key, ttl=lease, fencing=False, job=task_id, record=record, auto_renewal=False)
-    try:
-        splits, deadline = 0, time.monotonic() + SENDING_WAIT
-        for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
-            if await lock.acquire(blocking=False):
-                return None, lock, lease, None
-            if lock.split and splits < SPLIT_RETRIES:
-                splits += 1
-                await asyncio.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
-                continue
-            sending = (lock.holder_record or {}).get("state") == SENDING
-            if not (lock.contended and sending) or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.005)  # another call's publish of the job is under way (see reserve)
-    except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
-        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
-        return None, None, 0.0, None
-    if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
-        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id)
-    return _verdict(task, lock, key, task_id, own_id=own_id)
 
 
 def reserve(

@@ -23,7 +23,6 @@ docs/protocol.md.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import inspect
 import logging
@@ -252,39 +251,6 @@ class LockedTask(Task):  # type: ignore[misc]
         alone).
         """
         return enqueue.revoke_queued(self, task_id, *args, **kwargs)
-
-    async def aapply_async(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: str | None = None,
-        **options: Any,
-    ) -> Any:
-        """``apply_async`` for ``async def`` callers: the same call, the same result, never blocking the event loop.
-
-        With ``lock_scope="queue"`` the reservation is taken on AsyncRedlock (its round trips awaited on the loop)
-        and the publish runs in a worker thread (kombu has no asyncio publish); a caller cancelled meanwhile does
-        not cancel the publish, and its reservation is settled when the publish ends. Otherwise (and for nodes
-        AsyncRedlock does not take: redis.Redis clients, a Cluster) the whole sync call runs in a worker thread.
-        """
-        publish = super().apply_async
-        if self.lock_scope != "queue":
-            return await asyncio.to_thread(
-                self.apply_async, args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
-
-        def publish_as(args_: Any, kwargs_: Any, **more: Any) -> Any:
-            return publish(args_, kwargs_, producer=producer, link=link, link_error=link_error, shadow=shadow, **more)
-
-        return await enqueue.asend(self, publish_as, args, kwargs, task_id, options, linked=bool(link or link_error))
-
-    async def adelay(self, *args: Any, **kwargs: Any) -> Any:
-        """``delay`` for ``async def`` callers: ``await charge.adelay(7)`` (see :meth:`aapply_async`)."""
-        return await self.aapply_async(args, kwargs)
 
     # -- a delivery ----------------------------------------------------------------------------------------------
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -25,11 +22,9 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
-from celery import Celery
 from topologies import SentinelSet
 
-from celery_singleton_lock import AsyncRedlock, LockedTask, LockLostError, LockUnavailableError, Redlock
-from celery_singleton_lock import _enqueue as enqueue
+from celery_singleton_lock import AsyncRedlock, LockLostError, LockUnavailableError, Redlock
 from celery_singleton_lock.aio import aclose
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.faults import FaultProxy
@@ -505,91 +500,6 @@ def test_configuration_errors_say_what_to_change() -> None:
         AsyncRedlock("redis://127.0.0.1:6379/0", "n", ttl=0)
     with pytest.raises(ConfigurationError, match="twice"):
         AsyncRedlock(["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"], "n")
-
-
-_ISOLATED = "CSL_AIO_ISOLATED"
-
-
-def _in_own_process(test: str) -> bool:
-    """Run ``test`` of this file in a pytest process of its own and assert it passed; False when already in it.
-
-    The ``adelay`` tests publish from worker threads through Celery's own machinery; run in the suite's process they
-    left it unable to collect results for later modules' workers (test_examples timed out, not diagnosed yet): in a
-    process of their own they test the same thing, and nothing of theirs outlives them.
-    """
-    if os.environ.get(_ISOLATED):
-        return False
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test}"],
-        env={**os.environ, _ISOLATED: "1"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
-
-
-def test_adelay_under_queue_scope_reserves_one_job_as_delay_does(app: Celery, caplog: pytest.LogCaptureFixture) -> None:
-    """Concurrent ``await charge.adelay(7)`` calls under queue scope all get one job (one reservation), the sync
-    ``delay(7)`` gets the same one, another argument another job, and the loop is never held."""
-    if _in_own_process("test_adelay_under_queue_scope_reserves_one_job_as_delay_does"):
-        return
-    caplog.set_level(logging.WARNING, logger="asyncio")
-
-    @app.task(shared=False, base=LockedTask, lock_scope="queue")
-    def charge(n: int) -> int:
-        return n
-
-    async def scenario() -> list[Any]:
-        return list(await asyncio.gather(*(charge.adelay(7) for _ in range(5))))
-
-    ids = {r.id for r in arun(scenario)}
-    assert len(ids) == 1
-    assert charge.delay(7).id in ids
-    other = arun(lambda: charge.aapply_async((8,), countdown=0))
-    assert other.id not in ids
-    assert slow_callbacks(caplog) == []
-
-
-def test_adelay_with_a_lock_node_paused_never_blocks_the_loop(
-    fresh_trio: list[RedisServer], caplog: pytest.LogCaptureFixture
-) -> None:
-    """The issue's trial: one of three lock nodes paused, a double click of ``adelay`` under queue scope. The
-    reservation's round trips run on AsyncRedlock (never a sync call on the loop), both calls get one job, and a
-    second charge of it after the first's publish is refused the same way by the sync ``delay``."""
-    if _in_own_process("test_adelay_with_a_lock_node_paused_never_blocks_the_loop"):
-        return
-    caplog.set_level(logging.WARNING, logger="asyncio")
-    app = Celery(f"aio-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
-    app.conf.singleton_lock_urls = urls_of(fresh_trio)
-    app.conf.singleton_lock_socket_timeout = 0.5
-    app.conf.singleton_lock_prefix = f"aio-{uuid.uuid4().hex[:8]}:"
-    try:
-
-        @app.task(shared=False, base=LockedTask, lock_scope="queue")
-        def charge(n: int) -> int:
-            return n
-
-        assert enqueue._async_nodes(charge) is not None  # the reservation takes the AsyncRedlock path
-        fresh_trio[0].pause()
-        try:
-
-            async def scenario() -> list[Any]:
-                return list(await asyncio.gather(charge.adelay(7), charge.adelay(7)))
-
-            ids = {r.id for r in arun(scenario)}
-            assert len(ids) == 1
-            assert charge.delay(7).id in ids
-        finally:
-            fresh_trio[0].resume()
-    finally:
-        app.close()
-    assert slow_callbacks(caplog) == []
-
-
-# -- a history under random faults -------------------------------------------------------------------------------
 
 
 async def async_lock_client(
