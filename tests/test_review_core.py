@@ -65,7 +65,14 @@ def test_the_original_of_a_copy_killed_by_its_hard_time_limit_does_not_run_again
         slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
         slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
 
-        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name=mod.q_limited.name)
+        @slow.task(
+            base=LockedTask,
+            bind=True,
+            lock_unique_on=["key"],
+            lock_scope="queue",
+            name=mod.q_limited.name,
+            shared=False,
+        )
         def q_limited(self: Any, key: str, duration: float = 0.0) -> str:  # the worker's q_limited
             return key  # pragma: no cover - runs in the worker
 
@@ -154,7 +161,14 @@ def test_the_callback_of_a_call_whose_job_ran_as_a_copy_still_runs(c: Cluster) -
         slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
         slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
 
-        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name=mod.q_limited.name)
+        @slow.task(
+            base=LockedTask,
+            bind=True,
+            lock_unique_on=["key"],
+            lock_scope="queue",
+            name=mod.q_limited.name,
+            shared=False,
+        )
         def q_limited(self: Any, key: str, duration: float = 0.0) -> str:  # the worker's q_limited
             return key  # pragma: no cover - runs in the worker
 
@@ -194,7 +208,14 @@ def test_a_stand_in_copy_does_not_carry_its_callers_expiry_onto_the_job(c: Clust
         slow = Celery(f"slow-{uuid.uuid4().hex[:6]}", broker=proxy.url, set_as_current=False)
         slow.conf.update(result_backend=c.env["CSL_BACKEND"], singleton_lock_urls=c.lock_urls, singleton_lock_ttl=TTL)
 
-        @slow.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", name=mod.q_limited.name)
+        @slow.task(
+            base=LockedTask,
+            bind=True,
+            lock_unique_on=["key"],
+            lock_scope="queue",
+            name=mod.q_limited.name,
+            shared=False,
+        )
         def q_limited(self: Any, key: str, duration: float = 0.0) -> str:  # the worker's q_limited
             return key  # pragma: no cover - runs in the worker
 
