@@ -47,6 +47,14 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def who(port: int) -> str:
+    """What listens on ``port``, for the failure message (``ss`` where it exists)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "ss shows no listener"
+    return "ss unavailable"
+
+
 def env(**extra: str) -> dict[str, str]:
     """This environment with the source tree first on the path (the package the owner imports is this one)."""
     out = {**os.environ, **extra}
@@ -78,7 +86,9 @@ def assert_gone(servers: list[tuple[int, int]]) -> None:
     try:
         for pid, port in servers:
             assert wait_for(lambda pid=pid: not alive(pid), WAIT, 0.05), f"redis-server {pid} outlived its owner"
-            assert not listening(port), f"port {port} still answers"
+            # Polled, not probed once: a single connect to a closed port in the ephemeral range can meet itself
+            # (TCP simultaneous open) and "answer"; a server that outlived its owner answers for the whole bound.
+            assert wait_for(lambda port=port: not listening(port), WAIT, 0.2), f"port {port} still answers: {who(port)}"
     finally:
         for pid, _ in servers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
