@@ -44,9 +44,12 @@ def _redeem(coupon: str, user: str) -> str:
 
 # A short ttl keeps the example quick: a re-sent redemption comes back after the holder's remaining lease (< 1 s,
 # renewed while the holder runs) rather than after a long default lease.
+REDEEM = "examples.stock.redeem"
+
+
 @app.task(
     base=LockedTask,
-    name="examples.stock.redeem",
+    name=REDEEM,
     lock_unique_on=["coupon"],
     lock_on_duplicate="reschedule",
     lock_ttl=1,
@@ -62,9 +65,12 @@ def redeem_unlocked(coupon: str, user: str) -> str:
     return _redeem(coupon, user)
 
 
+# Signals are process-wide: this receiver also hears other apps' tasks. It compares names, not ``redeem.name``:
+# reading an attribute of ``redeem`` (a proxy until the app is finalized) would finalize and configure this app
+# then, from whatever environment the process has at that moment (a test of another app's skip did exactly that).
 @signals.duplicate_skipped.connect
 def _count_resends(sender: Any, key: str, policy: str, **_: Any) -> None:
-    if sender is not None and sender.name == redeem.name and policy == "reschedule":
+    if sender is not None and sender.name == REDEEM and policy == "reschedule":
         records().hincrby("stock:resends", key, 1)
 
 

@@ -117,3 +117,35 @@ def test_reindex_latest_runs_the_newest_edit_only(app_module: ModuleType) -> Non
     assert figures["reindexed"] == [1, 6]
     assert figures["superseded"] == 4
     assert figures["ok"]
+
+
+ISOLATION = """
+import celery
+from celery_singleton_lock import LockedTask, signals
+import examples.example_app as ea
+from examples import (cache_rebuild_storm, long_report, nightly_job, payment_double_click, prometheus_metrics,
+                      reindex_latest, stock_decrement, tenant_exports)
+other = celery.Celery("other", broker="memory://")
+@other.task(base=LockedTask, name="other.work")
+def work(): ...
+for sig in (signals.duplicate_skipped, signals.lock_acquired, signals.lock_released, signals.lock_unavailable):
+    sig.send(sender=work, key="k", task_id="t", holder_task_id="h", policy="reschedule", held=True, errors=[])
+print("configured" if ea.app.configured else "untouched")
+"""
+
+
+def test_the_examples_receivers_leave_their_app_unconfigured_when_another_app_signals() -> None:
+    """The examples' signal receivers hear every app's tasks (signals are process-wide). Hearing another app's skip
+    must not configure the examples' app: configured then, before a harness sets its environment, it kept the
+    default broker, and every later example in the process sent to a broker no worker read (test_examples timed
+    out after test_queue_scope, and after the async producers' tests)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", ISOLATION], cwd=root, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "untouched", out.stdout
