@@ -6,7 +6,10 @@ test calls an example's ``main`` and checks the figures it returns.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -139,10 +142,6 @@ def test_the_examples_receivers_leave_their_app_unconfigured_when_another_app_si
     must not configure the examples' app: configured then, before a harness sets its environment, it kept the
     default broker, and every later example in the process sent to a broker no worker read (test_examples timed
     out after test_queue_scope, and after the async producers' tests)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         [sys.executable, "-c", ISOLATION], cwd=root, capture_output=True, text=True, timeout=60, check=False

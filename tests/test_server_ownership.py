@@ -50,7 +50,9 @@ def listening(port: int) -> bool:
 def who(port: int) -> str:
     """What listens on ``port``, for the failure message (``ss`` where it exists)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=10, check=False
+        )
         return out.stdout.strip() or "ss shows no listener"
     return "ss unavailable"
 
