@@ -15,6 +15,7 @@ import redis
 from celery_singleton_lock.testing import CeleryWorker, redis_servers
 
 APPS = Path(__file__).parent / "apps"
+TICKS = 6  # beat's sends the test waits for: a 1 s interval, so ~6 s of a 2.5 s job's runs
 
 
 @pytest.mark.parametrize("scope", ["run", "queue"])
@@ -43,7 +44,12 @@ def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path,
                      "--schedule", str(tmp_path / "schedule")],
                     cwd=APPS, env={**worker.env, **env}, stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip
-                time.sleep(8.0)
+                # Six ticks sent, however long beat took to start on a busy machine (bounded: 40 s).
+                deadline = time.monotonic() + 40.0
+                while time.monotonic() < deadline and beat.poll() is None:
+                    if beat_log.read_text(errors="replace").count("Sending due task slow-tick") >= TICKS:
+                        break
+                    time.sleep(0.25)
                 assert beat.poll() is None, "beat must keep running"
         finally:
             if beat is not None:
@@ -55,7 +61,7 @@ def test_slow_periodic_job_never_overlaps_and_beat_keeps_running(tmp_path: Path,
         log = worker.log()
         beat_text = beat_log.read_text()
         sent = beat_text.count("Sending due task slow-tick")
-    assert sent >= 6
+    assert sent >= TICKS
     assert "Traceback" not in beat_text
     assert len(runs) >= 2
     assert all(b[0] >= a[1] for a, b in itertools.pairwise(runs)), f"overlapping runs: {runs}"

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from sources import parse
 
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_singleton_lock"
 #: The package's modules, and its subpackages (``policies``) as one module each.
@@ -70,7 +71,7 @@ def _source(name: str) -> ast.Module:
     files = [path] if path.exists() else sorted((PACKAGE / name).glob("*.py"))
     body: list[ast.stmt] = []
     for file in files:
-        body.extend(ast.parse(file.read_text(encoding="utf-8")).body)
+        body.extend(parse(file).body)
     return ast.Module(body=body, type_ignores=[])
 
 
@@ -141,7 +142,7 @@ def test_no_circle_even_through_imports_inside_functions() -> None:
 def test_the_lock_core_imports_nothing_of_celery_nor_the_celery_side(name: str) -> None:
     """A lock core module imports (anywhere, also inside functions) only the core's other modules, never Celery,
     kombu, billiard or click: ``Redlock`` is usable without Celery, and the Celery side sits on top of it."""
-    tree = ast.parse((PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
+    tree = parse(PACKAGE / f"{name}.py")
     ours, foreign = _imports(ast.walk(tree))
     assert ours <= CORE, f"{name} imports {sorted(ours - CORE)} from outside the lock core"
     assert not foreign.intersection(CELERY_SIDE), f"{name} imports {sorted(foreign.intersection(CELERY_SIDE))}"

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from sources import parse
 
 from celery_singleton_lock import record, scripts
 
@@ -57,7 +58,7 @@ def quoted(cell: str) -> set[str]:
 def constants() -> dict[str, str]:
     """record.py's module-level ``NAME = "text"`` constants (its states and fields)."""
     out: dict[str, str] = {}
-    for node in ast.parse(RECORD.read_text(encoding="utf-8")).body:
+    for node in parse(RECORD).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             for target in node.targets:
                 if isinstance(target, ast.Name) and target.id.isupper():
@@ -134,7 +135,7 @@ def suite_tests() -> set[str]:
     """``tests/<file>.py::<test>`` of every test function (module level or in a class) of the test suite."""
     out: set[str] = set()
     for path in (ROOT / "tests").glob("test_*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_"):
                 out.add(f"tests/{path.name}::{node.name}")
     return out
@@ -187,11 +188,7 @@ def test_the_field_parser_reads_the_scripts() -> None:
 
 def test_every_key_function_is_documented() -> None:
     """Each function of record.py that names or places a key is in the Keys section's function table."""
-    names = [
-        node.name
-        for node in ast.parse(RECORD.read_text(encoding="utf-8")).body
-        if isinstance(node, ast.FunctionDef) and "key" in node.name
-    ]
+    names = [node.name for node in parse(RECORD).body if isinstance(node, ast.FunctionDef) and "key" in node.name]
     assert "sibling_key" in names
     documented = {row[0].strip("`") for row in table("Keys", "function")}
     assert set(names) <= documented, f"undocumented key functions: {sorted(set(names) - documented)}"
