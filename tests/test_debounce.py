@@ -1,0 +1,289 @@
+"""lock_debounce and lock_max_waiting (issue 21) on real workers, a RabbitMQ broker (classic queues) and three lock
+nodes: a burst of 1,000 calls runs once with its last arguments, a worker SIGKILLed while the run is pending and
+while it runs, calls racing the run's start, a producer that died between its join and its publish, revoke; a full
+line skips a new duplicate at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import rabbitmq
+from worker_cluster import Cluster, cluster, new_key, overlapping, polling
+
+pytestmark = pytest.mark.slow
+TTL = 4.0
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with rabbitmq.vhost() as url, cluster(tmp_path_factory.mktemp("debounce"), ttl=TTL, broker_url=url) as c:
+        c.vhost = url.rsplit("/", 1)[1]  # type: ignore[attr-defined]
+        c.app_module()
+        c.worker("w1", queues="celery", concurrency=2)
+        c.worker("w2", queues="celery", concurrency=2)
+        c.worker("w3", queues="kill", concurrency=1)
+        yield c
+
+
+def debounced_runs(c: Cluster, key: str) -> list[tuple[str, int]]:
+    """(task id, version) of each debounced run of ``key`` that started, in order."""
+    return [(r[1], r[2]) for r in c.records("debounced") if r[0] == key]
+
+
+def messages_in(c: Cluster, queue: str) -> int:
+    """Messages of ``queue`` in the broker: ready and unacked (held by a worker for their countdown)."""
+    out = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "-p", c.vhost, "name", "messages"],  # type: ignore[attr-defined]
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queue and parts[1].isdigit():
+            return int(parts[1])
+    return 0
+
+
+def wait_idle(c: Cluster, queue: str = "celery", timeout: float = 30) -> None:
+    for _ in polling(timeout, 0.2):
+        if messages_in(c, queue) == 0:
+            return
+
+
+# -- lock_max_waiting -------------------------------------------------------------------------------------------
+
+
+def test_a_new_duplicate_that_finds_the_line_full_is_revoked_at_once_naming_the_key(c: Cluster) -> None:
+    """Cap 2: a 3 s holder, two duplicates wait; the next two are REVOKED while the holder still runs, their reason
+    saying the line is full and naming the key; the holder and both waiting calls run, once each, one at a time."""
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.capped.delay(k, 3.0)
+    c.wait_started(k)
+    waiting = [mod.capped.delay(k, 0.1) for _ in range(2)]
+    key = mod.capped.lock_key_for(k)
+    for _ in polling(15, 0.05):
+        if line_length(c, key) == 2:
+            break
+    assert line_length(c, key) == 2
+    refused = [mod.capped.delay(k, 0.1) for _ in range(2)]
+    for r in refused:
+        with pytest.raises(Exception, match="full"):
+            r.get(timeout=20)
+        assert r.state == "REVOKED"
+        assert key in str(r.result) and "lock_max_waiting=2" in str(r.result)
+    assert len(c.runs(k)) == 0, "a full line's duplicate was told only after the holder ended"
+    for r in [holder, *waiting]:
+        assert r.get(timeout=40) == k
+    runs = c.wait_runs(k, 3, 10)
+    assert sorted(r[1] for r in runs) == sorted(r.id for r in [holder, *waiting])
+    assert not overlapping(runs)
+    assert line_length(c, key) == 0
+
+
+def line_length(c: Cluster, key: str) -> int:
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        return int(client.zcard(sibling_key(key, ":waiters")))
+
+
+def test_a_waiting_job_s_own_copies_never_count_against_the_cap(c: Cluster) -> None:
+    """The cap's script on a real node: a new duplicate finding 2 waiting is refused; a job already in the line
+    (its fallback copy) keeps its place; a waiting job's woken copy (not new) parks even past the cap."""
+    from celery_singleton_lock.scripts import PARK_CAPPED_CODE  # noqa: PLC0415
+
+    tag = new_key()
+    line, messages = f"{{{tag}}}:waiters", f"{{{tag}}}:parked"
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+
+        def park(task_id: str, *, new: bool) -> list[int]:
+            return [
+                int(x)
+                for x in client.eval(
+                    PARK_CAPPED_CODE, 2, line, messages, task_id, 1, "{}", 60000, 2, "1" if new else "0"
+                )
+            ]
+
+        assert park("a", new=True) == [1, 1]
+        assert park("b", new=True) == [1, 2]
+        assert park("c", new=True) == [0, 2]  # full: a new duplicate is refused
+        assert park("a", new=True) == [1, 2]  # already waiting: its fallback copy keeps its place
+        assert park("d", new=False) == [1, 3]  # a waiting job's woken copy is never new
+        assert client.zcard(line) == 3
+
+
+# -- lock_debounce ------------------------------------------------------------------------------------------------
+
+
+def test_a_burst_of_1000_calls_runs_once_with_the_last_arguments(c: Cluster) -> None:
+    """1,000 calls of one key (other arguments differ: lock_unique_on), each with a countdown of 2 s: every call gets
+    one task id; one message is in the broker at the end of the burst; one run, with the last call's version; every
+    caller's .get() returns it."""
+    mod = c.app_module()
+    wait_idle(c)
+    k = new_key()
+    # A countdown adds to each call's quiet period (1 + 2 s): time to count the broker's messages before the run.
+    results = [mod.debounced.apply_async((k, i), countdown=2) for i in range(1000)]
+    assert {r.id for r in results} == {results[0].id}
+    assert messages_in(c, "celery") == 1
+    assert results[-1].get(timeout=30) == [k, 999]
+    assert all(r.get(timeout=10) == [k, 999] for r in results[::100])
+    for _ in polling(3, 0.1):  # no second run comes (bounded look)
+        pass
+    assert debounced_runs(c, k) == [(results[0].id, 999)]
+
+
+def test_a_call_during_the_run_starts_a_new_burst_that_runs_after_it(c: Cluster) -> None:
+    mod = c.app_module()
+    k = new_key()
+    first = mod.debounced.delay(k, 1, 2.0)
+    c.wait_started(k)
+    second = mod.debounced.delay(k, 2, 0.1)
+    third = mod.debounced.delay(k, 3, 0.1)
+    assert second.id != first.id and third.id == second.id
+    assert first.get(timeout=30) == [k, 1]
+    assert second.get(timeout=30) == [k, 3]
+    runs = c.wait_runs(k, 2, 10)
+    assert not overlapping(runs)
+    assert debounced_runs(c, k) == [(first.id, 1), (second.id, 3)]
+
+
+def test_debounce_max_runs_a_steady_stream_while_it_lasts(c: Cluster) -> None:
+    """Calls every 0.3 s for 4 s, quiet 1 s, max 2 s: a run starts before the stream ends (without max none would);
+    every run carries the newest version of its burst, and the stream's last call runs last."""
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    for i in range(14):  # bounded: 14 calls, ~4 s
+        results.append(mod.debounced_max.delay(k, i))
+        time.sleep(0.3)
+    assert c.started(k), "no run started during a 4 s stream with lock_debounce_max=2"
+    assert results[-1].get(timeout=30) == [k, 13]
+    runs = debounced_runs(c, k)
+    assert runs[-1][1] == 13 and len(runs) >= 2
+    assert [v for _, v in runs] == sorted(v for _, v in runs)
+    assert not overlapping(c.wait_runs(k, len(runs), 10))
+
+
+def test_calls_racing_the_run_s_start_each_get_a_run_with_their_arguments_or_newer(c: Cluster) -> None:
+    """Calls spaced around the quiet period (0.85 to 1.15 s apart), so some arrive as the run claims its burst: each
+    caller's result is a run with its own version or a newer one, runs never overlap, the last call runs last."""
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    for i, gap in enumerate([0.85, 0.95, 1.0, 1.02, 1.05, 1.1, 1.15, 0.0]):
+        results.append(mod.debounced.delay(k, i, 0.2))
+        time.sleep(gap)
+    for i, r in enumerate(results):
+        got = r.get(timeout=30)
+        assert got[0] == k and got[1] >= i, (i, got)
+    runs = debounced_runs(c, k)
+    assert runs[-1][1] == len(results) - 1
+    assert len({t for t, _ in runs}) == len(runs), "a job ran twice"
+    assert not overlapping(c.wait_runs(k, len(runs), 10))
+
+
+def test_a_worker_sigkilled_while_the_run_is_pending_loses_nothing(c: Cluster) -> None:
+    """The burst's message waits for its countdown in w3 (queue kill); w3 is SIGKILLed: the message goes back to
+    RabbitMQ, w2 takes the queue over, and the run happens once, with the burst's last arguments."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced.apply_async((k, i), queue="kill") for i in range(20)]
+    w2 = next(w for w in c.workers if w.name == "w2")
+    w3 = next(w for w in c.workers if w.name == "w3")
+    for _ in polling(10, 0.05):
+        if f"debounced[{results[0].id}] received" in w3.log():
+            break
+    w3.kill()
+    replies = mod.app.control.add_consumer("kill", destination=[f"w2@{os.uname().nodename}"], reply=True, timeout=5)
+    assert replies
+    assert results[-1].get(timeout=40) == [k, 19]
+    assert debounced_runs(c, k) == [(results[0].id, 19)]
+    assert f"debounced[{results[0].id}] succeeded" in w2.log()
+
+
+def test_a_run_sigkilled_while_it_runs_is_redelivered_and_runs_once_more_with_the_same_arguments(c: Cluster) -> None:
+    """The run's pool child is SIGKILLed mid-run: the redelivered message (acks_late) carries the first call's
+    arguments, but runs with the burst's last ones (kept beside the claim), once the dead lease ended."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced.delay(k, i, 3.0) for i in range(5)]
+    pid = c.wait_started(k)[0][2]
+    os.kill(pid, signal.SIGKILL)
+    assert results[0].get(timeout=40) == [k, 4]
+    runs = debounced_runs(c, k)
+    assert runs == [(results[0].id, 4), (results[0].id, 4)]
+    assert len(c.wait_runs(k, 1, 10)) == 1
+
+
+def test_a_producer_dead_between_its_join_and_its_publish_leaves_no_call_hanging(c: Cluster) -> None:
+    """A burst started on the nodes whose message was never published (its producer died in between): a call more
+    than 2 s later publishes a stand-in copy of that job, which runs once with the newest arguments."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    ghost = "ghost-" + new_key()
+    key = mod.debounced.lock_key_for(k)
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [ghost, 1000, 0, kombu_json.dumps([[k, 0], {}]), 600000, "x", 2000])
+    time.sleep(2.2)
+    joined = mod.debounced.delay(k, 7)
+    assert joined.id == ghost
+    assert joined.get(timeout=30) == [k, 7]
+    assert debounced_runs(c, k) == [(ghost, 7)]
+
+
+def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
+    mod = c.app_module()
+    k = new_key()
+    pending = mod.debounced.delay(k, 1)
+    assert mod.debounced.revoke_queued(pending.id, k)
+    fresh = mod.debounced.delay(k, 2)
+    assert fresh.id != pending.id
+    assert fresh.get(timeout=30) == [k, 2]
+    for _ in polling(1.5, 0.1):  # the revoked one never runs (bounded look after the fresh one ran)
+        pass
+    assert debounced_runs(c, k) == [(fresh.id, 2)]
+
+
+def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"lock_debounce": 0}, "lock_debounce of"),
+        ({"lock_debounce": 5, "lock_debounce_max": 2}, "lock_debounce_max of"),
+        ({"lock_debounce_max": 2}, "lock_debounce_max of"),
+        ({"lock_debounce": 1, "lock_scope": "queue"}, "lock_scope='queue'"),
+        ({"lock_debounce": 1, "lock_on_duplicate": "skip"}, "lock_on_duplicate='skip'"),
+        ({"lock_max_waiting": 0, "lock_on_duplicate": "reschedule"}, "lock_max_waiting of"),
+        ({"lock_max_waiting": 2, "lock_on_duplicate": "skip"}, "lock_max_waiting of"),
+    ]
+    for i, (options, said) in enumerate(cases):
+        app = Celery(f"bad{i}", broker="memory://", set_as_current=False)
+        app.conf.singleton_lock_urls = ["redis://127.0.0.1:1/0"]
+
+        @app.task(base=LockedTask, name=f"bad{i}.t", shared=False, **options)
+        def t(x: int = 0) -> None: ...
+
+        with pytest.raises(Exception, match=f"bad{i}.t") as info:
+            app.tasks
+        message = info.value.format_message()  # type: ignore[attr-defined]
+        assert message.startswith("celery_singleton_lock: "), message
+        assert said in message and f"bad{i}.t" in message and "\n" not in message, message
