@@ -47,7 +47,11 @@ _STANDS_ASIDE = frozenset({"chord", "group_id", "chain"})
 
 
 def _countdown(options_: Options, seconds: float) -> float:
-    """A countdown the broker takes: whole seconds >= 1 where delays go through native delayed delivery."""
+    """A countdown the broker takes: whole seconds >= 1 where delays go through native delayed delivery; at most
+    half the broker's visibility timeout (a message held longer is restored, and exists twice: the job, arriving
+    early, is re-sent for its due time again)."""
+    if options_.max_countdown is not None:
+        seconds = min(seconds, options_.max_countdown)
     if options_.whole_seconds:
         return float(max(1, math.ceil(seconds)))
     return max(0.0, seconds)

@@ -287,3 +287,32 @@ def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
         message = info.value.format_message()  # type: ignore[attr-defined]
         assert message.startswith("celery_singleton_lock: "), message
         assert said in message and f"bad{i}.t" in message and "\n" not in message, message
+
+
+def test_a_burst_s_countdowns_stay_under_half_the_visibility_timeout() -> None:
+    """On the Redis broker a message held for its countdown past the visibility timeout is restored and exists
+    twice: the burst's message and its re-sends wait at most half of it (arriving early, the job is re-sent again),
+    as every other re-send of the library does; and whole seconds where delays are native (quorum queues)."""
+    from celery_singleton_lock._debounced import _countdown  # noqa: PLC0415
+    from celery_singleton_lock._run import Options  # noqa: PLC0415
+
+    def options(max_countdown: float | None, *, whole: bool) -> Options:
+        return Options(
+            settings=None,  # type: ignore[arg-type]
+            ttl=4.0,
+            interval=1.0,
+            on_duplicate="reschedule",
+            policy=None,  # type: ignore[arg-type]
+            on_unavailable="retry",
+            on_lost="continue",
+            binder=None,
+            max_countdown=max_countdown,
+            done_window=60.0,
+            done_window_short=60.0,
+            whole_seconds=whole,
+        )
+
+    assert _countdown(options(30.0, whole=False), 300.0) == 30.0
+    assert _countdown(options(None, whole=False), 300.0) == 300.0
+    assert _countdown(options(None, whole=True), 0.2) == 1.0
+    assert _countdown(options(None, whole=True), 1.2) == 2.0
