@@ -7,6 +7,7 @@ line skips a new duplicate at once.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -316,3 +317,40 @@ def test_a_burst_s_countdowns_stay_under_half_the_visibility_timeout() -> None:
     assert _countdown(options(None, whole=False), 300.0) == 300.0
     assert _countdown(options(None, whole=True), 0.2) == 1.0
     assert _countdown(options(None, whole=True), 1.2) == 2.0
+
+
+def test_locks_list_and_show_name_a_pending_burst_and_a_line_against_its_cap(c: Cluster) -> None:
+    """``celery locks list`` has a row for a pending burst (state pending, its job's task id); ``show`` says when it
+    is due and which call's arguments it carries; ``show`` of a capped key says how many wait against the cap."""
+    from celery.bin.base import CLIContext  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from celery_singleton_lock.cli import locks  # noqa: PLC0415
+
+    mod = c.app_module()
+
+    def cli(*args: str) -> str:
+        obj = CLIContext(app=mod.app, no_color=True, workdir=None)
+        result = CliRunner().invoke(locks, list(args), obj=obj)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    k, q = new_key(), new_key()
+    pending = [mod.debounced.apply_async((k, v), countdown=5) for v in (1, 2)]
+    holder = mod.capped.delay(q, 2.0)
+    c.wait_started(q)
+    waiting = mod.capped.delay(q, 0.1)
+    key, line_key = mod.debounced.lock_key_for(k), mod.capped.lock_key_for(q)
+    for _ in polling(10, 0.05):
+        if line_length(c, line_key) == 1:
+            break
+    rows = [line for line in cli("list").splitlines() if pending[0].id in line]
+    assert rows and "pending" in rows[0] and "debounce" in rows[0], rows
+    shown = cli("show", key)
+    assert "pending burst  pending: task " + pending[0].id in shown and "call #2 of the burst" in shown, shown
+    assert f'[["{k}", 2], {{}}]' in shown
+    assert "1 waiting (cap 2: lock_max_waiting)" in cli("show", line_key)
+    doc = json.loads(cli("show", key, "--json"))
+    assert doc["burst"]["task_id"] == pending[0].id and doc["burst"]["record"]["seq"] == "2"
+    assert mod.debounced.revoke_queued(pending[0].id, k)
+    assert holder.get(timeout=30) == q and waiting.get(timeout=30) == q
