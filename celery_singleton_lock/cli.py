@@ -459,20 +459,24 @@ def list_locks(settings: LockSettings, *, match: str = "*", done: bool = False) 
     quorum = settings.nodes.quorum
     merged = [merge(key, states, quorum, prefix=settings.prefix) for key, states in read.value.items()]
     infos = [i for i in merged if i is not None and not i.key.endswith(":debounce")]
-    bursts = scan_bursts(settings, match)
+    bursts = scan_bursts(settings, match, skip=down + [settings.nodes.names.index(e.node) for e in read.errors])
     infos += [b for b in (read_burst(settings, lock) for lock in bursts.value) if b is not None]
     infos.sort(key=lambda i: (i.lock_key or i.key, i.kind))
     return Report(infos, scanned.errors + read.errors + bursts.errors, len(settings.nodes), settings.nodes.quorum)
 
 
-def scan_bursts(settings: LockSettings, match: str = "*") -> Report[list[str]]:
-    """The lock keys (under the prefix, matching ``match``) that have a pending debounced burst on some node."""
+def scan_bursts(settings: LockSettings, match: str = "*", *, skip: Iterable[int] = ()) -> Report[list[str]]:
+    """The lock keys (under the prefix, matching ``match``) that have a pending debounced burst on some node
+    (``skip``: node indices known to be down, neither asked nor reported again)."""
     nodes = settings.nodes
     base = _glob_escape(settings.prefix) + match
     pattern = base + ":debounce" if _has_tag(settings.prefix) else "\\{" + base + "\\}:debounce"
     found: set[str] = set()
     errors: list[NodeError] = []
+    down = set(skip)
     for i, client in enumerate(nodes.clients):
+        if i in down:
+            continue
         try:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                 name = _text(raw).removesuffix(":debounce")
