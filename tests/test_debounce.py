@@ -354,3 +354,26 @@ def test_locks_list_and_show_name_a_pending_burst_and_a_line_against_its_cap(c: 
     assert doc["burst"]["task_id"] == pending[0].id and doc["burst"]["record"]["seq"] == "2"
     assert mod.debounced.revoke_queued(pending[0].id, k)
     assert holder.get(timeout=30) == q and waiting.get(timeout=30) == q
+
+
+def test_the_doctor_names_a_cap_on_a_task_whose_policy_from_the_settings_waits_in_no_line() -> None:
+    """lock_max_waiting on a task without lock_on_duplicate passes registration (the policy comes from the
+    settings), but the start checks (worker start, ``celery locks doctor``) refuse it under the default 'skip'."""
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+    from celery_singleton_lock.task import start_problems  # noqa: PLC0415
+
+    app = Celery("capdoc", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = ["redis://127.0.0.1:1/0"]
+
+    @app.task(base=LockedTask, name="capdoc.t", shared=False, lock_max_waiting=3)
+    def t(x: int = 0) -> None: ...
+
+    problems = start_problems(app)
+    assert [p.subject for p in problems] == ["task capdoc.t"]
+    assert "lock_max_waiting of capdoc.t" in problems[0].message and "'skip'" in problems[0].message
+    assert problems[0].code == "task-options"
+    app.conf.singleton_lock_on_duplicate = "reschedule"
+    app.__dict__.pop("_singleton_lock_settings", None)
+    assert start_problems(app) == []
