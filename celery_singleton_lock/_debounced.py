@@ -93,7 +93,9 @@ def send(
                 int(quiet * 1000),
                 int(float(task.lock_debounce_max or 0) * 1000),
                 blob,
-                int(float(task.lock_queue_ttl) * 1000),
+                # The burst outlives its due time by the job's done window at least: a message held back that
+                # long (a Redis broker restores an unacked one after its visibility timeout) still finds it.
+                int(max(float(task.lock_queue_ttl), opts.done_window) * 1000),
                 task.name,
                 int(STANDIN_AFTER * 1000),
             ],

@@ -377,3 +377,19 @@ def test_the_doctor_names_a_cap_on_a_task_whose_policy_from_the_settings_waits_i
     app.conf.singleton_lock_on_duplicate = "reschedule"
     app.__dict__.pop("_singleton_lock_settings", None)
     assert start_problems(app) == []
+
+
+def test_a_pending_burst_outlives_a_message_the_broker_may_hold_back(c: Cluster) -> None:
+    """The burst lives at least the job's done window past its due time (the broker's visibility timeout on Redis,
+    and more), not only lock_queue_ttl: a message restored late then still finds its burst and runs the burst's
+    last arguments, not its own first call's."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    task = mod.debounced_short_queue_ttl
+    k = new_key()
+    result = task.apply_async((k, 1), countdown=3)
+    burst = burst_key_for(task.lock_key_for(k))
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        assert int(client.pttl(burst)) > task._options().done_window * 1000
+    assert result.get(timeout=30) == [k, 1]

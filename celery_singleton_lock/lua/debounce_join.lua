@@ -7,7 +7,7 @@
 -- ARGV[2] - this call's quiet period (ms): lock_debounce, plus the call's countdown
 -- ARGV[3] - lock_debounce_max (ms; 0: none): the burst's run is never due later than this after its first call
 -- ARGV[4] - this call's arguments (JSON: [args, kwargs])
--- ARGV[5] - how long the burst outlives its due time (ms): lock_queue_ttl
+-- ARGV[5] - how long the burst outlives its due time (ms): lock_queue_ttl, at least the job's done window
 -- ARGV[6] - the task's name
 -- ARGV[7] - after how long (ms) a burst whose message was never marked sent gets a stand-in publish
 -- returns {answer, job, due in ms, seq}: answer 1 when this call started the burst (it publishes the job's

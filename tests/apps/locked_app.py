@@ -444,3 +444,10 @@ def debounced_max(self: Any, key: str, version: int = 0, duration: float = 0.0) 
     record.rpush("debounced", json.dumps([key, self.request.id, version]))
     _run(self, key, duration)
     return [key, version]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, lock_queue_ttl=1)
+def debounced_short_queue_ttl(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` with ``lock_queue_ttl=1``: the burst must still outlive a message held up to the done window."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]
