@@ -393,3 +393,21 @@ def test_a_pending_burst_outlives_a_message_the_broker_may_hold_back(c: Cluster)
     with contextlib.closing(c.lock_client(c.locks[0])) as client:
         assert int(client.pttl(burst)) > task._options().done_window * 1000
     assert result.get(timeout=30) == [k, 1]
+
+
+def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_once(c: Cluster) -> None:
+    """Two of three lock nodes down: no quorum agrees on a burst, so each call is published on its own (its own task
+    id, a countdown of the quiet period) and waits at the worker for the nodes (lock_on_unavailable='retry'); back,
+    each runs once with its own arguments, never two at once. (Last in the module: the nodes restart empty.)"""
+    mod = c.app_module()
+    k = new_key()
+    c.stop_locks(2)
+    try:
+        results = [mod.debounced.delay(k, i, 0.3) for i in range(3)]
+    finally:
+        c.start_locks()
+    assert len({r.id for r in results}) == 3
+    assert sorted(r.get(timeout=60)[1] for r in results) == [0, 1, 2]
+    runs = c.wait_runs(k, 3, 10)
+    assert len(runs) == 3
+    assert not overlapping(runs)
