@@ -166,7 +166,8 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
     on_duplicate = cls.lock_on_duplicate or (settings.on_duplicate if settings is not None else None)
     if on_duplicate is not None:
         check_limit(name, limit, on_duplicate)
-    check_max_waiting(name, cls.lock_max_waiting, on_duplicate)
+    # A debounced task's duplicates reschedule whatever the settings say (see LockedTask._options).
+    check_max_waiting(name, cls.lock_max_waiting, "reschedule" if cls.lock_debounce else on_duplicate)
     check_debounce(cls, settings)
 
 
