@@ -414,3 +414,24 @@ def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_o
     runs = c.wait_runs(k, 3, 10)
     assert len(runs) == 3
     assert not overlapping(runs)
+
+
+def test_on_quorum_queues_a_burst_runs_once_with_whole_second_delays(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """RabbitMQ quorum queues (native delayed delivery: whole seconds): a burst of 50 calls publishes one message and
+    runs once with the last call's arguments; a call during the run starts a burst that runs after it."""
+    with (
+        rabbitmq.vhost() as url,
+        cluster(tmp_path_factory.mktemp("debounce-q"), ttl=TTL, broker_url=url, env={"CSL_QUEUE_TYPE": "quorum"}) as q,
+    ):
+        mod = q.app_module()
+        assert mod.debounced._options().whole_seconds
+        q.worker("wq", queues="celery", concurrency=2)
+        k = new_key()
+        results = [mod.debounced.delay(k, i, 1.5) for i in range(50)]
+        assert {r.id for r in results} == {results[0].id}
+        q.wait_started(k, timeout=30)
+        later = mod.debounced.delay(k, 50, 0.0)
+        assert results[0].get(timeout=30) == [k, 49]
+        assert later.get(timeout=30) == [k, 50]
+        assert [v for _, v in [(r[1], r[2]) for r in q.records("debounced") if r[0] == k]] == [49, 50]
+        assert not overlapping(q.wait_runs(k, 2, 10))
