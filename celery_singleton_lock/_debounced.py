@@ -98,6 +98,9 @@ def send(
                 int(max(float(task.lock_queue_ttl), opts.done_window) * 1000),
                 task.name,
                 int(STANDIN_AFTER * 1000),
+                # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
+                # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
+                int(max(STANDIN_AFTER, opts.ttl) * 1000),
             ],
         )
     except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard

@@ -85,7 +85,7 @@ F_FIRST = "first"  #: a burst: when its first call joined (the node's Unix ms)
 F_DUE = "due"  #: a burst: when its job runs (the node's Unix ms), unless another call joins first
 F_SEQ = "seq"  #: a burst: how many calls joined it (its last call's number)
 F_ARGS = "args"  #: a burst: its last call's arguments, JSON ``[args, kwargs]``
-F_SENT = "sent"  #: a burst: '1' once its job's message was published (or a stand-in publish was asked for)
+F_SENT = "sent"  #: a burst: '0' until its job's message was published, then when it was (last) published (node ms)
 #: Every field a holder record (or a pending burst) may have.
 FIELDS = (
     F_OWNER,

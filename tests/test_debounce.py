@@ -244,12 +244,37 @@ def test_a_producer_dead_between_its_join_and_its_publish_leaves_no_call_hanging
     nodes = mod.debounced._options().settings.nodes
     ghost = "ghost-" + new_key()
     key = mod.debounced.lock_key_for(k)
-    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [ghost, 1000, 0, kombu_json.dumps([[k, 0], {}]), 600000, "x", 2000])
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [ghost, 1000, 0, blob, 600000, "x", 2000, 4000])
     time.sleep(2.2)
     joined = mod.debounced.delay(k, 7)
     assert joined.id == ghost
     assert joined.get(timeout=30) == [k, 7]
     assert debounced_runs(c, k) == [(ghost, 7)]
+
+
+def test_a_burst_whose_message_was_lost_after_it_was_sent_gets_a_stand_in_once_it_is_overdue(c: Cluster) -> None:
+    """A burst marked sent whose job never claims it (its message lost: a worker killed between acking it and
+    re-sending it for its due time): a call a lease (ttl 4 s) past its due time publishes a stand-in copy, which runs
+    the job once with the newest arguments; nobody's result hangs."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for, claimed_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    lost = "lost-" + new_key()
+    key = mod.debounced.lock_key_for(k)
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [lost, 100, 0, blob, 600000, "x", 2000, 4000])
+    nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, lost)], ["sent", lost])
+    time.sleep(TTL + 0.5)
+    joined = mod.debounced.delay(k, 3)
+    assert joined.id == lost
+    assert joined.get(timeout=30) == [k, 3]
+    assert debounced_runs(c, k) == [(lost, 3)]
 
 
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:

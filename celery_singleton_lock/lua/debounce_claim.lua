@@ -4,7 +4,7 @@
 --   'claim': the burst's job holds the lock and asks whether it runs now: when due, the burst ends (its
 --            arguments move to KEYS[2], which the job's later copies read) and the job runs with them;
 --            before, it is told how long to wait. A copy of a job that was claimed already reads KEYS[2].
---   'sent':  the job's message was published: a later call of the burst needs no stand-in publish
+--   'sent':  the job's message was published (now): a later call needs no stand-in publish unless it is overdue
 --   'drop':  the job's message was not published (the publish raised) or was revoked: the burst ends unrun
 -- KEYS[1] - the key's pending burst (hash)
 -- KEYS[2] - the claimed job's arguments (string, JSON: [args, kwargs])
@@ -18,7 +18,8 @@
 local job = redis.call('HGET', KEYS[1], 'job')
 if ARGV[1] == 'sent' then
   if job ~= ARGV[2] then return 0 end
-  redis.call('HSET', KEYS[1], 'sent', '1')
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'sent', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   return 1
 end
 if ARGV[1] == 'drop' then
