@@ -129,6 +129,8 @@ def send(
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
         return sent
+    if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
+        drop(task, key, task_id)  # a burst this call started on a minority of the nodes: nobody publishes it
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
     if any(int(a[0]) == JOIN_STANDIN for a in agreed):
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):

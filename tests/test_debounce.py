@@ -277,6 +277,29 @@ def test_a_burst_whose_message_was_lost_after_it_was_sent_gets_a_stand_in_once_i
     assert debounced_runs(c, k) == [(lost, 3)]
 
 
+def test_a_call_that_started_a_burst_on_a_minority_of_the_nodes_leaves_none_there(c: Cluster) -> None:
+    """Calls racing on the nodes: a burst of job Y on nodes 2 and 3, none on node 1. A call starts its own burst on
+    node 1 and joins Y on the others: it gets Y (the quorum's), and its own burst on node 1 is dropped (nobody
+    publishes it: calls that later reached node 1 first would have joined a job that never runs)."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for, claimed_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    key = mod.debounced.lock_key_for(k)
+    other = "other-" + new_key()
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [other, 5000, 0, blob, 600000, "x", 60000, 60000], nodes=[1, 2])
+    joined = mod.debounced.delay(k, 1)
+    assert joined.id == other
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        assert client.hget(burst_key_for(key), "job") is None
+    nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, other)], ["drop", other])
+
+
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
     mod = c.app_module()
     k = new_key()
