@@ -10,9 +10,9 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -26,39 +26,22 @@ TTL = 4.0
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with rabbitmq.vhost() as url, cluster(tmp_path_factory.mktemp("debounce"), ttl=TTL, broker_url=url) as c:
-        c.vhost = url.rsplit("/", 1)[1]  # type: ignore[attr-defined]
         c.app_module()
-        c.worker("w1", queues="celery", concurrency=2)
-        c.worker("w2", queues="celery", concurrency=2)
-        c.worker("w3", queues="kill", concurrency=1)
+        with ThreadPoolExecutor(3) as pool:  # started together: module set-up time
+            started = [
+                pool.submit(c.worker, "w1", queues="celery", concurrency=2),
+                pool.submit(c.worker, "w2", queues="celery", concurrency=2),
+                pool.submit(c.worker, "w3", queues="kill", concurrency=1),
+            ]
+            for f in started:
+                f.result(timeout=90)
+        c.workers.sort(key=lambda w: w.name)
         yield c
 
 
 def debounced_runs(c: Cluster, key: str) -> list[tuple[str, int]]:
     """(task id, version) of each debounced run of ``key`` that started, in order."""
     return [(r[1], r[2]) for r in c.records("debounced") if r[0] == key]
-
-
-def messages_in(c: Cluster, queue: str) -> int:
-    """Messages of ``queue`` in the broker: ready and unacked (held by a worker for their countdown)."""
-    out = subprocess.run(
-        ["rabbitmqctl", "-q", "list_queues", "-p", c.vhost, "name", "messages"],  # type: ignore[attr-defined]
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == queue and parts[1].isdigit():
-            return int(parts[1])
-    return 0
-
-
-def wait_idle(c: Cluster, queue: str = "celery", timeout: float = 30) -> None:
-    for _ in polling(timeout, 0.2):
-        if messages_in(c, queue) == 0:
-            return
 
 
 # -- lock_max_waiting -------------------------------------------------------------------------------------------
@@ -128,19 +111,33 @@ def test_a_waiting_job_s_own_copies_never_count_against_the_cap(c: Cluster) -> N
 
 
 def test_a_burst_of_1000_calls_runs_once_with_the_last_arguments(c: Cluster) -> None:
-    """1,000 calls of one key (other arguments differ: lock_unique_on), each with a countdown of 2 s: every call gets
-    one task id; one message is in the broker at the end of the burst; one run, with the last call's version; every
-    caller's .get() returns it."""
+    """1,000 calls of one key (other arguments differ: lock_unique_on), sent to a queue no worker consumes yet: every
+    call gets one task id, the producer published one message, and one message is in the queue at the end of the
+    burst; then a worker consumes it: one run, with the last call's version; every caller's .get() returns it."""
+    from celery.signals import before_task_publish  # noqa: PLC0415
+
     mod = c.app_module()
-    wait_idle(c)
-    k = new_key()
-    # A countdown adds to each call's quiet period (1 + 2 s): time to count the broker's messages before the run.
-    results = [mod.debounced.apply_async((k, i), countdown=2) for i in range(1000)]
+    k, queue = new_key(), "burst-" + new_key()
+    published: list[str] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if sender == mod.debounced.name:
+            published.append(sender)
+
+    before_task_publish.connect(count, weak=False)
+    try:
+        results = [mod.debounced.apply_async((k, i), queue=queue) for i in range(1000)]
+    finally:
+        before_task_publish.disconnect(count)
     assert {r.id for r in results} == {results[0].id}
-    assert messages_in(c, "celery") == 1
+    assert len(published) == 1
+    with mod.app.connection_for_write() as conn:
+        assert conn.default_channel.queue_declare(queue, passive=True).message_count == 1
+    replies = mod.app.control.add_consumer(queue, destination=[f"w1@{os.uname().nodename}"], reply=True, timeout=5)
+    assert replies, "w1 did not start consuming the burst's queue"
     assert results[-1].get(timeout=30) == [k, 999]
     assert all(r.get(timeout=10) == [k, 999] for r in results[::100])
-    for _ in polling(3, 0.1):  # no second run comes (bounded look)
+    for _ in polling(1.5, 0.1):  # no second run comes (bounded look)
         pass
     assert debounced_runs(c, k) == [(results[0].id, 999)]
 
@@ -178,12 +175,12 @@ def test_debounce_max_runs_a_steady_stream_while_it_lasts(c: Cluster) -> None:
 
 
 def test_calls_racing_the_run_s_start_each_get_a_run_with_their_arguments_or_newer(c: Cluster) -> None:
-    """Calls spaced around the quiet period (0.85 to 1.15 s apart), so some arrive as the run claims its burst: each
+    """Calls spaced around the quiet period (0.9 to 1.1 s apart), so some arrive as the run claims its burst: each
     caller's result is a run with its own version or a newer one, runs never overlap, the last call runs last."""
     mod = c.app_module()
     k = new_key()
     results = []
-    for i, gap in enumerate([0.85, 0.95, 1.0, 1.02, 1.05, 1.1, 1.15, 0.0]):
+    for i, gap in enumerate([0.9, 1.0, 1.05, 1.1, 0.0]):
         results.append(mod.debounced.delay(k, i, 0.2))
         time.sleep(gap)
     for i, r in enumerate(results):
@@ -222,7 +219,7 @@ def test_a_run_sigkilled_while_it_runs_is_redelivered_and_runs_once_more_with_th
     arguments, but runs with the burst's last ones (kept beside the claim), once the dead lease ended."""
     mod = c.app_module()
     k = new_key()
-    results = [mod.debounced.delay(k, i, 3.0) for i in range(5)]
+    results = [mod.debounced.delay(k, i, 2.0) for i in range(5)]
     pid = c.wait_started(k)[0][2]
     os.kill(pid, signal.SIGKILL)
     assert results[0].get(timeout=40) == [k, 4]
