@@ -310,6 +310,27 @@ def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c
     assert debounced_runs(c, k) == [(fresh.id, 2)]
 
 
+def test_a_revoked_pending_job_ends_its_burst_when_a_worker_meets_it(c: Cluster) -> None:
+    """AsyncResult.revoke() of a burst's job: the worker holding its message for the countdown meets it revoked and
+    ends the burst; the job never runs, and the next call starts a new burst that runs."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    pending = mod.debounced.delay(k, 1)
+    pending.revoke()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        for _ in polling(15, 0.1):
+            if client.hget(burst, "job") is None:
+                break
+        assert client.hget(burst, "job") is None, "the revoked job's burst is still pending"
+    fresh = mod.debounced.delay(k, 2)
+    assert fresh.id != pending.id
+    assert fresh.get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(fresh.id, 2)]
+
+
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
     from celery import Celery  # noqa: PLC0415
 
