@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.states import READY_STATES
 
+from . import _debounced as debounced
 from . import _line as line
 from . import _resend as resend
 from . import signals
 from ._monitoring import Skipped
 from ._run import (
     ATTEMPT_HEADER,
+    DEBOUNCE_HEADER,
     PARKED_HEADER,
     REDELIVERY_HEADER,
     RESERVED_HEADER,
@@ -126,6 +128,11 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # Wait in the key's line, to be woken when the holder releases; then look once more, since the
             # holder may have released (and found nobody waiting) just before this job joined the line.
             run.parked = line.park(task, run, task_id, options)
+            if run.line_full is not None:  # lock_max_waiting: the line is full, this new duplicate is skipped
+                if acquired:
+                    lock.release()
+                line.full(task, run, task_id, facts.holder_job, options)
+                return
             if run.superseded_by is not None:
                 line.replaced(task, run, task_id, run.superseded_by)
                 return
@@ -251,6 +258,18 @@ def settle_done(task: LockedTask, run: Run, task_id: str) -> bool:
 
 def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: Any) -> None:
     task_id = run.task_id
+    if (
+        task.lock_debounce
+        and getattr(request, DEBOUNCE_HEADER, None)
+        and not run.retries
+        and not debounced.claim(task, run, options, request)
+    ):
+        # Not due yet (a later call joined the burst): re-sent for its due time; the lock goes back at once.
+        lock.release()
+        if run.parked or getattr(request, PARKED_HEADER, None):
+            line.unpark(task, run.key, task_id, options)
+        line.wake_next(task, run.key, options)
+        return
     if run.parked or getattr(request, PARKED_HEADER, None):
         line.unpark(task, run.key, task_id, options)
     run.lock = lock

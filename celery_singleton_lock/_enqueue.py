@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery.signals import task_revoked
 from celery.utils import uuid
 
+from . import _debounced as debounced
 from . import signals
 from ._handover import ending_lease
 from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
@@ -65,8 +66,11 @@ def send(
     """``apply_async`` of a LockedTask: ``publish(args, kwargs, task_id=..., **options)`` is Celery's own.
 
     With ``lock_scope="queue"`` a call whose job is queued or running returns that job (see :func:`reserve`);
-    with ``lock_enqueue_check``, a call whose job is running returns that run.
+    with ``lock_enqueue_check``, a call whose job is running returns that run; with ``lock_debounce``, a call
+    starts or joins its key's burst (see ``_debounced``).
     """
+    if task.lock_debounce:
+        return debounced.send(task, publish, args, kwargs, task_id, options, linked=linked, delay=_delay_of(options))
     if (
         task.lock_scope == "queue"
         and not task.app.conf.task_always_eager
@@ -228,7 +232,10 @@ def revoke_queued(task: LockedTask, task_id: str, *args: Any, **kwargs: Any) -> 
     revoked; False when there was none (a worker had taken the job over already: it runs, or ran, and is left
     alone).
     """
-    freed = free_reservation(task, task_id, task.lock_key_for(*args, **kwargs))
+    if task.lock_debounce:  # a pending burst's job: the burst ends unrun
+        freed = debounced.drop(task, task.lock_key_for(*args, **kwargs), task_id)
+    else:
+        freed = free_reservation(task, task_id, task.lock_key_for(*args, **kwargs))
     if freed:  # revoked only while still queued: a running job is left alone (a revoke would mark it REVOKED)
         task.app.control.revoke(task_id)
     return freed

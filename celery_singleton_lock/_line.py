@@ -18,13 +18,14 @@ from . import signals
 from ._monitoring import Skipped
 from ._run import PARKED_HEADER, REDELIVERY_HEADER, SINCE_HEADER, WOKEN_HEADER, Options, Run, since, text
 from .record import sibling_key
+from .scripts import PARK_CAPPED_CODE as _PARK_CAPPED
 from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
 from .scripts import POP_WAITER_CODE as _POP_WAITER
 
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["WAITERS_TTL", "park", "replaced", "superseded_by", "unpark", "waiters", "wake_next"]
+__all__ = ["WAITERS_TTL", "full", "park", "replaced", "superseded_by", "unpark", "waiters", "wake_next"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -75,6 +76,18 @@ def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
             )
             superseded(task, run, task_id, [text(x) for x in answer or ()])
             return True
+        cap = options.max_waiting
+        if cap is not None:
+            # lock_max_waiting: a new duplicate that finds the line full is not parked (the caller skips it). A
+            # waiting job's own copies (its fallback, the copy a release woke) carry PARKED_HEADER: never new.
+            new = not getattr(request, PARKED_HEADER, None) and not request.chord
+            parked, length = client.eval(
+                _PARK_CAPPED, 2, line, messages, task_id, arrived, message, expire_ms, cap, "1" if new else "0"
+            )
+            if not int(parked):
+                run.line_full = int(length)
+                return False
+            return True
         pipe = client.pipeline(transaction=False)
         pipe.zadd(line, {task_id: arrived}, nx=True)  # a job re-parked keeps its place
         pipe.hset(messages, task_id, message)
@@ -85,6 +98,22 @@ def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
         logger.debug("could not park %s[%s] in line for %s", task.name, task_id, run.key, exc_info=True)
         return False
     return True
+
+
+def full(task: LockedTask, run: Run, task_id: str, holder_id: str | None, options: Options) -> None:
+    """lock_max_waiting: this new duplicate found its key's line full: REVOKED at once, saying so and naming the key."""
+    request = task.request
+    reason = (
+        f"duplicate of {task.name} skipped: the waiting line of lock {run.key} is full "
+        f"({run.line_full} waiting, lock_max_waiting={options.max_waiting})"
+    )
+    task._count("skipped", options)
+    signals.duplicate_skipped.send(
+        sender=task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy="max_waiting"
+    )
+    if not (request.is_eager or task.ignore_result or request.ignore_result):
+        task.backend.mark_as_revoked(task_id, reason, request=None)
+    resend.skip_quietly(task, run, Skipped(reason, run.key, holder_id))
 
 
 def superseded(task: LockedTask, run: Run, task_id: str, answer: list[str]) -> None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "DEBOUNCE_HEADER",
     "DONE_MARGIN",
     "END_LEASE",
     "HOST",
@@ -70,9 +71,19 @@ PARKED_HEADER = "singleton_lock_parked"
 WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
+DEBOUNCE_HEADER = "singleton_lock_debounce"  # lock_debounce: a burst's job message (the seq of the call it carries)
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
-    {ATTEMPT_HEADER, REDELIVERY_HEADER, SETTLE_HEADER, PARKED_HEADER, WOKEN_HEADER, SINCE_HEADER, RESERVED_HEADER}
+    {
+        ATTEMPT_HEADER,
+        REDELIVERY_HEADER,
+        SETTLE_HEADER,
+        PARKED_HEADER,
+        WOKEN_HEADER,
+        SINCE_HEADER,
+        RESERVED_HEADER,
+        DEBOUNCE_HEADER,
+    }
 )
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
 #: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
@@ -100,6 +111,8 @@ class Run:
     parked: bool = False  # this delivery's job waits in the key's waiting line (see _line.park)
     superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost
+    line_full: int | None = None  # lock_max_waiting: the length of the full line this new duplicate found
+    debounced: tuple[Any, Any] | None = None  # lock_debounce: the (args, kwargs) of the burst's last call
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,7 @@ class Options:
     done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
     done_window_short: float  # ... and when none is
     whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
+    max_waiting: int | None = None  # lock_max_waiting: at most this many new duplicates wait in the key's line
 
     @property
     def waits_in_line(self) -> bool:

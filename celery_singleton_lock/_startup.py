@@ -20,12 +20,14 @@ from ._run import is_locked_task
 from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy, check_policy, check_ttl, settings_for
 from .errors import ConfigurationError
 from .policies import policy_for
+from .policies.debounce import check_debounce
 
 __all__ = [
     "SettingsStep",
     "StartError",
     "StartProblem",
     "check_limit",
+    "check_max_waiting",
     "check_options",
     "check_start",
     "start_problems",
@@ -56,6 +58,19 @@ def check_limit(name: str, limit: int, on_duplicate: str) -> None:
         raise ConfigurationError(
             f"lock_limit of {name} cannot be used with lock_on_duplicate='replace' (keep-latest means one run of a "
             "key): use 'reschedule', 'skip' or 'fail'"
+        )
+
+
+def check_max_waiting(name: str, cap: object, on_duplicate: str | None) -> None:
+    """``lock_max_waiting``: a whole number >= 1, for a policy whose duplicates wait in line (None: no cap)."""
+    if cap is None:
+        return
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ConfigurationError(f"lock_max_waiting of {name} must be a whole number >= 1 (or None), got {cap!r}")
+    if on_duplicate is not None and not policy_for(on_duplicate).waits_in_line:
+        raise ConfigurationError(
+            f"lock_max_waiting of {name} caps a waiting line: it needs lock_on_duplicate='reschedule' or 'replace', "
+            f"got {on_duplicate!r}"
         )
 
 
@@ -151,6 +166,9 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
     on_duplicate = cls.lock_on_duplicate or (settings.on_duplicate if settings is not None else None)
     if on_duplicate is not None:
         check_limit(name, limit, on_duplicate)
+    # A debounced task's duplicates reschedule whatever the settings say (see LockedTask._options).
+    check_max_waiting(name, cls.lock_max_waiting, "reschedule" if cls.lock_debounce else on_duplicate)
+    check_debounce(cls, settings)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from .config import LockSettings, settings_for
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
 from .nodes import NodeError
-from .record import COOLDOWN, ENDING, HANDOVER, RUNNING, done_key_for, fence_key_for
+from .record import COOLDOWN, ENDING, HANDOVER, RUNNING, burst_key_for, done_key_for, fence_key_for, sibling_key
 from .scripts import FORCE_RELEASE as _FORCE_RELEASE
 from .scripts import READ as _READ
 
@@ -79,7 +79,7 @@ STATS_FIELDS = ("acquired", "skipped", "lost", "released", "unavailable")
 
 #: What wrote a key: a LockedTask run (its record has a ``state``), a beat claim (``{prefix}beat:...``), a plain
 #: Redlock (any other holder record), a done marker (``--done``), or something else (not a holder record).
-KINDS = ("task", "beat", "lock", "done", "foreign")
+KINDS = ("task", "beat", "lock", "done", "foreign", "debounce")
 #: The record's ``state`` field -> the state shown (a held LockedTask lock).
 _TASK_STATES = {RUNNING: "running", HANDOVER: "retry-wait", ENDING: "ending", COOLDOWN: "cooldown"}
 #: Every state shown, with what it means.
@@ -94,7 +94,11 @@ STATES: dict[str, str] = {
     "partial": "some nodes hold it, but no owner has a quorum",
     "foreign": "not a holder record of celery_singleton_lock",
     "done": "this task id finished: a done marker, not a lock",
+    "pending": "a debounced burst (lock_debounce): its job runs when the burst has been quiet, with its last call's "
+    "arguments",
 }
+#: Characters of a pending burst's arguments shown (the JSON output has them whole).
+ARGS_SHOWN = 120
 
 T = TypeVar("T")
 
@@ -176,7 +180,7 @@ class LockInfo:
     """One key merged over the nodes: the holder record most nodes hold (by owner) and what it says."""
 
     key: str
-    kind: Literal["task", "beat", "lock", "done", "foreign"]
+    kind: Literal["task", "beat", "lock", "done", "foreign", "debounce"]
     state: str  # one of STATES
     owner: str | None  # the merged owner token (None: done marker, foreign key)
     nodes: tuple[str, ...]  # the nodes holding that owner's record (done, foreign: the nodes having the key)
@@ -453,9 +457,91 @@ def list_locks(settings: LockSettings, *, match: str = "*", done: bool = False) 
     down = [settings.nodes.names.index(e.node) for e in scanned.errors]
     read = read_keys(settings, scanned.value, skip=down)
     quorum = settings.nodes.quorum
-    infos = [merge(key, states, quorum, prefix=settings.prefix) for key, states in read.value.items()]
-    return Report(
-        [i for i in infos if i is not None], scanned.errors + read.errors, len(settings.nodes), settings.nodes.quorum
+    merged = [merge(key, states, quorum, prefix=settings.prefix) for key, states in read.value.items()]
+    infos = [i for i in merged if i is not None and not i.key.endswith(":debounce")]
+    bursts = scan_bursts(settings, match, skip=down + [settings.nodes.names.index(e.node) for e in read.errors])
+    infos += [b for b in (read_burst(settings, lock) for lock in bursts.value) if b is not None]
+    infos.sort(key=lambda i: (i.lock_key or i.key, i.kind))
+    return Report(infos, scanned.errors + read.errors + bursts.errors, len(settings.nodes), settings.nodes.quorum)
+
+
+def scan_bursts(settings: LockSettings, match: str = "*", *, skip: Iterable[int] = ()) -> Report[list[str]]:
+    """The lock keys (under the prefix, matching ``match``) that have a pending debounced burst on some node
+    (``skip``: node indices known to be down, neither asked nor reported again)."""
+    nodes = settings.nodes
+    base = _glob_escape(settings.prefix) + match
+    pattern = base + ":debounce" if _has_tag(settings.prefix) else "\\{" + base + "\\}:debounce"
+    found: set[str] = set()
+    errors: list[NodeError] = []
+    down = set(skip)
+    for i, client in enumerate(nodes.clients):
+        if i in down:
+            continue
+        try:
+            for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
+                name = _text(raw).removesuffix(":debounce")
+                found.add(name if _has_tag(settings.prefix) else name[1:-1])
+        except (RedisError, OSError) as exc:
+            errors.append(nodes.error(i, exc))
+    return Report(sorted(found), tuple(errors), len(nodes), nodes.quorum)
+
+
+def read_burst(settings: LockSettings, key: str) -> LockInfo | None:
+    """Lock ``key``'s pending debounced burst, merged over the nodes (the job a quorum agrees on; else the job most
+    nodes have, as ``partial``), or None when no node that answered has one. ``ttl``: seconds until it is due."""
+    nodes = settings.nodes
+    burst = burst_key_for(key)
+    seen: list[tuple[str, dict[str, str]]] = []
+    for i, client in enumerate(nodes.clients):
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.hgetall(burst)
+            pipe.time()
+            fields, (sec, usec) = pipe.execute()
+        except (RedisError, OSError):
+            continue
+        record = {_text(k): _text(v) for k, v in (fields or {}).items()}
+        if record.get("job"):
+            record["_due_in"] = str((int(record.get("due", "0")) - (int(sec) * 1000 + int(usec) // 1000)) / 1000.0)
+            seen.append((nodes.names[i], record))
+    if not seen:
+        return None
+    job, count = Counter(r["job"] for _, r in seen).most_common(1)[0]
+    holding = [(n, r) for n, r in seen if r["job"] == job]
+    record = max((r for _, r in holding), key=lambda r: int(r.get("seq", "0") or 0))
+    at = _int(record.get("at"))
+    return LockInfo(
+        key=burst,
+        kind="debounce",
+        state="pending" if count >= nodes.quorum else "partial",
+        owner=None,
+        nodes=tuple(n for n, _ in holding),
+        total=len(nodes),
+        ttl=max(0.0, float(record.pop("_due_in"))),
+        fencing_token=None,
+        task_name=record.get("name"),
+        task_id=job,
+        acquired_at=None if at is None else at / 1000.0,
+        lock_key=key,
+        record=record,
+    )
+
+
+def line_of(settings: LockSettings, key: str) -> int | None:
+    """How many jobs wait in lock ``key``'s line (on its first node); None when that node does not answer."""
+    try:
+        return int(settings.nodes.clients[0].zcard(sibling_key(key, ":waiters")))
+    except (RedisError, OSError):
+        return None
+
+
+def burst_line(info: LockInfo) -> str:
+    """What a pending burst's row says: when its job runs, and with which call's arguments."""
+    args = info.record.get("args", "")
+    shown = args if len(args) <= ARGS_SHOWN else args[:ARGS_SHOWN] + "..."
+    return (
+        f"task {info.task_id} runs in {format_duration(info.ttl)} unless another call joins, with the arguments of "
+        f"call #{info.record.get('seq', '?')} of the burst: {shown}"
     )
 
 
@@ -709,11 +795,31 @@ def show_command(ctx: click.Context, key: str, *, as_json: bool) -> None:
     report = show_lock(settings, key)
     info, states = report.value
     now = time.time()
+    # lock_debounce's pending burst, and the waiting line against its cap (lock_max_waiting of the key's task).
+    burst = read_burst(settings, key)
+    waiting = line_of(settings, key)
+    name = (info.task_name if info is not None else None) or (burst.task_name if burst is not None else None)
+    task = ctx.obj.app.tasks.get(name) if name else None
+    cap = getattr(task, "lock_max_waiting", None)
     if as_json:
         lock = None if info is None else info.to_json(now)
-        ctx.obj.echo(json.dumps({"lock": lock, "nodes": [s.to_json() for s in states if s is not None]}, indent=2))
+        ctx.obj.echo(
+            json.dumps(
+                {
+                    "lock": lock,
+                    "nodes": [s.to_json() for s in states if s is not None],
+                    "burst": None if burst is None else burst.to_json(now),
+                    "line": {"waiting": waiting, "cap": cap},
+                },
+                indent=2,
+            )
+        )
     else:
         ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, now))
+        if burst is not None:
+            ctx.obj.echo(f"pending burst  {burst.state}: {burst_line(burst)}")
+        if waiting:
+            ctx.obj.echo(f"waiting line   {waiting} waiting" + (f" (cap {cap}: lock_max_waiting)" if cap else ""))
     _finish(ctx, report)
 
 

@@ -21,13 +21,18 @@ __all__ = [
     "COOLDOWN",
     "ENDING",
     "FIELDS",
+    "F_ARGS",
     "F_AT",
+    "F_DUE",
     "F_FENCE",
+    "F_FIRST",
     "F_JOB",
     "F_NAME",
     "F_OPEN",
     "F_OWNER",
     "F_PREV",
+    "F_SENT",
+    "F_SEQ",
     "F_STATE",
     "F_TRY",
     "F_WAITING",
@@ -37,6 +42,8 @@ __all__ = [
     "RUNNING",
     "SENDING",
     "STATES",
+    "burst_key_for",
+    "claimed_key_for",
     "done_key_for",
     "fence_key_for",
     "fence_key_in_slot",
@@ -73,8 +80,31 @@ F_AT = "at"  #: when the record was written, Unix ms
 F_OPEN = "open"  #: '1': handed over for this job's next delivery, whose refused acquire must not mark it waiting
 F_WAITING = "waiting"  #: '1': a copy of the holder's job waits for it (the done marker then lives longer)
 F_PREV = "_prev"  #: a record taken over, JSON [fields, absolute expiry ms], so an undo can put it back
-#: Every field a holder record may have.
-FIELDS = (F_OWNER, F_FENCE, F_JOB, F_STATE, F_TRY, F_WORKER, F_NAME, F_AT, F_OPEN, F_WAITING, F_PREV)
+# A pending debounced burst (``burst_key_for``: lock_debounce) has ``job``, ``name``, ``at`` and these:
+F_FIRST = "first"  #: a burst: when its first call joined (the node's Unix ms)
+F_DUE = "due"  #: a burst: when its job runs (the node's Unix ms), unless another call joins first
+F_SEQ = "seq"  #: a burst: how many calls joined it (its last call's number)
+F_ARGS = "args"  #: a burst: its last call's arguments, JSON ``[args, kwargs]``
+F_SENT = "sent"  #: a burst: '0' until its job's message was published, then when it was (last) published (node ms)
+#: Every field a holder record (or a pending burst) may have.
+FIELDS = (
+    F_OWNER,
+    F_FENCE,
+    F_JOB,
+    F_STATE,
+    F_TRY,
+    F_WORKER,
+    F_NAME,
+    F_AT,
+    F_OPEN,
+    F_WAITING,
+    F_PREV,
+    F_FIRST,
+    F_DUE,
+    F_SEQ,
+    F_ARGS,
+    F_SENT,
+)
 
 # -- keys --------------------------------------------------------------------------------------------------------
 
@@ -105,6 +135,16 @@ def fence_key_for(key: str) -> str:
 def done_key_for(key: str, job: str) -> str:
     """The key that marks ``job`` finished under lock ``key`` (see ``Redlock.finish``): in the same slot as ``key``."""
     return sibling_key(key, f":done:{job}")
+
+
+def burst_key_for(key: str) -> str:
+    """The pending debounced burst of lock ``key`` (``lock_debounce``): in the same slot as ``key``."""
+    return sibling_key(key, ":debounce")
+
+
+def claimed_key_for(key: str, job: str) -> str:
+    """The arguments a debounced ``job`` claimed from its burst (its later copies read them): same slot as ``key``."""
+    return sibling_key(key, f":debounced:{job}")
 
 
 def sibling_key(key: str, suffix: str) -> str:

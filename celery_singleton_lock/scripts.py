@@ -14,6 +14,10 @@ __all__ = [
     "ACQUIRE",
     "ACQUIRED",
     "ACQUIRE_SCRIPT",
+    "DEBOUNCE_CLAIM",
+    "DEBOUNCE_CLAIM_SCRIPT",
+    "DEBOUNCE_JOIN",
+    "DEBOUNCE_JOIN_SCRIPT",
     "DONE",
     "EXTEND",
     "EXTENDED",
@@ -26,6 +30,9 @@ __all__ = [
     "FORCE_RELEASE_SCRIPT",
     "HELD",
     "LOST",
+    "PARK_CAPPED",
+    "PARK_CAPPED_CODE",
+    "PARK_CAPPED_SCRIPT",
     "PARK_REPLACING",
     "PARK_REPLACING_CODE",
     "PARK_REPLACING_SCRIPT",
@@ -68,6 +75,7 @@ STATUS_SCRIPT = _load("status")
 # The waiting line (LockedTask's reschedule and replace).
 POP_WAITER_SCRIPT = _load("pop_waiter")
 PARK_REPLACING_SCRIPT = _load("park_replacing")
+PARK_CAPPED_SCRIPT = _load("park_capped")
 
 
 def _code(text: str) -> str:
@@ -81,6 +89,10 @@ def _code(text: str) -> str:
 #: The waiting line's scripts as LockedTask sends them by EVAL: the code only (what it sent before they were files).
 POP_WAITER_CODE = _code(POP_WAITER_SCRIPT)
 PARK_REPLACING_CODE = _code(PARK_REPLACING_SCRIPT)
+PARK_CAPPED_CODE = _code(PARK_CAPPED_SCRIPT)
+# Debounce (LockedTask's lock_debounce): a key's pending burst.
+DEBOUNCE_JOIN_SCRIPT = _load("debounce_join")
+DEBOUNCE_CLAIM_SCRIPT = _load("debounce_claim")
 # The CLI (list, release).
 READ_SCRIPT = _load("read")
 FORCE_RELEASE_SCRIPT = _load("force_release")
@@ -119,6 +131,9 @@ UNDO = Script(UNDO_SCRIPT)
 REFILL = Script(REFILL_SCRIPT)
 POP_WAITER = Script(POP_WAITER_SCRIPT)
 PARK_REPLACING = Script(PARK_REPLACING_SCRIPT)
+PARK_CAPPED = Script(PARK_CAPPED_SCRIPT)
+DEBOUNCE_JOIN = Script(DEBOUNCE_JOIN_SCRIPT)
+DEBOUNCE_CLAIM = Script(DEBOUNCE_CLAIM_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
 
@@ -135,6 +150,9 @@ SCRIPTS: dict[str, Script] = {
     "status": STATUS,
     "pop_waiter": POP_WAITER,
     "park_replacing": PARK_REPLACING,
+    "park_capped": PARK_CAPPED,
+    "debounce_join": DEBOUNCE_JOIN,
+    "debounce_claim": DEBOUNCE_CLAIM,
     "read": READ,
     "force_release": FORCE_RELEASE,
 }

@@ -128,6 +128,15 @@ class LockedTask(Task):  # type: ignore[misc]
         main thread, like the soft time limit) and gevent (thrown into the greenlet); not in the threads or eventlet
         pool (a warning says so). Best effort: code blocked in C sees it when it returns to Python.
 
+    ``lock_max_waiting``
+        with ``"reschedule"``, ``"replace"`` or ``lock_limit``: at most this many duplicates wait in a key's line; a
+        new duplicate that finds it full is skipped at once (REVOKED, saying the line of its key is full). A
+        waiting call's own re-sends and wake-ups never count as new. Default None: no cap.
+    ``lock_debounce`` / ``lock_debounce_max``
+        a burst of calls of one job runs once, ``lock_debounce`` s after its last call, with the last call's
+        arguments; every call gets the burst's ``AsyncResult``; ``lock_debounce_max`` bounds the delay from the
+        burst's first call (see :mod:`celery_singleton_lock.policies.debounce`).
+
     Inside the body, ``self.lock_held()`` (no I/O) says whether the lock is still ours, ``self.check_lock()``
     raises :class:`LockLostError` if not, and ``self.fencing_token`` is this run's fencing token.
     """
@@ -143,6 +152,9 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_queue_ttl: ClassVar[float] = DEFAULT_QUEUE_TTL
     lock_limit: ClassVar[int] = 1
     lock_on_lost: ClassVar[LostPolicy] = "continue"
+    lock_max_waiting: ClassVar[int | None] = None
+    lock_debounce: ClassVar[float | None] = None
+    lock_debounce_max: ClassVar[float | None] = None
     Request = "celery_singleton_lock.task:LockedRequest"
     _singleton_lock_task: ClassVar[bool] = True  # what _run.is_locked_task looks for
 
@@ -174,7 +186,8 @@ class LockedTask(Task):  # type: ignore[misc]
             except (TypeError, ValueError):
                 binder = None
             visibility = visibility_timeout(self.app)
-            on_duplicate = self.lock_on_duplicate or settings.on_duplicate
+            # A debounced job that finds the previous burst's run still running waits for it (never beside it).
+            on_duplicate = "reschedule" if self.lock_debounce else self.lock_on_duplicate or settings.on_duplicate
             check_limit(self.name, self.lock_limit, on_duplicate)
             options = Options(
                 settings=settings,
@@ -191,6 +204,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window=max(2 * ttl, visibility or 0.0) + DONE_MARGIN,
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
+                max_waiting=self.lock_max_waiting,
             )
             self._lock_options = options
         return options
@@ -223,7 +237,7 @@ class LockedTask(Task):  # type: ignore[misc]
         (see :func:`celery_singleton_lock._enqueue.reserve`); with ``lock_enqueue_check``, a call whose job is
         running returns that run."""
         publish = super().apply_async
-        if self.lock_scope != "queue" and not self.lock_enqueue_check:
+        if self.lock_scope != "queue" and not self.lock_enqueue_check and not self.lock_debounce:
             # By name, as every path here: a base class after LockedTask in the MRO may take only
             # apply_async(args, kwargs, **options).
             return publish(
@@ -286,6 +300,8 @@ class LockedTask(Task):  # type: ignore[misc]
             return run.outcome
         run.entered = True
         succeeded = ended = False
+        if run.debounced is not None:  # lock_debounce: the burst's last call's arguments
+            args, kwargs = run.debounced
         try:
             result = self.run(*args, **kwargs)
             succeeded = ended = True

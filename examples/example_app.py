@@ -31,6 +31,8 @@ EXAMPLES = [
     "examples.long_report",
     "examples.tenant_exports",
     "examples.reindex_latest",
+    "examples.reindex_debounced",
+    "examples.bounded_line",
     "examples.beat_app",
 ]
 if importlib.util.find_spec("prometheus_client"):  # the one example with a dependency of its own

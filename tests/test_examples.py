@@ -17,11 +17,13 @@ import pytest
 from celery.signals import after_task_publish
 
 from examples import (
+    bounded_line,
     cache_rebuild_storm,
     long_report,
     nightly_job,
     payment_double_click,
     prometheus_metrics,
+    reindex_debounced,
     reindex_latest,
     stock_decrement,
     tenant_exports,
@@ -122,12 +124,28 @@ def test_reindex_latest_runs_the_newest_edit_only(app_module: ModuleType) -> Non
     assert figures["ok"]
 
 
+def test_reindex_debounced_runs_once_with_the_last_edit(app_module: ModuleType) -> None:
+    """40 edits 20 ms apart, lock_debounce=1: one task id for all, one reindex, of the last version."""
+    figures = reindex_debounced.main(app_module)
+    assert figures["jobs"] == 1
+    assert figures["reindexed"] == [40]
+    assert figures["ok"]
+
+
+def test_bounded_line_refuses_a_storm_beyond_the_cap_at_once(app_module: ModuleType) -> None:
+    """10 requests while a sync runs, lock_max_waiting=3: the running one and 3 waiting run; 7 refused at once."""
+    figures = bounded_line.main(app_module)
+    assert figures["ran"] == 4
+    assert figures["refused"] == 7
+    assert figures["ok"]
+
+
 ISOLATION = """
 import celery
 from celery_singleton_lock import LockedTask, signals
 import examples.example_app as ea
-from examples import (cache_rebuild_storm, long_report, nightly_job, payment_double_click, prometheus_metrics,
-                      reindex_latest, stock_decrement, tenant_exports)
+from examples import (bounded_line, cache_rebuild_storm, long_report, nightly_job, payment_double_click,
+                      prometheus_metrics, reindex_debounced, reindex_latest, stock_decrement, tenant_exports)
 other = celery.Celery("other", broker="memory://")
 @other.task(base=LockedTask, name="other.work")
 def work(): ...

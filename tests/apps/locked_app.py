@@ -419,3 +419,35 @@ def work_long_lease(self: Any, key: str, duration: float = 0.0) -> str:
     """Like ``work`` with a 15 s lease: a killed run's lease outlives any broker's redelivery on a busy machine."""
     _run(self, key, duration)
     return key
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule", lock_max_waiting=2
+)
+def capped(self: Any, key: str, duration: float = 0.0) -> str:
+    """Like ``work_later``, but at most 2 duplicates wait in the key's line; a third is skipped at once."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1)
+def debounced(self: Any, key: str, version: int = 0, duration: float = 0.0) -> list[Any]:
+    """A burst of calls of one key runs once, 1 s after its last call, with its last call's ``version``."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    _run(self, key, duration)
+    return [key, version]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, lock_debounce_max=2)
+def debounced_max(self: Any, key: str, version: int = 0, duration: float = 0.0) -> list[Any]:
+    """Like ``debounced``, but a steady stream of calls still runs at least every 2 s."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    _run(self, key, duration)
+    return [key, version]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, lock_queue_ttl=1)
+def debounced_short_queue_ttl(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` with ``lock_queue_ttl=1``: the burst must still outlive a message held up to the done window."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]

@@ -1,0 +1,225 @@
+"""Debounce's rooms at ``apply_async`` and at the worker (``lock_debounce``; the policy: policies/debounce.py).
+
+The front door (:func:`send`) starts or joins the key's burst in one round trip to every lock node and publishes
+the job's message only for the call that started the burst; the worker (:func:`claim`) asks the burst, once its
+job holds the lock, whether it runs now and with which arguments. Both vote over the nodes as the lock does: an
+answer counts when a quorum of nodes gave it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery.signals import task_revoked
+from celery.utils import uuid
+from kombu.utils import json as kombu_json
+
+from . import _resend as resend
+from . import signals
+from ._monitoring import Skipped
+from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Options, Run, is_locked_task, text
+from .policies.debounce import (
+    CLAIM_GONE,
+    CLAIM_LATER,
+    CLAIM_START,
+    JOIN_STANDIN,
+    majority,
+)
+from .record import burst_key_for, claimed_key_for
+from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
+
+if TYPE_CHECKING:
+    from .task import LockedTask
+
+__all__ = ["CLAIM_SLACK", "STANDIN_AFTER", "claim", "drop", "send"]
+
+logger = logging.getLogger("celery_singleton_lock.task")
+
+#: How early (s) a job may claim its burst: a timer's and the nodes' clocks' slack.
+CLAIM_SLACK = 0.1
+#: After how long (s) a burst whose message was never marked sent gets a stand-in publish from a later call.
+STANDIN_AFTER = 2.0
+# apply_async options under which a call is not debounced: sent as a call of its own, guarded at the worker.
+_STANDS_ASIDE = frozenset({"chord", "group_id", "chain"})
+
+
+def _countdown(options_: Options, seconds: float) -> float:
+    """A countdown the broker takes: whole seconds >= 1 where delays go through native delayed delivery; at most
+    half the broker's visibility timeout (a message held longer is restored, and exists twice: the job, arriving
+    early, is re-sent for its due time again)."""
+    if options_.max_countdown is not None:
+        seconds = min(seconds, options_.max_countdown)
+    if options_.whole_seconds:
+        return float(max(1, math.ceil(seconds)))
+    return max(0.0, seconds)
+
+
+def send(
+    task: LockedTask,
+    publish: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    *,
+    linked: bool,
+    delay: float,
+) -> Any:
+    """``apply_async`` of a task with ``lock_debounce``: start or join the key's burst (see the module); ``delay``:
+    the call's own countdown or ETA (s), added to its quiet period."""
+    if linked or task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
+        # Links belong to one call, a group's member is its own job: sent as is (the worker's lock guards it).
+        return publish(args, kwargs, task_id=task_id, **options)
+    args, kwargs = args or (), kwargs or {}
+    opts = task._options()
+    own_id = task_id is not None
+    task_id = task_id or uuid()
+    key = task.lock_key_for(*args, **kwargs)
+    quiet = float(task.lock_debounce or 0) + delay
+    options.pop("countdown", None)
+    options.pop("eta", None)
+    nodes = opts.settings.nodes
+    burst = burst_key_for(key)
+    try:
+        blob = kombu_json.dumps([list(args), dict(kwargs)])  # type: ignore[no-untyped-call]
+        answers = nodes.run(
+            DEBOUNCE_JOIN,
+            [burst],
+            [
+                task_id,
+                int(quiet * 1000),
+                int(float(task.lock_debounce_max or 0) * 1000),
+                blob,
+                # The burst outlives its due time by the job's done window at least: a message held back that
+                # long (a Redis broker restores an unacked one after its visibility timeout) still finds it.
+                int(max(float(task.lock_queue_ttl), opts.done_window) * 1000),
+                task.name,
+                int(STANDIN_AFTER * 1000),
+                # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
+                # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
+                int(max(STANDIN_AFTER, opts.ttl) * 1000),
+            ],
+        )
+    except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard
+        logger.warning("%s: could not debounce on lock %s; sending the call alone", task.name, key, exc_info=True)
+        answers = []
+    found = majority(answers, nodes.quorum, key=lambda a: text(a[1]))
+    if found is None:
+        # No quorum agrees on a burst (nodes down, or calls racing on a split): this call runs on its own, after its
+        # quiet period, guarded by the lock at the worker (never two at once; each such call runs).
+        if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
+            drop(task, key, task_id)
+        logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", task.name, key)
+        return publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), **options)
+    job, agreed = found
+    due = max(int(a[2]) for a in agreed) / 1000.0
+    seq = max(int(a[3]) for a in agreed)
+    if job == task_id:  # this call started the burst: its message is the job's
+        headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq}
+        try:
+            sent = publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, due), headers=headers, **options)
+        except BaseException:
+            drop(task, key, task_id)  # nothing was sent: the burst must not wait for a message that never comes
+            raise
+        try:
+            nodes.run(DEBOUNCE_CLAIM, [burst, claimed_key_for(key, job)], ["sent", job])
+        except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
+            logger.debug("could not mark the burst of %s sent", key, exc_info=True)
+        return sent
+    if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
+        drop(task, key, task_id)  # a burst this call started on a minority of the nodes: nobody publishes it
+    signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
+    if any(int(a[0]) == JOIN_STANDIN for a in agreed):
+        # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
+        # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
+        headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, REDELIVERY_HEADER: 1}
+        options.pop("expires", None)
+        publish(args, kwargs, task_id=job, countdown=_countdown(opts, due), headers=headers, **options)
+    if own_id and not task.ignore_result:
+        # The caller chose this id and may wait on it: say at once that the burst's job runs in its place.
+        reason = f"debounced: {task.name} of lock {key} runs once as task {job}, with the burst's last arguments"
+        try:
+            task.backend.mark_as_revoked(task_id, reason, request=None)
+        except Exception:
+            logger.debug("could not store the debounced state of %s", task_id, exc_info=True)
+    return task.AsyncResult(job)
+
+
+def drop(task: LockedTask, key: str, job: str) -> bool:
+    """End ``job``'s burst unrun (its publish failed, it was revoked); True when a quorum of nodes had it."""
+    nodes = task._options().settings.nodes
+    try:
+        answers = nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, job)], ["drop", job])
+    except Exception:
+        logger.warning("could not drop the burst of %s[%s] on lock %s", task.name, job, key, exc_info=True)
+        return False
+    return sum(1 for a in answers if not isinstance(a, BaseException) and a == 1) >= nodes.quorum
+
+
+def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
+    """This delivery of a burst's job holds the lock: may it run now? True: run, with ``run.debounced`` (the burst's
+    last arguments) if the burst gave them. False: not due yet: it was re-sent for its due time (with the newest
+    arguments) and stops here; the caller gives the lock back."""
+    nodes = options.settings.nodes
+    keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id)]
+    try:
+        answers = nodes.run(
+            DEBOUNCE_CLAIM,
+            keys,
+            ["claim", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
+        )
+    except Exception:  # the lock is ours: run with the message's arguments (at least once beats lost)
+        logger.warning("could not claim the burst of %s[%s]; running", task.name, run.task_id, exc_info=True)
+        return True
+    ok = [a for a in answers if not isinstance(a, BaseException) and a]
+    later = [a for a in ok if int(a[0]) == CLAIM_LATER]
+    started = [a for a in ok if int(a[0]) == CLAIM_START]
+    if later and len(started) < nodes.quorum:
+        due = max(int(a[1]) for a in later) / 1000.0
+        newest = max(later, key=lambda a: int(a[2]))
+        wait(task, run, options, request, due, int(newest[2]), text(newest[3]))
+        return False
+    if started:
+        newest = max(started, key=lambda a: int(a[1]))
+        loaded = kombu_json.loads(text(newest[2]))  # type: ignore[no-untyped-call]
+        run.debounced = (tuple(loaded[0]), dict(loaded[1]))
+        request.args, request.kwargs = list(run.debounced[0]), run.debounced[1]
+    elif all(int(a[0]) == CLAIM_GONE for a in ok):
+        logger.debug(
+            "%s[%s]: no burst on lock %s (revoked, expired or never debounced): running",
+            task.name,
+            run.task_id,
+            run.key,
+        )
+    return True
+
+
+def wait(task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, blob: str) -> None:
+    """Re-send this job's delivery for its due time, carrying the burst's newest arguments; this one stops."""
+    loaded = kombu_json.loads(blob)  # type: ignore[no-untyped-call]
+    merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
+    merged[DEBOUNCE_HEADER] = seq
+    countdown = _countdown(options, due)
+    copy = task.signature_from_request(
+        request, args=list(loaded[0]), kwargs=dict(loaded[1]), headers=merged, countdown=countdown
+    )
+    copy.apply_async()
+    said = f"debounced: re-sent to run in {countdown:.1f}s (its burst's quiet period)"
+    logger.debug("Task %s[%s] %s: lock %s", task.name, run.task_id, said, run.key)
+    resend.skip_quietly(task, run, Skipped(said, run.key, run.task_id, "waiting"))
+
+
+@task_revoked.connect(weak=False)  # type: ignore[untyped-decorator]
+def _drop_revoked_burst(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A worker met a revoked or expired message of a burst's job: the burst ends (a later call starts a new one)."""
+    task = sender
+    if not is_locked_task(task) or not getattr(task, "lock_debounce", None) or request is None:
+        return
+    try:
+        key = task.lock_key_for(*(request.args or ()), **(request.kwargs or {}))
+        drop(task, key, request.id)
+    except Exception:  # the burst still ends with its expiry
+        logger.warning("could not drop the burst of %s[%s]", task.name, request.id, exc_info=True)

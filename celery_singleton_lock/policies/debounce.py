@@ -1,0 +1,90 @@
+"""``lock_debounce=S`` (and ``lock_debounce_max=M``): a burst of calls of one job runs once, S s after its last
+call, with the last call's arguments; BullMQ's debounce mode (delay + extend + replace) is the model.
+
+The burst lives on the lock nodes, never only in a process (docs/protocol.md, "Debounce"):
+
+* at ``apply_async`` (the front door, ``_debounced.send``): one round trip (``lua/debounce_join``) starts the key's
+  burst, whose job is this call's task id (its message is published with a countdown of S), or joins the burst
+  under way (its due time moves to S from now, at most M after its first call; its arguments become this call's;
+  nothing is published, and the call gets the burst's ``AsyncResult``);
+* at the worker: the job's message takes the key's lock as any run does (a run of the previous burst still
+  running holds it: the job waits in the key's line, as ``reschedule``), then claims its burst
+  (``lua/debounce_claim``): not due yet, it gives the lock back and is re-sent for the due time, carrying the newest
+  arguments; due, the burst ends and the job runs with its last call's arguments. A call from then on starts a new
+  burst, which runs after this run (never beside it: the lock).
+
+This module is the policy's pure part: its options' check, and how the nodes' answers are counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConfigurationError
+
+__all__ = ["CLAIM_GONE", "CLAIM_LATER", "CLAIM_START", "JOIN_STANDIN", "JOIN_STARTED", "check_debounce", "majority"]
+
+#: debounce_join's first answer: this call started the burst / joined it and publishes a stand-in copy.
+JOIN_STARTED, JOIN_STANDIN = 1, 2
+#: debounce_claim's first answer.
+CLAIM_GONE, CLAIM_START, CLAIM_LATER = 0, 1, 2
+
+
+def _seconds(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
+def check_debounce(cls: Any, settings: Any = None) -> None:
+    """Validate ``lock_debounce`` and ``lock_debounce_max`` of a LockedTask class (ConfigurationError naming the first
+    bad one, in one line)."""
+    name = cls.name
+    debounce, most = cls.lock_debounce, cls.lock_debounce_max
+    if debounce is None:
+        if most is not None:
+            raise ConfigurationError(f"lock_debounce_max of {name} needs lock_debounce (the quiet period, seconds)")
+        return
+    if not _seconds(debounce):
+        raise ConfigurationError(f"lock_debounce of {name} must be a number of seconds > 0, e.g. 5, got {debounce!r}")
+    if most is not None and (not _seconds(most) or most < debounce):
+        raise ConfigurationError(
+            f"lock_debounce_max of {name} must be a number of seconds >= lock_debounce ({debounce}), got {most!r}"
+        )
+    if cls.lock_scope != "run":
+        raise ConfigurationError(
+            f"lock_debounce of {name} cannot be used with lock_scope='queue' (a debounced job is held from its "
+            "first call until it runs already)"
+        )
+    if cls.lock_limit != 1 or cls.lock_enqueue_check:
+        raise ConfigurationError(
+            f"lock_debounce of {name} cannot be used with lock_limit or lock_enqueue_check (a burst is one job)"
+        )
+    on_duplicate = cls.lock_on_duplicate
+    if on_duplicate not in (None, "reschedule"):
+        raise ConfigurationError(
+            f"lock_debounce of {name} runs a new burst after the running one (lock_on_duplicate='reschedule'); "
+            f"remove lock_on_duplicate={on_duplicate!r}"
+        )
+    serializer = getattr(cls, "serializer", None)
+    app = getattr(cls, "_app", None)
+    if serializer is None and app is not None:
+        serializer = app.conf.task_serializer
+    if serializer not in (None, "json"):
+        raise ConfigurationError(
+            f"lock_debounce of {name} needs the json serializer (the burst keeps its last call's arguments as "
+            f"JSON on the lock nodes), got serializer={serializer!r}"
+        )
+
+
+def majority(answers: Sequence[Any], quorum: int, key: Any) -> tuple[Any, list[Any]] | None:
+    """The value of ``key(answer)`` that at least ``quorum`` answers share, and those answers; None when none does.
+
+    ``answers`` holds one entry per node: an exception (a node that did not answer) counts for nothing."""
+    values = [key(a) for a in answers if not isinstance(a, BaseException) and a is not None]
+    if not values:
+        return None
+    value, count = Counter(values).most_common(1)[0]
+    if count < quorum:
+        return None
+    return value, [a for a in answers if not isinstance(a, BaseException) and a is not None and key(a) == value]

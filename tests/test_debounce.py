@@ -1,0 +1,503 @@
+"""lock_debounce and lock_max_waiting (issue 21) on real workers, a RabbitMQ broker (classic queues) and three lock
+nodes: a burst of 1,000 calls runs once with its last arguments, a worker SIGKILLed while the run is pending and
+while it runs, calls racing the run's start, a producer that died between its join and its publish, revoke; a full
+line skips a new duplicate at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import rabbitmq
+from worker_cluster import Cluster, cluster, new_key, overlapping, polling
+
+pytestmark = pytest.mark.slow
+TTL = 4.0
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with rabbitmq.vhost() as url, cluster(tmp_path_factory.mktemp("debounce"), ttl=TTL, broker_url=url) as c:
+        c.app_module()
+        with ThreadPoolExecutor(3) as pool:  # started together: module set-up time
+            started = [
+                pool.submit(c.worker, "w1", queues="celery", concurrency=2),
+                pool.submit(c.worker, "w2", queues="celery", concurrency=2),
+                pool.submit(c.worker, "w3", queues="kill", concurrency=1),
+            ]
+            for f in started:
+                f.result(timeout=90)
+        c.workers.sort(key=lambda w: w.name)
+        yield c
+
+
+def debounced_runs(c: Cluster, key: str) -> list[tuple[str, int]]:
+    """(task id, version) of each debounced run of ``key`` that started, in order."""
+    return [(r[1], r[2]) for r in c.records("debounced") if r[0] == key]
+
+
+# -- lock_max_waiting -------------------------------------------------------------------------------------------
+
+
+def test_a_new_duplicate_that_finds_the_line_full_is_revoked_at_once_naming_the_key(c: Cluster) -> None:
+    """Cap 2: a 3 s holder, two duplicates wait; the next two are REVOKED while the holder still runs, their reason
+    saying the line is full and naming the key; the holder and both waiting calls run, once each, one at a time."""
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.capped.delay(k, 3.0)
+    c.wait_started(k)
+    waiting = [mod.capped.delay(k, 0.1) for _ in range(2)]
+    key = mod.capped.lock_key_for(k)
+    for _ in polling(15, 0.05):
+        if line_length(c, key) == 2:
+            break
+    assert line_length(c, key) == 2
+    refused = [mod.capped.delay(k, 0.1) for _ in range(2)]
+    for r in refused:
+        with pytest.raises(Exception, match="full"):
+            r.get(timeout=20)
+        assert r.state == "REVOKED"
+        assert key in str(r.result) and "lock_max_waiting=2" in str(r.result)
+    assert len(c.runs(k)) == 0, "a full line's duplicate was told only after the holder ended"
+    for r in [holder, *waiting]:
+        assert r.get(timeout=40) == k
+    runs = c.wait_runs(k, 3, 10)
+    assert sorted(r[1] for r in runs) == sorted(r.id for r in [holder, *waiting])
+    assert not overlapping(runs)
+    assert line_length(c, key) == 0
+
+
+def line_length(c: Cluster, key: str) -> int:
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        return int(client.zcard(sibling_key(key, ":waiters")))
+
+
+def test_a_waiting_job_s_own_copies_never_count_against_the_cap(c: Cluster) -> None:
+    """The cap's script on a real node: a new duplicate finding 2 waiting is refused; a job already in the line
+    (its fallback copy) keeps its place; a waiting job's woken copy (not new) parks even past the cap."""
+    from celery_singleton_lock.scripts import PARK_CAPPED_CODE  # noqa: PLC0415
+
+    tag = new_key()
+    line, messages = f"{{{tag}}}:waiters", f"{{{tag}}}:parked"
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+
+        def park(task_id: str, *, new: bool) -> list[int]:
+            return [
+                int(x)
+                for x in client.eval(
+                    PARK_CAPPED_CODE, 2, line, messages, task_id, 1, "{}", 60000, 2, "1" if new else "0"
+                )
+            ]
+
+        assert park("a", new=True) == [1, 1]
+        assert park("b", new=True) == [1, 2]
+        assert park("c", new=True) == [0, 2]  # full: a new duplicate is refused
+        assert park("a", new=True) == [1, 2]  # already waiting: its fallback copy keeps its place
+        assert park("d", new=False) == [1, 3]  # a waiting job's woken copy is never new
+        assert client.zcard(line) == 3
+
+
+# -- lock_debounce ------------------------------------------------------------------------------------------------
+
+
+def test_a_burst_of_1000_calls_runs_once_with_the_last_arguments(c: Cluster) -> None:
+    """1,000 calls of one key (other arguments differ: lock_unique_on), sent to a queue no worker consumes yet: every
+    call gets one task id, the producer published one message, and one message is in the queue at the end of the
+    burst; then a worker consumes it: one run, with the last call's version; every caller's .get() returns it."""
+    from celery.signals import before_task_publish  # noqa: PLC0415
+
+    mod = c.app_module()
+    k, queue = new_key(), "burst-" + new_key()
+    published: list[str] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if sender == mod.debounced.name:
+            published.append(sender)
+
+    before_task_publish.connect(count, weak=False)
+    try:
+        results = [mod.debounced.apply_async((k, i), queue=queue) for i in range(1000)]
+    finally:
+        before_task_publish.disconnect(count)
+    assert {r.id for r in results} == {results[0].id}
+    assert len(published) == 1
+    with mod.app.connection_for_write() as conn:
+        assert conn.default_channel.queue_declare(queue, passive=True).message_count == 1
+    replies = mod.app.control.add_consumer(queue, destination=[f"w1@{os.uname().nodename}"], reply=True, timeout=5)
+    assert replies, "w1 did not start consuming the burst's queue"
+    assert results[-1].get(timeout=30) == [k, 999]
+    assert all(r.get(timeout=10) == [k, 999] for r in results[::100])
+    for _ in polling(1.5, 0.1):  # no second run comes (bounded look)
+        pass
+    assert debounced_runs(c, k) == [(results[0].id, 999)]
+
+
+def test_a_call_during_the_run_starts_a_new_burst_that_runs_after_it(c: Cluster) -> None:
+    mod = c.app_module()
+    k = new_key()
+    first = mod.debounced.delay(k, 1, 2.0)
+    c.wait_started(k)
+    second = mod.debounced.delay(k, 2, 0.1)
+    third = mod.debounced.delay(k, 3, 0.1)
+    assert second.id != first.id and third.id == second.id
+    assert first.get(timeout=30) == [k, 1]
+    assert second.get(timeout=30) == [k, 3]
+    runs = c.wait_runs(k, 2, 10)
+    assert not overlapping(runs)
+    assert debounced_runs(c, k) == [(first.id, 1), (second.id, 3)]
+
+
+def test_debounce_max_runs_a_steady_stream_while_it_lasts(c: Cluster) -> None:
+    """Calls every 0.3 s for 4 s, quiet 1 s, max 2 s: a run starts before the stream ends (without max none would);
+    every run carries the newest version of its burst, and the stream's last call runs last."""
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    for i in range(14):  # bounded: 14 calls, ~4 s
+        results.append(mod.debounced_max.delay(k, i))
+        time.sleep(0.3)
+    assert c.started(k), "no run started during a 4 s stream with lock_debounce_max=2"
+    assert results[-1].get(timeout=30) == [k, 13]
+    runs = debounced_runs(c, k)
+    assert runs[-1][1] == 13 and len(runs) >= 2
+    assert [v for _, v in runs] == sorted(v for _, v in runs)
+    assert not overlapping(c.wait_runs(k, len(runs), 10))
+
+
+def test_calls_racing_the_run_s_start_each_get_a_run_with_their_arguments_or_newer(c: Cluster) -> None:
+    """Calls spaced around the quiet period (0.9 to 1.1 s apart), so some arrive as the run claims its burst: each
+    caller's result is a run with its own version or a newer one, runs never overlap, the last call runs last."""
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    for i, gap in enumerate([0.9, 1.0, 1.05, 1.1, 0.0]):
+        results.append(mod.debounced.delay(k, i, 0.2))
+        time.sleep(gap)
+    for i, r in enumerate(results):
+        got = r.get(timeout=30)
+        assert got[0] == k and got[1] >= i, (i, got)
+    runs = debounced_runs(c, k)
+    assert runs[-1][1] == len(results) - 1
+    assert len({t for t, _ in runs}) == len(runs), "a job ran twice"
+    assert not overlapping(c.wait_runs(k, len(runs), 10))
+
+
+def test_a_worker_sigkilled_while_the_run_is_pending_loses_nothing(c: Cluster) -> None:
+    """The burst's message waits for its countdown in w3 (queue kill); w3 is SIGKILLed: the message goes back to
+    RabbitMQ, w2 takes the queue over, and the run happens once, with the burst's last arguments."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced.apply_async((k, i), queue="kill") for i in range(20)]
+    w2 = next(w for w in c.workers if w.name == "w2")
+    w3 = next(w for w in c.workers if w.name == "w3")
+    for _ in polling(10, 0.05):
+        if f"debounced[{results[0].id}] received" in w3.log():
+            break
+    w3.kill()
+    replies = mod.app.control.add_consumer("kill", destination=[f"w2@{os.uname().nodename}"], reply=True, timeout=5)
+    assert replies
+    assert results[-1].get(timeout=40) == [k, 19]
+    assert debounced_runs(c, k) == [(results[0].id, 19)]
+    for _ in polling(10, 0.1):  # the worker's log line may lag its stored result
+        if f"debounced[{results[0].id}] succeeded" in w2.log():
+            break
+    assert f"debounced[{results[0].id}] succeeded" in w2.log()
+
+
+def test_a_run_sigkilled_while_it_runs_is_redelivered_and_runs_once_more_with_the_same_arguments(c: Cluster) -> None:
+    """The run's pool child is SIGKILLed mid-run: the redelivered message (acks_late) carries the first call's
+    arguments, but runs with the burst's last ones (kept beside the claim), once the dead lease ended."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced.delay(k, i, 2.0) for i in range(5)]
+    pid = c.wait_started(k)[0][2]
+    os.kill(pid, signal.SIGKILL)
+    assert results[0].get(timeout=40) == [k, 4]
+    runs = debounced_runs(c, k)
+    assert runs == [(results[0].id, 4), (results[0].id, 4)]
+    assert len(c.wait_runs(k, 1, 10)) == 1
+
+
+def test_a_producer_dead_between_its_join_and_its_publish_leaves_no_call_hanging(c: Cluster) -> None:
+    """A burst started on the nodes whose message was never published (its producer died in between): a call more
+    than 2 s later publishes a stand-in copy of that job, which runs once with the newest arguments."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    ghost = "ghost-" + new_key()
+    key = mod.debounced.lock_key_for(k)
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [ghost, 1000, 0, blob, 600000, "x", 2000, 4000])
+    time.sleep(2.2)
+    joined = mod.debounced.delay(k, 7)
+    assert joined.id == ghost
+    assert joined.get(timeout=30) == [k, 7]
+    assert debounced_runs(c, k) == [(ghost, 7)]
+
+
+def test_a_burst_whose_message_was_lost_after_it_was_sent_gets_a_stand_in_once_it_is_overdue(c: Cluster) -> None:
+    """A burst marked sent whose job never claims it (its message lost: a worker killed between acking it and
+    re-sending it for its due time): a call a lease (ttl 4 s) past its due time publishes a stand-in copy, which runs
+    the job once with the newest arguments; nobody's result hangs."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for, claimed_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    lost = "lost-" + new_key()
+    key = mod.debounced.lock_key_for(k)
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [lost, 100, 0, blob, 600000, "x", 2000, 4000])
+    nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, lost)], ["sent", lost])
+    time.sleep(TTL + 0.5)
+    joined = mod.debounced.delay(k, 3)
+    assert joined.id == lost
+    assert joined.get(timeout=30) == [k, 3]
+    assert debounced_runs(c, k) == [(lost, 3)]
+
+
+def test_a_call_that_started_a_burst_on_a_minority_of_the_nodes_leaves_none_there(c: Cluster) -> None:
+    """Calls racing on the nodes: a burst of job Y on nodes 2 and 3, none on node 1. A call starts its own burst on
+    node 1 and joins Y on the others: it gets Y (the quorum's), and its own burst on node 1 is dropped (nobody
+    publishes it: calls that later reached node 1 first would have joined a job that never runs)."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for, claimed_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    key = mod.debounced.lock_key_for(k)
+    other = "other-" + new_key()
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst_key_for(key)], [other, 5000, 0, blob, 600000, "x", 60000, 60000], nodes=[1, 2])
+    joined = mod.debounced.delay(k, 1)
+    assert joined.id == other
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        assert client.hget(burst_key_for(key), "job") is None
+    nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, other)], ["drop", other])
+
+
+def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
+    mod = c.app_module()
+    k = new_key()
+    pending = mod.debounced.delay(k, 1)
+    assert mod.debounced.revoke_queued(pending.id, k)
+    fresh = mod.debounced.delay(k, 2)
+    assert fresh.id != pending.id
+    assert fresh.get(timeout=30) == [k, 2]
+    for _ in polling(1.5, 0.1):  # the revoked one never runs (bounded look after the fresh one ran)
+        pass
+    assert debounced_runs(c, k) == [(fresh.id, 2)]
+
+
+def test_a_revoked_pending_job_ends_its_burst_when_a_worker_meets_it(c: Cluster) -> None:
+    """AsyncResult.revoke() of a burst's job: the worker holding its message for the countdown meets it revoked and
+    ends the burst; the job never runs, and the next call starts a new burst that runs."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    pending = mod.debounced.delay(k, 1)
+    pending.revoke()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        for _ in polling(15, 0.1):
+            if client.hget(burst, "job") is None:
+                break
+        assert client.hget(burst, "job") is None, "the revoked job's burst is still pending"
+    fresh = mod.debounced.delay(k, 2)
+    assert fresh.id != pending.id
+    assert fresh.get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(fresh.id, 2)]
+
+
+def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"lock_debounce": 0}, "lock_debounce of"),
+        ({"lock_debounce": 5, "lock_debounce_max": 2}, "lock_debounce_max of"),
+        ({"lock_debounce_max": 2}, "lock_debounce_max of"),
+        ({"lock_debounce": 1, "lock_scope": "queue"}, "lock_scope='queue'"),
+        ({"lock_debounce": 1, "lock_on_duplicate": "skip"}, "lock_on_duplicate='skip'"),
+        ({"lock_max_waiting": 0, "lock_on_duplicate": "reschedule"}, "lock_max_waiting of"),
+        ({"lock_max_waiting": 2, "lock_on_duplicate": "skip"}, "lock_max_waiting of"),
+    ]
+    for i, (options, said) in enumerate(cases):
+        app = Celery(f"bad{i}", broker="memory://", set_as_current=False)
+        app.conf.singleton_lock_urls = ["redis://127.0.0.1:1/0"]
+
+        @app.task(base=LockedTask, name=f"bad{i}.t", shared=False, **options)
+        def t(x: int = 0) -> None: ...
+
+        with pytest.raises(Exception, match=f"bad{i}.t") as info:
+            app.tasks
+        message = info.value.format_message()  # type: ignore[attr-defined]
+        assert message.startswith("celery_singleton_lock: "), message
+        assert said in message and f"bad{i}.t" in message and "\n" not in message, message
+
+
+def test_a_burst_s_countdowns_stay_under_half_the_visibility_timeout() -> None:
+    """On the Redis broker a message held for its countdown past the visibility timeout is restored and exists
+    twice: the burst's message and its re-sends wait at most half of it (arriving early, the job is re-sent again),
+    as every other re-send of the library does; and whole seconds where delays are native (quorum queues)."""
+    from celery_singleton_lock._debounced import _countdown  # noqa: PLC0415
+    from celery_singleton_lock._run import Options  # noqa: PLC0415
+
+    def options(max_countdown: float | None, *, whole: bool) -> Options:
+        return Options(
+            settings=None,  # type: ignore[arg-type]
+            ttl=4.0,
+            interval=1.0,
+            on_duplicate="reschedule",
+            policy=None,  # type: ignore[arg-type]
+            on_unavailable="retry",
+            on_lost="continue",
+            binder=None,
+            max_countdown=max_countdown,
+            done_window=60.0,
+            done_window_short=60.0,
+            whole_seconds=whole,
+        )
+
+    assert _countdown(options(30.0, whole=False), 300.0) == 30.0
+    assert _countdown(options(None, whole=False), 300.0) == 300.0
+    assert _countdown(options(None, whole=True), 0.2) == 1.0
+    assert _countdown(options(None, whole=True), 1.2) == 2.0
+
+
+def test_locks_list_and_show_name_a_pending_burst_and_a_line_against_its_cap(c: Cluster) -> None:
+    """``celery locks list`` has a row for a pending burst (state pending, its job's task id); ``show`` says when it
+    is due and which call's arguments it carries; ``show`` of a capped key says how many wait against the cap."""
+    from celery.bin.base import CLIContext  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from celery_singleton_lock.cli import locks  # noqa: PLC0415
+
+    mod = c.app_module()
+
+    def cli(*args: str) -> str:
+        obj = CLIContext(app=mod.app, no_color=True, workdir=None)
+        result = CliRunner().invoke(locks, list(args), obj=obj)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    k, q = new_key(), new_key()
+    pending = [mod.debounced.apply_async((k, v), countdown=5) for v in (1, 2)]
+    holder = mod.capped.delay(q, 2.0)
+    c.wait_started(q)
+    waiting = mod.capped.delay(q, 0.1)
+    key, line_key = mod.debounced.lock_key_for(k), mod.capped.lock_key_for(q)
+    for _ in polling(10, 0.05):
+        if line_length(c, line_key) == 1:
+            break
+    rows = [line for line in cli("list").splitlines() if pending[0].id in line]
+    assert rows and "pending" in rows[0] and "debounce" in rows[0], rows
+    shown = cli("show", key)
+    assert "pending burst  pending: task " + pending[0].id in shown and "call #2 of the burst" in shown, shown
+    assert f'[["{k}", 2], {{}}]' in shown
+    assert "1 waiting (cap 2: lock_max_waiting)" in cli("show", line_key)
+    doc = json.loads(cli("show", key, "--json"))
+    assert doc["burst"]["task_id"] == pending[0].id and doc["burst"]["record"]["seq"] == "2"
+    assert mod.debounced.revoke_queued(pending[0].id, k)
+    assert holder.get(timeout=30) == q and waiting.get(timeout=30) == q
+
+
+def test_the_doctor_names_a_cap_on_a_task_whose_policy_from_the_settings_waits_in_no_line() -> None:
+    """lock_max_waiting on a task without lock_on_duplicate passes registration (the policy comes from the
+    settings), but the start checks (worker start, ``celery locks doctor``) refuse it under the default 'skip'."""
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+    from celery_singleton_lock.task import start_problems  # noqa: PLC0415
+
+    app = Celery("capdoc", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = ["redis://127.0.0.1:1/0"]
+
+    @app.task(base=LockedTask, name="capdoc.t", shared=False, lock_max_waiting=3)
+    def t(x: int = 0) -> None: ...
+
+    problems = start_problems(app)
+    assert [p.subject for p in problems] == ["task capdoc.t"]
+    assert "lock_max_waiting of capdoc.t" in problems[0].message and "'skip'" in problems[0].message
+    assert problems[0].code == "task-options"
+    app.conf.singleton_lock_on_duplicate = "reschedule"
+    app.__dict__.pop("_singleton_lock_settings", None)
+    assert start_problems(app) == []
+
+
+def test_a_pending_burst_outlives_a_message_the_broker_may_hold_back(c: Cluster) -> None:
+    """The burst lives at least the job's done window past its due time (the broker's visibility timeout on Redis,
+    and more), not only lock_queue_ttl: a message restored late then still finds its burst and runs the burst's
+    last arguments, not its own first call's."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    task = mod.debounced_short_queue_ttl
+    k = new_key()
+    result = task.apply_async((k, 1), countdown=3)
+    burst = burst_key_for(task.lock_key_for(k))
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        assert int(client.pttl(burst)) > task._options().done_window * 1000
+    assert result.get(timeout=30) == [k, 1]
+
+
+def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_once(c: Cluster) -> None:
+    """Two of three lock nodes down: no quorum agrees on a burst, so each call is published on its own (its own task
+    id, a countdown of the quiet period) and waits at the worker for the nodes (lock_on_unavailable='retry'); back,
+    each runs once with its own arguments, never two at once. (Last in the module: the nodes restart empty.)"""
+    mod = c.app_module()
+    k = new_key()
+    c.stop_locks(2)
+    try:
+        results = [mod.debounced.delay(k, i, 0.3) for i in range(3)]
+    finally:
+        c.start_locks()
+    assert len({r.id for r in results}) == 3
+    assert sorted(r.get(timeout=60)[1] for r in results) == [0, 1, 2]
+    runs = c.wait_runs(k, 3, 10)
+    assert len(runs) == 3
+    assert not overlapping(runs)
+
+
+def test_on_quorum_queues_a_burst_runs_once_with_whole_second_delays(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """RabbitMQ quorum queues (native delayed delivery: whole seconds): a burst of 50 calls publishes one message and
+    runs once with the last call's arguments; a call during the run starts a burst that runs after it."""
+    with (
+        rabbitmq.vhost() as url,
+        cluster(tmp_path_factory.mktemp("debounce-q"), ttl=TTL, broker_url=url, env={"CSL_QUEUE_TYPE": "quorum"}) as q,
+    ):
+        mod = q.app_module()
+        assert mod.debounced._options().whole_seconds
+        q.worker("wq", queues="celery", concurrency=2)
+        k = new_key()
+        results = [mod.debounced.delay(k, i, 1.5) for i in range(50)]
+        assert {r.id for r in results} == {results[0].id}
+        q.wait_started(k, timeout=30)
+        later = mod.debounced.delay(k, 50, 0.0)
+        assert results[0].get(timeout=30) == [k, 49]
+        assert later.get(timeout=30) == [k, 50]
+        assert [v for _, v in [(r[1], r[2]) for r in q.records("debounced") if r[0] == k]] == [49, 50]
+        assert not overlapping(q.wait_runs(k, 2, 10))
