@@ -11,11 +11,16 @@ project named after it): only those are ever stopped or removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import needs
 import pytest
@@ -28,6 +33,7 @@ import docker_demo  # noqa: E402  - tools/docker_demo.py: compose runs, their ve
 LOCAL = docker_demo.local_env()
 PYTHON_IMAGE = os.environ.get("CSL_PYTHON_IMAGE") or LOCAL.get("CSL_PYTHON_IMAGE", "python:3.12-slim")
 REDIS_IMAGE = os.environ.get("CSL_REDIS_IMAGE") or LOCAL.get("CSL_REDIS_IMAGE", "redis:7")
+APP_IMAGE = os.environ.get("CSL_APP_IMAGE") or LOCAL.get("CSL_APP_IMAGE", "celery-singleton-lock/app:local")
 PIP_OFFLINE = os.environ.get("CSL_PIP_OFFLINE") or LOCAL.get("CSL_PIP_OFFLINE", "")
 RUN_ID = f"{os.getpid()}-{secrets.token_hex(3)}"
 LABEL = "csl.run"
@@ -83,3 +89,21 @@ def remove_labelled(label: str = f"{LABEL}={RUN_ID}") -> None:
         kind, ident = entry.split()
         rm = {"container": ["rm", "-f", "-v"], "network": ["rm"], "volume": ["rm", "-f"]}[kind]
         subprocess.run(["docker", kind, *rm, ident], capture_output=True, check=False, timeout=120)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While open, SIGTERM (a CI time-out, ``kill PID``) stops pytest as Ctrl-C does: fixtures are torn down, so
+    this run's containers, networks and volumes are removed. (SIGKILL leaves them: they carry ``csl.run=RUN_ID``.)"""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

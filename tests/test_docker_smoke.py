@@ -20,7 +20,6 @@ where no Docker engine answers; under CI=true it must run.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 import types
 from collections.abc import Iterator
@@ -93,13 +92,12 @@ class SecondWorker(FirstWorker):
         return "locked_b"
 
 
-IMAGE_TAG = f"celery-singleton-lock/smoke-worker:{dockerenv.RUN_ID}"
-# One image for both workers (and the same layers as docker-compose.yml's app image: built once per engine).
+# One image for both workers: the compose file's app image (CSL_APP_IMAGE), so either builds it and the other finds
+# every layer cached. It is kept (an image, not a container): the next run's build is a cache hit too.
 locked_worker_image = build(
     path=str(ROOT),
-    tag=IMAGE_TAG,
+    tag=dockerenv.APP_IMAGE,
     buildargs={"BASE": dockerenv.PYTHON_IMAGE, "PIP_OFFLINE": dockerenv.PIP_OFFLINE},
-    labels=LABELS,
     forcerm=True,  # a failed step leaves no container behind
     scope="module",
 )
@@ -174,10 +172,11 @@ second_container = _worker_container(SecondWorker)
 def _engine_and_cleanup() -> Iterator[None]:
     """Fail under CI when no engine answers; at the end, remove whatever a failure left with this run's label."""
     dockerenv.require()
-    yield
-    dockerenv.remove_labelled()
-    # The image's tag is this run's own; its layers stay in the engine's build cache for the next run.
-    subprocess.run(["docker", "image", "rm", IMAGE_TAG], capture_output=True, check=False, timeout=60)
+    try:
+        with dockerenv.sigterm_as_interrupt():
+            yield
+    finally:
+        dockerenv.remove_labelled()
 
 
 @pytest.fixture
@@ -197,7 +196,13 @@ def celery_setup_app(celery_setup_cls: Any, celery_setup_config: dict, celery_se
         celery_setup_config=celery_setup_config, celery_setup_app_name=celery_setup_name
     )
     app.conf.update(
-        broker_transport_options={"visibility_timeout": VISIBILITY},
+        # kombu looks for unacked messages past the visibility timeout every 10 s but scans only every 10th look
+        # (about 100 s): every 2 s here, so the killed worker's job comes back soon after the timeout.
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY,
+            "unacked_restore_interval": 2,
+            "unacked_restore_throttle": 1,
+        },
         worker_prefetch_multiplier=1,
     )
     return app
@@ -291,6 +296,7 @@ def test_a_worker_container_killed_mid_run_its_job_is_redelivered_and_runs_once(
     survivor = second if victim is first else first
     victim.kill()  # docker kill (SIGKILL): the whole container, pool and all
     assert job.get(timeout=3 * WAIT) == 9
+    print(f"killed {victim.hostname()}; survivor's log:\n" + "\n".join(survivor.logs().splitlines()[-6:]))
     finished = _lines(survivor, rf"finished 9 as {job.id}")
     assert finished, survivor.logs()[-3000:]
     assert len(finished) == 1
