@@ -29,7 +29,7 @@ RECIPE=3  # bump when the root filesystem's customisation below changes
 t0=$(date +%s.%N)
 
 say() { printf 'docker_images: %s\n' "$*"; }
-took() { printf 'docker_images: %-28s %6.1f s\n' "$1" "$(echo "$(date +%s.%N) - $2" | bc)"; }
+took() { awk -v a="$2" -v b="$(date +%s.%N)" -v what="$1" 'BEGIN { printf "docker_images: %-28s %6.1f s\n", what, b - a }'; }
 give_up() {  # no engine can be had here: the Docker tests skip (or, when required, this fails)
     say "Docker tier unavailable: $*"
     rm -f "$ENV_FILE"
