@@ -94,7 +94,9 @@ def remove_labelled(label: str = f"{LABEL}={RUN_ID}") -> None:
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """While open, SIGTERM (a CI time-out, ``kill PID``) stops pytest as Ctrl-C does: fixtures are torn down, so
-    this run's containers, networks and volumes are removed. (SIGKILL leaves them: they carry ``csl.run=RUN_ID``.)"""
+    this run's containers, networks and volumes are removed. Not always: a SIGTERM that landed while a worker
+    container was starting was seen to end pytest with 143 and leave that test's containers (cause not found); they
+    carry ``csl.run=RUN_ID``, as after a SIGKILL: ``docker rm -f $(docker ps -aq --filter label=csl.run=RUN_ID)``."""
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
