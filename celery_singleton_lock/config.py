@@ -166,7 +166,9 @@ def check_policy(value: object, policy: Any, setting: str) -> None:
 def _urls(conf: Mapping[str, Any]) -> tuple[str | redis.Redis | RedisCluster, ...]:
     raw = conf.get("singleton_lock_urls")
     if raw is None:
-        broker = conf.get("broker_url")
+        # app.conf's broker_url property also reads CELERY_BROKER_URL (the broker Celery uses when the app sets
+        # none); a plain mapping has only its key.
+        broker = cast(Any, conf).broker_url if hasattr(type(conf), "broker_url") else conf.get("broker_url")
         if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
             logger.info("singleton_lock_urls is not set: locking on the broker, %s", redact_url(broker))
             return (broker,)

@@ -1,19 +1,32 @@
-"""Smoke test on pytest-celery's Docker API: LockedTask in a worker container, Redis broker and backend containers.
+"""pytest-celery's Docker API: LockedTask in two worker containers, Redis broker and backend containers.
 
-``CeleryTestSetup`` brings up a Redis broker, a Redis result backend and a worker container built from this
-repository's Dockerfile (the package installed as a user installs it), with a tasks module of ours injected
-through pytest-celery's code generation. The locks live on the broker's Redis (the fallback when
-``singleton_lock_urls`` is unset). Needs a Docker engine: where none answers, every test here is skipped, saying
-so; this project's CI machines have none, and the in-process fast tier (test_fast_tier.py) and the subprocess
-workers cover the same behaviour there.
+``CeleryTestSetup`` brings up a Redis broker, a Redis result backend and two worker containers built from this
+repository's Dockerfile (the package installed as a user installs it), each consuming its own queue, with a tasks
+module of ours injected through pytest-celery's code generation. The locks live on the broker's Redis (the
+fallback when ``singleton_lock_urls`` is unset). Two tests, each with containers of its own:
+
+* a copy sent to the second worker while the first runs the job is skipped, naming the running job; two
+  different jobs both run;
+* the worker container running an ``acks_late`` job is killed (``docker kill``, SIGKILL to the whole container):
+  the broker redelivers the message after its visibility timeout, the other worker runs it once the dead run's
+  lease has ended, and the job finishes exactly once.
+
+Images: ``tests/dockerenv.py`` (local base images from tools/docker_images.sh, else the registry's). Every
+container, volume and network here carries the label ``csl.run=RUN_ID``, is removed by pytest-docker-tools at
+teardown, and whatever a failure left with that label is removed at the end of the module. Skipped, saying why,
+where no Docker engine answers; under CI=true it must run.
 """
 
 from __future__ import annotations
 
+import re
+import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dockerenv
 import pytest
 from celery import Celery
 from pytest_celery import (
@@ -23,18 +36,24 @@ from pytest_celery import (
     CeleryTestWorker,
     CeleryWorkerCluster,
     CeleryWorkerContainer,
+    RedisContainer,
     RedisTestBackend,
     RedisTestBroker,
     defaults,
 )
-from pytest_docker_tools import build, container, fxtr
+from pytest_docker_tools import build, container, fxtr, network, volume
 
 from celery_singleton_lock.testing import assert_skipped_duplicate
 
-ROOT = Path(__file__).resolve().parent.parent
-WAIT = 60
-SMOKE_TASKS = '''"""LockedTasks for the smoke test's worker container (shared tasks: bound to the container's app)."""
+pytestmark = dockerenv.marks()
 
+ROOT = Path(__file__).resolve().parent.parent
+WAIT = 90
+LABELS = {dockerenv.LABEL: dockerenv.RUN_ID}
+VISIBILITY = 10  # s: the broker redelivers an unacked message this long after it was sent to the killed worker
+SMOKE_TASKS = '''"""LockedTasks for the smoke test's worker containers (shared tasks: bound to each container's app)."""
+
+import socket
 import time
 
 from celery import shared_task
@@ -42,80 +61,157 @@ from celery import shared_task
 from celery_singleton_lock import LockedTask
 
 
-@shared_task(base=LockedTask, bind=True, lock_ttl=30)
+@shared_task(base=LockedTask, bind=True, lock_ttl=8, acks_late=True, reject_on_worker_lost=True)
 def hold(self, n, seconds):
-    print(f"holding {n} as {self.request.id}", flush=True)
+    print(f"holding {n} as {self.request.id} on {socket.gethostname()}", flush=True)
     time.sleep(seconds)
+    print(f"finished {n} as {self.request.id} on {socket.gethostname()}", flush=True)
     return n
 '''
 
 
-def docker_engine() -> str | None:
-    """None when a Docker engine answers a ping; otherwise why not (one line)."""
-    try:
-        import docker  # noqa: PLC0415 - pytest-celery's dependency; only asked here
-
-        client = docker.from_env(timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:  # no socket, no permission, no daemon: all mean "no engine here"
-        return f"{type(exc).__name__}: {str(exc)[:200]}"
-    return None
-
-
-_NO_ENGINE = docker_engine()
-
-pytestmark = [
-    pytest.mark.docker,
-    pytest.mark.skipif(
-        _NO_ENGINE is not None,
-        reason=f"no Docker engine answers ({_NO_ENGINE}); pytest-celery's container API needs one. The in-process "
-        "fast tier (tests/test_fast_tier.py) covers LockedTask through a real worker without Docker",
-    ),
-]
-
-
-class LockedWorkerContainer(CeleryWorkerContainer):
+class FirstWorker(CeleryWorkerContainer):
     """The worker image is this repository's Dockerfile: the package installed with pip."""
 
     @classmethod
     def worker_name(cls) -> str:
-        return "locked_smoke_worker"
+        return "locked_smoke_a"
 
     @classmethod
     def worker_queue(cls) -> str:
-        return "locked_smoke"
+        return "locked_a"
 
 
-locked_worker_image = build(path=str(ROOT), tag="celery-singleton-lock/smoke-worker:latest")
+class SecondWorker(FirstWorker):
+    @classmethod
+    def worker_name(cls) -> str:
+        return "locked_smoke_b"
 
-locked_worker_container = container(
-    image="{locked_worker_image.id}",
-    environment=fxtr("default_worker_env"),
-    network="{default_pytest_celery_network.name}",
-    volumes={"{default_worker_volume.name}": defaults.DEFAULT_WORKER_VOLUME},
-    wrapper_class=LockedWorkerContainer,
-    timeout=defaults.DEFAULT_WORKER_CONTAINER_TIMEOUT,
-    command=LockedWorkerContainer.command(),
+    @classmethod
+    def worker_queue(cls) -> str:
+        return "locked_b"
+
+
+# One image for both workers: the compose file's app image (CSL_APP_IMAGE), so either builds it and the other finds
+# every layer cached. It is kept (an image, not a container): the next run's build is a cache hit too.
+locked_worker_image = build(
+    path=str(ROOT),
+    tag=dockerenv.APP_IMAGE,
+    buildargs={"BASE": dockerenv.PYTHON_IMAGE, "PIP_OFFLINE": dockerenv.PIP_OFFLINE},
+    forcerm=True,  # a failed step leaves no container behind
+    scope="module",
 )
+
+
+class LoopbackRedis(RedisContainer):
+    """pytest-celery's Redis container, reached on the port it publishes on 127.0.0.1.
+
+    pytest-docker-tools takes a machine with ``/.dockerenv`` (this one has it) for "tests inside a container" and
+    then gives the container's own port, 6379, which pytest-celery pairs with ``localhost``: the test app would
+    talk to whatever Redis listens on 127.0.0.1:6379 (the machine's own), not to this container.
+    """
+
+    @property
+    def port(self) -> int:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            self.reload()
+            published = (self.attrs["NetworkSettings"]["Ports"] or {}).get("6379/tcp") or []
+            if published and published[0].get("HostPort"):
+                return int(published[0]["HostPort"])
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} published no port for 6379/tcp within {WAIT} s")
+
+    @property
+    def host_url(self) -> str:
+        return f"{self.prefix()}127.0.0.1:{self.port}/{self.vhost}"
+
+
+# pytest-celery's own network and Redis containers, with our label and their ports on loopback only.
+default_pytest_celery_network = network(labels=LABELS)
+LOOPBACK_PORTS = {"6379/tcp": ("127.0.0.1", None)}
+default_redis_broker = container(
+    image=dockerenv.REDIS_IMAGE,
+    ports=LOOPBACK_PORTS,
+    network="{default_pytest_celery_network.name}",
+    wrapper_class=LoopbackRedis,
+    timeout=60,
+    command=LoopbackRedis.command(),
+    labels=LABELS,
+)
+default_redis_backend = container(
+    image=dockerenv.REDIS_IMAGE,
+    ports=LOOPBACK_PORTS,
+    network="{default_pytest_celery_network.name}",
+    wrapper_class=LoopbackRedis,
+    timeout=60,
+    command=LoopbackRedis.command(),
+    labels=LABELS,
+)
+default_worker_volume = volume(initial_content=fxtr("default_worker_initial_content"), labels=LABELS)
+
+
+def _worker_container(cls: type[CeleryWorkerContainer]) -> Any:
+    return container(
+        image="{locked_worker_image.id}",
+        environment=fxtr("default_worker_env"),
+        network="{default_pytest_celery_network.name}",
+        volumes={"{default_worker_volume.name}": defaults.DEFAULT_WORKER_VOLUME},
+        wrapper_class=cls,
+        timeout=defaults.DEFAULT_WORKER_CONTAINER_TIMEOUT,
+        command=cls.command(),
+        labels=LABELS,
+    )
+
+
+first_container = _worker_container(FirstWorker)
+second_container = _worker_container(SecondWorker)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine_and_cleanup() -> Iterator[None]:
+    """Fail under CI when no engine answers; at the end, remove whatever a failure left with this run's label."""
+    dockerenv.require()
+    try:
+        with dockerenv.sigterm_as_interrupt():
+            yield
+    finally:
+        dockerenv.remove_labelled()
 
 
 @pytest.fixture
 def default_worker_container_cls() -> type[CeleryWorkerContainer]:
-    return LockedWorkerContainer
+    return FirstWorker
 
 
 @pytest.fixture(scope="session")
 def default_worker_container_session_cls() -> type[CeleryWorkerContainer]:
-    return LockedWorkerContainer
+    return FirstWorker
+
+
+@pytest.fixture
+def celery_setup_app(celery_setup_cls: Any, celery_setup_config: dict, celery_setup_name: str) -> Celery:
+    """pytest-celery's app, plus what the kill test needs; the workers' apps are generated from its changes."""
+    app = celery_setup_cls.create_setup_app(
+        celery_setup_config=celery_setup_config, celery_setup_app_name=celery_setup_name
+    )
+    app.conf.update(
+        # kombu looks for unacked messages past the visibility timeout every 10 s but scans only every 10th look
+        # (about 100 s): every 2 s here, so the killed worker's job comes back soon after the timeout.
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY,
+            "unacked_restore_interval": 2,
+            "unacked_restore_throttle": 1,
+        },
+        worker_prefetch_multiplier=1,
+    )
+    return app
 
 
 @pytest.fixture
 def default_worker_tasks(tmp_path: Path) -> set[types.ModuleType]:
     """Our tasks module, as pytest-celery's code generation reads it: a module object with a source file
-    (not imported here: its shared tasks belong in the container's app, not in this process's)."""
+    (not imported here: its shared tasks belong in the containers' apps, not in this process's)."""
     path = tmp_path / "csl_smoke_tasks.py"
     path.write_text(SMOKE_TASKS)
     module = types.ModuleType("csl_smoke_tasks")
@@ -124,15 +220,14 @@ def default_worker_tasks(tmp_path: Path) -> set[types.ModuleType]:
 
 
 @pytest.fixture
-def locked_worker(locked_worker_container: LockedWorkerContainer, celery_setup_app: Celery) -> Any:
-    worker = CeleryTestWorker(locked_worker_container, app=celery_setup_app)
-    yield worker
-    worker.teardown()
-
-
-@pytest.fixture
-def celery_worker_cluster(locked_worker: CeleryTestWorker) -> Any:
-    cluster = CeleryWorkerCluster(locked_worker)
+def celery_worker_cluster(
+    first_container: FirstWorker, second_container: SecondWorker, celery_setup_app: Celery
+) -> Any:
+    workers = [
+        CeleryTestWorker(first_container, app=celery_setup_app),
+        CeleryTestWorker(second_container, app=celery_setup_app),
+    ]
+    cluster = CeleryWorkerCluster(*workers)
     yield cluster
     cluster.teardown()
 
@@ -151,18 +246,58 @@ def celery_backend_cluster(celery_redis_backend: RedisTestBackend) -> Any:
     cluster.teardown()
 
 
-def test_a_copy_sent_while_the_job_runs_in_a_container_is_skipped(celery_setup: CeleryTestSetup) -> None:
-    """The container worker runs the job; a copy sent meanwhile is REVOKED at once, naming the running job."""
-    queue = celery_setup.worker.worker_queue
-    first = celery_setup.app.send_task("csl_smoke_tasks.hold", args=(7, 5), queue=queue)
-    celery_setup.worker.wait_for_log(f"holding 7 as {first.id}", timeout=WAIT)
-    duplicate = celery_setup.app.send_task("csl_smoke_tasks.hold", args=(7, 5), queue=queue)
-    assert assert_skipped_duplicate(duplicate, of=first.id, timeout=WAIT) == first.id
-    assert first.get(timeout=WAIT) == 7
+def _workers(setup: CeleryTestSetup) -> tuple[CeleryTestWorker, CeleryTestWorker]:
+    first, second = setup.worker_cluster
+    return first, second
 
 
-def test_different_jobs_both_run_in_a_container(celery_setup: CeleryTestSetup) -> None:
-    """Two different jobs are not duplicates of each other: both run."""
-    queue = celery_setup.worker.worker_queue
-    results = [celery_setup.app.send_task("csl_smoke_tasks.hold", args=(n, 0), queue=queue) for n in (1, 2)]
-    assert [r.get(timeout=WAIT) for r in results] == [1, 2]
+def _lines(worker: CeleryTestWorker, pattern: str) -> list[str]:
+    return re.findall(pattern, worker.logs())
+
+
+def test_a_copy_sent_to_another_worker_while_the_job_runs_is_skipped(celery_setup: CeleryTestSetup) -> None:
+    """The first container runs the job; a copy sent to the second meanwhile is REVOKED at once, naming the running
+    job; two different jobs both run."""
+    first, second = _workers(celery_setup)
+    app = celery_setup.app
+    # This process talks to the broker container, on its published loopback port (never to 127.0.0.1:6379).
+    assert app.conf.broker_url == celery_setup.broker.container.host_url
+    assert not app.conf.broker_url.endswith(":6379/0")
+    running = app.send_task("csl_smoke_tasks.hold", args=(7, 5), queue=first.worker_queue)
+    first.wait_for_log(f"holding 7 as {running.id}", timeout=WAIT)
+    duplicate = app.send_task("csl_smoke_tasks.hold", args=(7, 5), queue=second.worker_queue)
+    assert assert_skipped_duplicate(duplicate, of=running.id, timeout=WAIT) == running.id
+    assert running.get(timeout=WAIT) == 7
+    assert _lines(second, r"holding 7 as") == []
+    distinct = [
+        app.send_task("csl_smoke_tasks.hold", args=(n, 0), queue=w.worker_queue) for n, w in ((1, first), (2, second))
+    ]
+    assert [r.get(timeout=WAIT) for r in distinct] == [1, 2]
+
+
+def test_a_worker_container_killed_mid_run_its_job_is_redelivered_and_runs_once(celery_setup: CeleryTestSetup) -> None:
+    """``docker kill`` the container running an acks_late job: the job comes back (visibility timeout) and the
+    other worker runs it, once; the killed run never finished."""
+    first, second = _workers(celery_setup)
+    app = celery_setup.app
+    # Both workers consume the first queue from here on: the redelivered message goes to whichever is alive.
+    app.control.add_consumer(first.worker_queue, destination=[second.hostname()], reply=True, timeout=10)
+    job = app.send_task("csl_smoke_tasks.hold", args=(9, 5), queue=first.worker_queue)
+    deadline = time.monotonic() + WAIT
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        for worker in (first, second):
+            if _lines(worker, f"holding 9 as {job.id}"):
+                victim = worker
+                break
+        else:
+            time.sleep(0.2)
+    assert victim is not None, "the job did not start on either worker"
+    survivor = second if victim is first else first
+    victim.kill()  # docker kill (SIGKILL): the whole container, pool and all
+    assert job.get(timeout=3 * WAIT) == 9
+    print(f"killed {victim.hostname()}; survivor's log:\n" + "\n".join(survivor.logs().splitlines()[-6:]))
+    finished = _lines(survivor, rf"finished 9 as {job.id}")
+    assert finished, survivor.logs()[-3000:]
+    assert len(finished) == 1
+    assert _lines(victim, rf"finished 9 as {job.id}") == []  # killed mid-run: the first run never ended

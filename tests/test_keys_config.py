@@ -259,6 +259,17 @@ def test_defaults_from_a_redis_broker_are_logged_redacted(caplog: pytest.LogCapt
     assert "redis://:***@127.0.0.1:1/0" in repr(s)
 
 
+def test_a_broker_given_by_celery_broker_url_holds_the_locks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery takes the broker from ``CELERY_BROKER_URL`` when the app sets none (``app.conf.broker_url`` reads it):
+    the locks fall back to that broker too. (Found running pytest-celery's worker containers, whose broker comes
+    from that variable: the worker refused to start, "the broker None is not Redis".)"""
+    broker = "redis://127.0.0.1:1/3"
+    monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    app = Celery("env_broker", set_as_current=False)
+    app.config_from_object({"worker_prefetch_multiplier": 1})
+    assert settings_for(app).urls == (broker,)
+
+
 def test_urls_as_a_comma_separated_string() -> None:
     """A comma-separated string of URLs is a list of nodes, with a majority quorum."""
     s = settings_from({"singleton_lock_urls": "redis://127.0.0.1:1/0, redis://127.0.0.1:2/0,redis://127.0.0.1:3/0"})
