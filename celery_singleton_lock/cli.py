@@ -1,4 +1,4 @@
-"""``celery -A app locks list|show|release|stats|doctor``: see and force-release an app's locks; check its setup.
+"""``celery -A app locks list|show|release|stats|doctor|web``: see and force-release an app's locks; check its setup.
 
 The logic lives in plain functions taking a :class:`~celery_singleton_lock.config.LockSettings` (scan, merge,
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from .config import LockSettings, settings_for
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
+from .metrics import MetricsReport, minute_key, parse_since, read_metrics, total_key
 from .nodes import NodeError
 from .record import COOLDOWN, ENDING, HANDOVER, RUNNING, done_key_for, fence_key_for
 from .scripts import FORCE_RELEASE as _FORCE_RELEASE
@@ -50,6 +51,7 @@ __all__ = [
     "Report",
     "done_marker_of",
     "format_duration",
+    "format_metrics",
     "format_show",
     "format_stats",
     "format_table",
@@ -296,6 +298,11 @@ def done_marker_of(key: str) -> tuple[str, str] | None:
     return None
 
 
+def _is_metrics_key(prefix: str, key: str) -> bool:
+    """A hash of the workers' counts (see :mod:`celery_singleton_lock.metrics`), not a lock."""
+    return key == total_key(prefix) or key.startswith(minute_key(prefix, 0)[:-1])
+
+
 def _glob_escape(text: str) -> str:
     """``text`` as a literal in a Redis glob pattern."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
@@ -330,7 +337,11 @@ def scan_keys(settings: LockSettings, *, match: str = "*", done: bool = False) -
             for pattern in patterns:
                 for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                     key = _text(raw)
-                    if key in (stats_key, settings.fence_key) or _is_fence_key(key):
+                    if (
+                        key in (stats_key, settings.fence_key)
+                        or _is_metrics_key(settings.prefix, key)
+                        or _is_fence_key(key)
+                    ):
                         continue
                     if done_marker_of(key) is not None and not done:
                         continue
@@ -635,6 +646,23 @@ def format_stats(totals: Mapping[str, int]) -> str:
     return "\n".join(f"{name.ljust(width)}  {n}" for name, n in totals.items())
 
 
+def format_metrics(found: MetricsReport, since: str | None = None) -> str:
+    """One task a row, one outcome a column (only outcomes that happened), then the total; the mean wait."""
+    period = f"in the last {since}" if since else "since the counts began"
+    if not found.tasks:
+        return f"no lock outcomes counted {period}"
+    total = found.total
+    columns = list(total)
+    rows = [("TASK", *(c.upper() for c in columns), "MEAN WAIT")]
+    for task, counts in found.tasks.items():
+        ms, n = found.waits.get(task, (0, 0))
+        rows.append(
+            (task or "-", *(str(counts.get(c, 0)) for c in columns), format_duration(ms / 1000 / n) if n else "-")
+        )
+    rows.append(("(total)", *(str(total[c]) for c in columns), ""))
+    return f"lock outcomes {period}\n" + _columns(rows)
+
+
 # --- the click layer -----------------------------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -758,11 +786,24 @@ def release_command(ctx: click.Context, key: str, *, yes: bool) -> None:
 
 @locks.command(name="stats", cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
+@click.option("--since", "since", default=None, help="Only the last period: 30s, 10m, 2h, 1d (at most 24h).")
 @click.pass_context
-def stats_command(ctx: click.Context, *, as_json: bool) -> None:
-    """The workers' lock counters, summed over the nodes (flushed every few seconds)."""
-    report = read_stats(_settings(ctx))
-    ctx.obj.echo(json.dumps(report.value, indent=2) if as_json else format_stats(report.value))
+def stats_command(ctx: click.Context, *, as_json: bool, since: str | None) -> None:
+    """The workers' lock outcomes per task, summed over the nodes (flushed every few seconds).
+
+    Without --since: since the counts began; with it: the last period, in whole minutes.
+    """
+    settings = _settings(ctx)
+    try:
+        period = None if since is None else parse_since(since)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    found = read_metrics(settings.nodes, settings.prefix, period)
+    report = Report(found, found.errors, len(settings.nodes), settings.nodes.quorum)
+    if as_json:
+        ctx.obj.echo(json.dumps(found.to_json(), indent=2))
+    else:
+        ctx.obj.echo(format_metrics(found, since))
     _finish(ctx, report)
 
 
