@@ -202,7 +202,7 @@ def read_minutes(
     span = list(range(last - minutes + 1, last + 1))
     series: dict[str, list[dict[str, int]]] = {}
     errors: list[NodeError] = []
-    per_node = [[{} for _ in span] for _ in nodes.clients]
+    per_node: list[list[Mapping[Any, Any]]] = [[{} for _ in span] for _ in nodes.clients]
     for i, client in enumerate(nodes.clients):
         try:
             pipe = client.pipeline(transaction=False)
