@@ -471,7 +471,8 @@ def render(
 
 SECURITY_HEADERS = [
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    # Not "no-referrer": with it a browser sends "Origin: null" on the page's own form posts (refused as cross-site).
+    ("Referrer-Policy", "same-origin"),
     ("X-Frame-Options", "DENY"),
     ("Cache-Control", "no-store"),
 ]

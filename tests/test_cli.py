@@ -27,7 +27,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import Redlock, decision
+from celery_singleton_lock import Redlock, decision, metrics
 from celery_singleton_lock.cli import (
     _TASK_STATES,
     STATES,
@@ -38,7 +38,6 @@ from celery_singleton_lock.cli import (
     release_lock,
     show_lock,
 )
-from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.redlock import done_key_for, fence_key_for
 from celery_singleton_lock.testing import RedisServer, free_port
