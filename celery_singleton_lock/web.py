@@ -447,6 +447,8 @@ def render(
     if findings is None:
         parts.append('<p class="muted">not run</p>')
     else:
+        fine = sum(f.level == "ok" for f in findings)
+        parts.append(f'<p class="ok">{fine} check(s) ok{"; the others:" if fine < len(findings) else ""}</p>')
         rows = [
             [
                 f'<span class="{ {"error": "err", "warning": "warn"}.get(f.level, "ok") }">{e(f.level)}</span>',
@@ -455,8 +457,10 @@ def render(
                 e(f.message) + (f"<br><span class='muted'>fix: {e(f.fix)}</span>" if f.fix else ""),
             ]
             for f in findings
+            if f.level != "ok"
         ]
-        parts.append(_table(["level", "subject", "check", "finding"], rows, "doctor"))
+        if rows:
+            parts.append(_table(["level", "subject", "check", "finding"], rows, "doctor"))
     if refresh:
         # Reload unless the operator is typing a secret (a reload would lose it).
         parts.append(
