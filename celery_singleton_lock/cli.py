@@ -80,6 +80,7 @@ __all__ = [
 logger = logging.getLogger("celery_singleton_lock.cli")
 
 #: The environment variable holding the web page's release secret.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 SECRET_ENV = "SINGLETON_LOCK_WEB_SECRET"  # noqa: S105 - a variable name, not a secret
 
 # --- formatting ----------------------------------------------------------------------------------------------------
@@ -353,7 +354,10 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
     settings = _settings(ctx)
     secret = os.environ.get(SECRET_ENV) or None
     try:
-        app = make_app(ctx.obj.app, secret=secret, refresh=refresh)
+        # A loopback address answers loopback host names only: no DNS rebinding of a web site onto the page.
+        local = host in LOOPBACK_HOSTS or host.startswith("127.")
+        allowed = (*LOOPBACK_HOSTS, host) if local else None
+        app = make_app(ctx.obj.app, secret=secret, refresh=refresh, allowed_hosts=allowed)
     except ConfigurationError as exc:
         raise click.ClickException(f"{exc} (set in {SECRET_ENV})") from None
     server = serve(app, host, port)

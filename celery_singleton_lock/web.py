@@ -535,10 +535,14 @@ def make_app(
     refresh: float = 5.0,
     doctor: bool = True,
     doctor_every: float = 60.0,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> WSGIApp:
     """The page as a WSGI app: ``GET /`` the page (``?page=N``), ``GET /metrics`` the Prometheus text, ``POST
     /release`` (only with ``secret``, at least :data:`MIN_SECRET` characters). ``app`` is the Celery app;
-    ``doctor``: show ``celery locks doctor``'s findings, run at most every ``doctor_every`` s."""
+    ``doctor``: show ``celery locks doctor``'s findings, run at most every ``doctor_every`` s. ``allowed_hosts``:
+    the host names (without port) a request's ``Host`` may name, others get 403 (``locks web`` on a loopback
+    address passes the loopback names: a site re-resolving its name to 127.0.0.1, DNS rebinding, cannot read the
+    page); None (mounted in a host app): any, the host app checks."""
     if secret is not None and len(secret) < MIN_SECRET:
         raise ConfigurationError(f"locks web: the release secret must be at least {MIN_SECRET} characters long")
     settings = _settings_of(app)
@@ -605,9 +609,12 @@ def make_app(
         if not hmac.compare_digest(given.encode("utf-8"), secret.encode("utf-8")):
             return refuse("403 Forbidden", "wrong or missing secret")
         key, owner = form.get("key", [""])[0], form.get("owner", [""])[0]
+        current = settings()
         if not key or not owner:
             return refuse("400 Bad Request", "name the key and the owner shown")
-        current = settings()
+        if not key.startswith(current.prefix):
+            # The page shows only this prefix's keys: it releases nothing else (another app's lock on shared nodes).
+            return refuse("400 Bad Request", "not a key under this app's prefix")
         seen = show_lock(current, key)
         info, states = seen.value
         if info is None or info.owner is None or not hmac.compare_digest(_owner_digest(info.owner), owner):
@@ -627,8 +634,13 @@ def make_app(
         )
         return page(environ, start, f"released {key} on {done} of {len(report.value)} node(s)")
 
+    hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
+
     def wsgi(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/") or "/"
+        if hosts is not None and _host_name(environ.get("HTTP_HOST", "")) not in hosts:
+            logger.warning("locks web: refused a request for host %r", environ.get("HTTP_HOST", "")[:100])
+            return _respond(start, "403 Forbidden", "unknown host\n", "text/plain; charset=utf-8")
         if path in ("/", ""):
             return page(environ, start)
         if path == "/metrics":
@@ -645,6 +657,14 @@ def make_app(
         return _respond(start, "404 Not Found", "not found\n", "text/plain; charset=utf-8")
 
     return wsgi
+
+
+def _host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8089`` -> ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if ":" in host else host
 
 
 def _public(data: dict[str, Any]) -> dict[str, Any]:

@@ -391,3 +391,84 @@ def test_the_cli_serves_the_page_and_names_the_missing_secret_length(site: Site,
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+# -- attack pass: regressions ---------------------------------------------------------------------------------------
+
+
+def test_attack_dns_rebinding_a_foreign_host_name_is_refused_by_the_local_server(site: Site) -> None:
+    """FOUND in the attack pass: bound to 127.0.0.1, the page answered any Host header, so a web site whose name
+    re-resolves to 127.0.0.1 (DNS rebinding) could read it from the operator's browser, and its release form would
+    pass the same-origin check (Origin and Host both name that site). `locks web` on a loopback address answers only
+    loopback host names (403 otherwise); a mounted app leaves Host to its host framework."""
+    c = site.c
+    app = c.app_module().app
+    with served(make_app(app, refresh=0, doctor=False, allowed_hosts=("127.0.0.1", "localhost", "[::1]"))) as url:
+        local = Site(c, url)
+        status, _ = local.get("/")
+        assert status == 200
+        port = url.rsplit(":", 1)[1]
+        for host in (f"rebind.example:{port}", "rebind.example", f"127.0.0.1.rebind.example:{port}"):
+            request = urllib.request.Request(url + "/", headers={"Host": host})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 403, host
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            request = urllib.request.Request(url + "/metrics", headers={"Host": host})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200
+
+
+def test_attack_release_is_limited_to_keys_under_the_prefix(site: Site) -> None:
+    """FOUND in the attack pass: with the secret, the release form released any holder record on the lock nodes,
+    e.g. another app's lock under another prefix (the page shows only this prefix's keys). Refused now (400), and
+    the other lock stays."""
+    c = site.c
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+
+    other = Redlock(c.lock_urls, "another-app:job-1", ttl=30.0)
+    assert other.acquire()
+    try:
+        seen = [c.lock_client(s).hget("another-app:job-1", "owner") for s in c.locks]
+        owner = seen[0].decode() if seen[0] else ""
+        from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+
+        status, _ = site.post("/release", {"key": "another-app:job-1", "owner": _owner_digest(owner), "secret": SECRET})
+        assert status == 400
+        assert other.owned()
+    finally:
+        other.release()
+
+
+def test_attack_html_in_keys_and_record_fields_is_escaped(site: Site) -> None:
+    """Keys made from user data (a lock_key() returning an argument verbatim) and record fields (worker, task name)
+    holding HTML are shown as text on the page: nothing of them is parsed as markup."""
+    c = site.c
+    prefix = c.app_module().app.conf.singleton_lock_prefix
+    key = f'{prefix}<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    for server in c.locks:
+        client = c.lock_client(server)
+        client.hset(
+            key,
+            mapping={"owner": "o-1", "fence": 1, "state": "running", "name": "<b>t</b>", "job": "j", "worker": "<i>w"},
+        )
+        client.pexpire(key, 20_000)
+    try:
+        status, body = site.get("/")
+        assert status == 200
+        assert "<script>alert" not in body and "<img src=x" not in body and "<b>t</b>" not in body
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in body
+        assert "&lt;i&gt;w" in body
+    finally:
+        for server in c.locks:
+            c.lock_client(server).delete(key)
+
+
+def test_attack_the_page_cannot_be_framed_and_runs_no_foreign_script(site: Site) -> None:
+    """Clickjacking and injected scripts: the page is sent with X-Frame-Options DENY and a CSP allowing no frame
+    ancestors and only the page's own (nonce) script."""
+    with urllib.request.urlopen(site.url + "/", timeout=30) as response:
+        headers = response.headers
+    assert headers["X-Frame-Options"] == "DENY"
+    csp = headers["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'nonce-" in csp and "default-src 'none'" in csp
