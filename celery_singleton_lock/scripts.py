@@ -14,6 +14,8 @@ __all__ = [
     "ACQUIRE",
     "ACQUIRED",
     "ACQUIRE_SCRIPT",
+    "BRIEF",
+    "BRIEF_SCRIPT",
     "DONE",
     "EXTEND",
     "EXTENDED",
@@ -83,6 +85,7 @@ POP_WAITER_CODE = _code(POP_WAITER_SCRIPT)
 PARK_REPLACING_CODE = _code(PARK_REPLACING_SCRIPT)
 # The CLI (list, release).
 READ_SCRIPT = _load("read")
+BRIEF_SCRIPT = _load("brief")  # the locks page (celery_singleton_lock.web)
 FORCE_RELEASE_SCRIPT = _load("force_release")
 
 #: EXTEND_SCRIPT's answer per lease.
@@ -120,6 +123,7 @@ REFILL = Script(REFILL_SCRIPT)
 POP_WAITER = Script(POP_WAITER_SCRIPT)
 PARK_REPLACING = Script(PARK_REPLACING_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
+BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
 
 #: Every script by its file's name (``lua/<name>.lua``).
@@ -136,5 +140,6 @@ SCRIPTS: dict[str, Script] = {
     "pop_waiter": POP_WAITER,
     "park_replacing": PARK_REPLACING,
     "read": READ,
+    "brief": BRIEF,
     "force_release": FORCE_RELEASE,
 }
