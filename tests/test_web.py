@@ -477,3 +477,19 @@ def test_attack_the_page_cannot_be_framed_and_runs_no_foreign_script(site: Site)
     assert headers["X-Frame-Options"] == "DENY"
     csp = headers["Content-Security-Policy"]
     assert "frame-ancestors 'none'" in csp and "script-src 'nonce-" in csp and "default-src 'none'" in csp
+
+
+def test_attack_a_task_name_with_quotes_and_newlines_stays_one_label(site: Site) -> None:
+    """A task name holding a quote, a backslash and a newline (user-chosen names) is escaped in the exposition:
+    prometheus_client's parser reads it back as the same label, and no extra sample appears."""
+    c = site.c
+    settings = settings_for(c.app_module().app)
+    name = 'odd"task\\name\nfake_metric{x="1"} 9'
+    pipe = settings.nodes.clients[0].pipeline(transaction=False)
+    metrics.write(pipe, settings.prefix, {(name, "acquired"): 2})
+    pipe.execute()
+    _, text = site.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "fake_metric" not in families
+    samples = [s for s in families["celery_lock_events"].samples if s.labels["task"] == name]
+    assert [(s.labels["outcome"], s.value) for s in samples if s.name.endswith("_total")] == [("acquired", 2.0)]
