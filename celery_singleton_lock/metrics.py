@@ -11,7 +11,7 @@ Keys, all under the app's prefix (``P``):
 =============================== ======= ==============================================================================
 key                             type    holds
 =============================== ======= ==============================================================================
-``P stats``                     hash    outcome -> count, all tasks, since ever (``celery locks stats`` before 0.x)
+``P stats``                     hash    outcome -> count, all tasks, since ever (what ``locks stats`` read before)
 ``P stats:total``               hash    ``task \\x1f outcome`` -> count since ever (Prometheus counters)
 ``P stats:m:<minute>``          hash    the same, for one minute (``<minute>`` = Unix time // 60), kept ``KEEP`` s
 =============================== ======= ==============================================================================
