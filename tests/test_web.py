@@ -493,3 +493,28 @@ def test_attack_a_task_name_with_quotes_and_newlines_stays_one_label(site: Site)
     assert "fake_metric" not in families
     samples = [s for s in families["celery_lock_events"].samples if s.labels["task"] == name]
     assert [(s.labels["outcome"], s.value) for s in samples if s.name.endswith("_total")] == [("acquired", 2.0)]
+
+
+def test_attack_secrets_in_the_broker_backend_and_node_urls_never_show(tmp_path: Path) -> None:
+    """Passwords in the broker, result backend and lock node URLs (user info and a ?password= query), with every
+    node down so their errors and the doctor's findings are on the page: none of them appears on the page or in
+    /metrics."""
+    import io  # noqa: PLC0415
+
+    port = free_port()  # nothing listens there
+    app = Celery(
+        "web-secrets",
+        broker=f"redis://:brokersecret@127.0.0.1:{port}/0",
+        backend=f"redis://:backendsecret@127.0.0.1:{port}/1",
+        set_as_current=False,
+    )
+    app.conf.singleton_lock_urls = [f"redis://user:locksecret@127.0.0.1:{port}/0?password=querysecret"]
+    wsgi = make_app(app, refresh=0)
+    for path in ("/", "/metrics", "/locks.json"):
+        statuses: list[str] = []
+        environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO(), "QUERY_STRING": ""}
+        body = b"".join(wsgi(environ, lambda status, _headers, out=statuses: out.append(status))).decode()
+        assert statuses == ["200 OK"], path
+        for secret in ("brokersecret", "backendsecret", "locksecret", "querysecret"):
+            assert secret not in body, (path, secret)
+    assert "did not answer" in b"".join(wsgi({**environ, "PATH_INFO": "/"}, lambda *_: None)).decode()
