@@ -518,3 +518,14 @@ def test_attack_secrets_in_the_broker_backend_and_node_urls_never_show(tmp_path:
         for secret in ("brokersecret", "backendsecret", "locksecret", "querysecret"):
             assert secret not in body, (path, secret)
     assert "did not answer" in b"".join(wsgi({**environ, "PATH_INFO": "/"}, lambda *_: None)).decode()
+
+
+@needs_chromium
+def test_the_page_refreshes_itself(site: Site, browser: Browser) -> None:
+    """With refresh=1 the page reloads itself (its own nonce script, allowed by the CSP): a new document within a
+    few seconds, without any action in the browser."""
+    with served(make_app(site.c.app_module().app, refresh=1, doctor=False)) as url:
+        browser.open(url + "/")
+        browser.evaluate("window.__first = true")
+        reloaded = browser.wait_for("document.readyState === 'complete' && window.__first === undefined", 15)
+        assert reloaded
