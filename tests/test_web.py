@@ -234,6 +234,11 @@ def test_the_page_shows_the_holder_and_the_line_and_a_release_needs_the_secret(s
     assert holder_of(c, mod.work_later, k) == holder.id
     said = submit(SECRET)
     assert f"released {lock_key} on 3 of 3 node(s)" in said
+    # The running holder's next renewal may find its key gone and repair it for a moment before it counts the lock
+    # as lost and takes its record back off (see docs/cli.md, locks release): poll, bounded.
+    for _ in polling(15, 0.2):
+        if holder_of(c, mod.work_later, k) != holder.id:
+            break
     assert holder_of(c, mod.work_later, k) != holder.id
 
 
@@ -293,7 +298,10 @@ def test_release_without_the_secret_a_wrong_one_or_from_another_site_is_refused(
     assert status == 405
     status, body = site.post("/release", {"key": key, "owner": owner}, {"X-Lock-Secret": SECRET})
     assert status == 200 and "released" in body
-    assert holder_of(c, mod.work, k) is None
+    for _ in polling(15, 0.2):  # a renewal may repair the key for a moment (see above)
+        if holder_of(c, mod.work, k) != holder:
+            break
+    assert holder_of(c, mod.work, k) != holder
 
 
 def test_a_page_without_a_secret_is_read_only(site: Site) -> None:
