@@ -46,6 +46,7 @@ from ._run import (
     WOKEN_HEADER,
     Options,
     Run,
+    since,
     try_of,
 )
 from .config import UnavailablePolicy
@@ -274,8 +275,14 @@ def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: A
         line.unpark(task, run.key, task_id, options)
     run.lock = lock
     target = Target() if options.on_lost == "interrupt" else None
-    run.lease = watchdog().register(lock, options.interval, functools.partial(task._on_lost, task_id, target))
+    settings = options.settings
+    run.lease = watchdog().register(
+        lock, options.interval, functools.partial(task._on_lost, task_id, target), (settings.prefix, task.name)
+    )
     task._count("acquired", options)
+    if getattr(request, SINCE_HEADER, None) is not None:
+        # A re-sent copy (deferred, or woken from a line): it waited since its call first reached a worker.
+        watchdog().count_wait(settings.nodes, settings.prefix, task.name, time.time() - since(request) / 1000.0)
     signals.lock_acquired.send(sender=task, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
     if target is not None:  # last: the body runs next, in this thread or greenlet
         task._arm(run, target)

@@ -122,8 +122,10 @@ def superseded(task: LockedTask, run: Run, task_id: str, answer: list[str]) -> N
         # A newer call waits in line: that one wins. This call's job is marked superseded (its other copy stops
         # on it), and stops here.
         run.superseded_by = answer[1]
+        task._count("replaced")
         return
     for replaced in answer:
+        task._count("replaced")
         reason = f"superseded by task {task_id}: a newer {task.name} of lock {run.key} waits in its place"
         signals.duplicate_skipped.send(
             sender=task, key=run.key, task_id=replaced, holder_task_id=task_id, policy="replace"

@@ -46,6 +46,7 @@ def defer(
         # Native delayed delivery (quorum queues) takes whole seconds, and kombu refuses a countdown below 1 s.
         countdown = float(max(1, math.ceil(countdown)))
     copy(task, headers, countdown=countdown).apply_async()
+    task._count("deferred")
     signals.lock_waiting.send(sender=task, key=run.key, task_id=request.id, countdown=countdown, reason=reason)
     said = f"re-sent to run in {countdown:.1f}s ({reason})" + (f": {detail}" if detail else "")
     logger.debug("Task %s[%s] %s: lock %s", task.name, request.id, said, run.key)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
+from . import metrics
 from .redlock import NodeSet, Redlock
 
 __all__ = ["Lease", "Watchdog", "flush_stats", "watchdog"]
@@ -57,6 +58,7 @@ class Lease:
     reason: str = ""
     next_renewal: float = field(default=0.0)
     failing_since: float | None = None  # first renewal in a row that got no quorum
+    label: tuple[str, str] | None = None  # (prefix, task name): where a failed renewal is counted
 
     def held(self) -> bool:
         """True while not lost and valid by our clock; no I/O."""
@@ -73,16 +75,23 @@ class Watchdog:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        self._stats: dict[tuple[NodeSet, str], Counter[str]] = {}
+        self._stats: dict[tuple[NodeSet, str], Counter[tuple[str, str]]] = {}
         self._next_flush = 0.0
         self._sleeping_until = 0.0  # when the thread next wakes up by itself
 
     def __len__(self) -> int:
         return len(self._leases)
 
-    def register(self, lock: Redlock, interval: float, on_lost: Callable[[Lease, str], None] | None = None) -> Lease:
-        """Renew ``lock`` every ``interval`` seconds until :meth:`unregister` (or until it is lost)."""
-        lease = Lease(lock, interval, on_lost, next_renewal=self._clock() + interval)
+    def register(
+        self,
+        lock: Redlock,
+        interval: float,
+        on_lost: Callable[[Lease, str], None] | None = None,
+        label: tuple[str, str] | None = None,
+    ) -> Lease:
+        """Renew ``lock`` every ``interval`` seconds until :meth:`unregister` (or until it is lost); ``label``
+        (prefix, task name) counts its failed renewals."""
+        lease = Lease(lock, interval, on_lost, next_renewal=self._clock() + interval, label=label)
         with self._mutex:
             self._leases.add(lease)
             self._ensure_thread()
@@ -102,14 +111,26 @@ class Watchdog:
         with self._mutex:
             self._leases.discard(lease)
 
-    def count(self, nodes: NodeSet, prefix: str, event: str) -> None:
-        """Add one to a per-process counter; the watchdog adds them up in Redis (``{prefix}stats``) every 5 s."""
+    def count(self, nodes: NodeSet, prefix: str, event: str, task: str = "", n: int = 1) -> None:
+        """Add ``n`` to a per-process counter of (``task``, ``event``), an outcome of :data:`metrics.OUTCOMES`; the
+        watchdog adds them up in Redis every 5 s (see :mod:`celery_singleton_lock.metrics`): no I/O here."""
         with self._mutex:
             counter = self._stats.get((nodes, prefix))
             if counter is None:
                 counter = self._stats[(nodes, prefix)] = Counter()
                 self._ensure_thread()
-            counter[event] += 1
+            counter[(task, event)] += n
+
+    def count_wait(self, nodes: NodeSet, prefix: str, task: str, seconds: float) -> None:
+        """Count a run that took its lock after waiting ``seconds`` (``waited``, and the time waited)."""
+        with self._mutex:
+            counter = self._stats.get((nodes, prefix))
+            if counter is None:
+                counter = self._stats[(nodes, prefix)] = Counter()
+                self._ensure_thread()
+            counter[(task, "waited")] += 1
+            counter[(task, metrics.WAITS)] += 1
+            counter[(task, metrics.WAIT_MS)] += max(0, int(seconds * 1000))
 
     def _loop(self) -> None:
         while True:
@@ -168,6 +189,8 @@ class Watchdog:
                         # then it is lost, still well before the lease itself could end.
                         if lease.failing_since is None:
                             lease.failing_since = now
+                        if lease.label is not None:
+                            self.count(lease.lock.nodes, lease.label[0], "renew-failed", lease.label[1])
                         validity = lease.lock.validity
                         if now - lease.failing_since < lease.interval and validity > lease.interval / 2:
                             lease.next_renewal = now + min(lease.interval / 4, validity / 4)
@@ -189,7 +212,8 @@ class Watchdog:
                 logger.exception("lock-lost callback for %s raised", lease.lock.name)
 
     def flush_stats(self) -> None:
-        """Add the counters to ``{prefix}stats`` on the first node that answers; keep them if none does."""
+        """Add the counters up in Redis on the first node that answers (:func:`metrics.write`, one pipeline); keep
+        them if none does."""
         with self._mutex:
             pending = {k: c for k, c in self._stats.items() if c}
             self._stats = {k: Counter() for k in self._stats}
@@ -197,8 +221,7 @@ class Watchdog:
             for client in nodes.clients:
                 try:
                     pipe = client.pipeline(transaction=False)
-                    for event, n in counter.items():
-                        pipe.hincrby(f"{prefix}stats", event, n)
+                    metrics.write(pipe, prefix, counter)
                     pipe.execute()
                     break
                 except (RedisError, OSError):

@@ -14,6 +14,8 @@ __all__ = [
     "ACQUIRE",
     "ACQUIRED",
     "ACQUIRE_SCRIPT",
+    "BRIEF",
+    "BRIEF_SCRIPT",
     "DEBOUNCE_CLAIM",
     "DEBOUNCE_CLAIM_SCRIPT",
     "DEBOUNCE_JOIN",
@@ -95,6 +97,7 @@ DEBOUNCE_JOIN_SCRIPT = _load("debounce_join")
 DEBOUNCE_CLAIM_SCRIPT = _load("debounce_claim")
 # The CLI (list, release).
 READ_SCRIPT = _load("read")
+BRIEF_SCRIPT = _load("brief")  # the locks page (celery_singleton_lock.web)
 FORCE_RELEASE_SCRIPT = _load("force_release")
 
 #: EXTEND_SCRIPT's answer per lease.
@@ -135,6 +138,7 @@ PARK_CAPPED = Script(PARK_CAPPED_SCRIPT)
 DEBOUNCE_JOIN = Script(DEBOUNCE_JOIN_SCRIPT)
 DEBOUNCE_CLAIM = Script(DEBOUNCE_CLAIM_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
+BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
 
 #: Every script by its file's name (``lua/<name>.lua``).
@@ -154,5 +158,6 @@ SCRIPTS: dict[str, Script] = {
     "debounce_join": DEBOUNCE_JOIN,
     "debounce_claim": DEBOUNCE_CLAIM,
     "read": READ,
+    "brief": BRIEF,
     "force_release": FORCE_RELEASE,
 }

@@ -428,8 +428,10 @@ class LockedTask(Task):  # type: ignore[misc]
             run.interrupt = None
 
     def _count(self, event: str, options: Options | None = None) -> None:
+        """Count one ``event`` (an outcome of :data:`celery_singleton_lock.metrics.OUTCOMES`) for this task: in
+        memory, written to Redis by the watchdog (no I/O here)."""
         settings = (options or self._options()).settings
-        watchdog().count(settings.nodes, settings.prefix, event)
+        watchdog().count(settings.nodes, settings.prefix, event, self.name)
 
 
 outside_body(LockedTask.__call__)  # lock_on_lost="interrupt": a signal handled in __call__'s own code is not the body's

@@ -27,7 +27,7 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_singleton_lock import Redlock, decision
+from celery_singleton_lock import Redlock, decision, metrics
 from celery_singleton_lock.cli import (
     _TASK_STATES,
     STATES,
@@ -418,9 +418,25 @@ def test_stats_sum_the_hash_over_the_nodes(trio_urls: list[str], prefix: str) ->
     second.hset(f"{prefix}stats", mapping={"acquired": 1, "lost": 1})
 
     assert read_stats(settings).value == {"acquired": 6, "skipped": 2, "lost": 1, "released": 0, "unavailable": 0}
+    # Per task: what the workers' watchdogs write (metrics.write), to whichever node answered first.
+    for client, counts in (
+        (first, {("a.b", "acquired"): 5, ("a.b", "skipped"): 2}),
+        (second, {("a.b", "acquired"): 1, ("c", "lost"): 1}),
+    ):
+        pipe = client.pipeline(transaction=False)
+        metrics.write(pipe, prefix, counts)
+        pipe.execute()
     result = run(make_app(trio_urls, prefix), "stats", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["acquired"] == 6
+    assert json.loads(result.stdout) == {
+        "tasks": {"a.b": {"acquired": 6, "skipped": 2}, "c": {"lost": 1}},
+        "total": {"acquired": 6, "skipped": 2, "lost": 1},
+    }
+    result = run(make_app(trio_urls, prefix), "stats", "--since", "10m")
+    assert result.exit_code == 0, result.output
+    assert "a.b" in result.stdout and "ACQUIRED" in result.stdout
+    result = run(make_app(trio_urls, prefix), "stats", "--since", "soon")
+    assert result.exit_code != 0 and "not a period" in result.output
 
 
 def test_list_locks_reads_many_keys_in_batches(trio_urls: list[str], prefix: str) -> None:

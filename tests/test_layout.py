@@ -151,3 +151,19 @@ def test_the_lock_core_imports_nothing_of_celery_nor_the_celery_side(name: str) 
 def test_every_core_module_exists() -> None:
     """The lock core's list names modules that exist (a rename must update it, or the check above checks nothing)."""
     assert CORE <= MODULES, sorted(CORE - MODULES)
+
+
+#: What operators run (the page, its metrics reader, the node inventory): never the task side's internals.
+OPS = ("web", "metrics", "inventory")
+TASK_SIDE = frozenset(
+    {"task", "_delivery", "_enqueue", "_line", "_handover", "_resend", "_run", "_monitoring", "_preskip", "policies"}
+    | {"renewal", "signals", "interrupt"}
+)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_ops_modules_import_nothing_of_the_task_side(name: str) -> None:
+    """The page, /metrics and the metrics reader read the nodes through the core, config and record (and the
+    doctor), never through LockedTask's rooms: they run in a web process with no worker in it."""
+    ours, _ = _imports(_walk(_source(name)))
+    assert not ours & TASK_SIDE, f"{name} imports {sorted(ours & TASK_SIDE)}"

@@ -171,6 +171,10 @@ def test_child_recycling_after_every_task(c: Cluster) -> None:
         if stats.hgetall("recycle:stats") == expected:
             break
     assert stats.hgetall("recycle:stats") == expected
+    # The per-task counts go in the same flush (each child flushes at its exit): what `locks stats` shows per task.
+    per_task = {k.decode().partition("\x1f")[2].encode(): v for k, v in stats.hgetall("recycle:stats:total").items()}
+    assert {k: v for k, v in per_task.items() if not k.startswith(b"@")} == expected
+    assert all(k.decode().startswith(mod.work.name + "\x1f") for k in stats.hgetall("recycle:stats:total"))
 
 
 def test_gevent_pool_burst_and_renewal(c: Cluster) -> None:

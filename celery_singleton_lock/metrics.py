@@ -1,0 +1,218 @@
+"""Per-task lock metrics kept in Redis: the outcome vocabulary, how a process's counts are written, how they are read.
+
+Counts are made in the process that decides (a pool child, a threads worker, the worker's main process for a skip
+before the pool), added up there in memory (``Watchdog.count``, one dict update: no I/O on the hot path) and written
+by that process's watchdog every few seconds, and when a pool child exits, in one pipeline to the first lock node
+that answers. They are read back summed over every node, so prefork children, several workers and several hosts
+add up without any per-process files.
+
+Keys, all under the app's prefix (``P``):
+
+=============================== ======= ==============================================================================
+key                             type    holds
+=============================== ======= ==============================================================================
+``P stats``                     hash    outcome -> count, all tasks, since ever (what ``locks stats`` read before)
+``P stats:total``               hash    ``task \\x1f outcome`` -> count since ever (Prometheus counters)
+``P stats:m:<minute>``          hash    the same, for one minute (``<minute>`` = Unix time // 60), kept ``KEEP`` s
+=============================== ======= ==============================================================================
+
+A minute's hash has at most one field per (task, outcome): its size is bounded by the app's task names, and at
+most ``KEEP / 60`` of them exist at a time. Time spent waiting in a line is two more fields per task
+(``@wait_ms``, ``@waits``): the sum of the waits in ms and their number.
+
+Other rooms count into :data:`OUTCOMES` by name (``LockedTask._count("rate-limited")``): a new outcome is added
+here, once, with what it means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis.exceptions import RedisError
+
+from .nodes import NodeError, NodeSet
+
+__all__ = [
+    "KEEP",
+    "OUTCOMES",
+    "WAITS",
+    "WAIT_MS",
+    "MetricsReport",
+    "minute_key",
+    "parse_since",
+    "read_metrics",
+    "read_minutes",
+    "total_key",
+    "write",
+]
+
+#: Every outcome counted, with what it means (the order is the display order).
+OUTCOMES: dict[str, str] = {
+    "acquired": "a run took its lock",
+    "skipped": "a duplicate did not run: another job holds the lock (the policy decides what else happens)",
+    "deferred": "a delivery was re-sent to run later (reschedule, an outage back-off, a split vote)",
+    "waited": "a run took its lock after waiting (re-sent or in a line); its wait is in the wait time",
+    "replaced": "a waiting job was superseded by a newer call (lock_on_duplicate='replace')",
+    "rate-limited": "a run was held back by a rate limit",
+    "lost": "a lock was lost while its task ran",
+    "renew-failed": "a renewal got no quorum (retried; 'lost' follows if it never succeeds)",
+    "unavailable": "no quorum of lock nodes answered an acquire",
+    "released": "a run gave its lock up",
+}
+#: Field suffixes for the time waited in a line: the sum in ms, and how many waits.
+WAIT_MS, WAITS = "@wait_ms", "@waits"
+#: How long a minute's counts are kept (24 h and two minutes: a full day is always readable).
+KEEP = 24 * 3600 + 120
+#: Separates the task name from the outcome in a field (a task name may hold any other character).
+SEP = "\x1f"
+
+
+def total_key(prefix: str) -> str:
+    """The hash of counts since ever."""
+    return f"{prefix}stats:total"
+
+
+def minute_key(prefix: str, minute: int) -> str:
+    """The hash of one minute's counts (``minute`` = Unix time // 60)."""
+    return f"{prefix}stats:m:{minute}"
+
+
+def write(pipe: Any, prefix: str, counts: Mapping[tuple[str, str], int], now: float | None = None) -> None:
+    """Queue the commands adding ``counts`` ((task, outcome) -> n) on ``pipe``: the legacy totals hash, the totals
+    by task and the current minute's hash (and its expiry)."""
+    minute = int((time.time() if now is None else now) // 60)
+    bucket = minute_key(prefix, minute)
+    for (task, outcome), n in counts.items():
+        if not n:
+            continue
+        if not outcome.startswith("@"):
+            pipe.hincrby(f"{prefix}stats", outcome, n)
+        pipe.hincrby(total_key(prefix), f"{task}{SEP}{outcome}", n)
+        pipe.hincrby(bucket, f"{task}{SEP}{outcome}", n)
+    pipe.expire(bucket, KEEP)
+
+
+def parse_since(text: str) -> float:
+    """Seconds from ``30s``, ``10m``, ``2h``, ``1d`` (or a plain number of seconds); at most :data:`KEEP`.
+
+    >>> parse_since("10m"), parse_since("2h"), parse_since("45")
+    (600.0, 7200.0, 45.0)
+    """
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    scale = units.get(text[-1:])
+    number = text[:-1] if scale is not None else text
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"not a period: {text!r} (say 30s, 10m, 2h or 1d)") from None
+    if not seconds > 0:
+        raise ValueError(f"not a period: {text!r} (it must be more than 0)")
+    return min(seconds, float(KEEP - 120))
+
+
+@dataclass(frozen=True)
+class MetricsReport:
+    """Counts per task and outcome, summed over the nodes that answered."""
+
+    tasks: dict[str, dict[str, int]]
+    waits: dict[str, tuple[int, int]]  # task -> (ms waited in all, number of waits)
+    errors: tuple[NodeError, ...]
+
+    @property
+    def total(self) -> dict[str, int]:
+        """Counts per outcome over every task."""
+        out: Counter[str] = Counter()
+        for counts in self.tasks.values():
+            out.update(counts)
+        return _ordered(out)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"tasks": {task: {outcome: n}}, "total": {outcome: n}}`` (``celery locks stats --json``)."""
+        return {"tasks": self.tasks, "total": self.total}
+
+
+def _ordered(counts: Mapping[str, int]) -> dict[str, int]:
+    known = [o for o in OUTCOMES if counts.get(o)]
+    return {o: counts[o] for o in known + sorted(k for k in counts if k not in OUTCOMES and counts[k])}
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _fold(hashes: Iterable[Mapping[Any, Any]]) -> tuple[dict[str, dict[str, int]], dict[str, tuple[int, int]]]:
+    counts: dict[str, Counter[str]] = {}
+    for fields in hashes:
+        for raw, value in fields.items():
+            task, _, outcome = _text(raw).rpartition(SEP)
+            try:
+                n = int(value)
+            except ValueError:
+                continue
+            counts.setdefault(task, Counter())[outcome] += n
+    tasks: dict[str, dict[str, int]] = {}
+    waits: dict[str, tuple[int, int]] = {}
+    for task in sorted(counts):
+        c = counts[task]
+        if c.get(WAITS):
+            waits[task] = (c[WAIT_MS], c[WAITS])
+        shown = _ordered({k: v for k, v in c.items() if not k.startswith("@")})
+        if shown:
+            tasks[task] = shown
+    return tasks, waits
+
+
+def _hashes(nodes: NodeSet, keys: list[str]) -> tuple[list[Mapping[Any, Any]], list[NodeError]]:
+    found: list[Mapping[Any, Any]] = []
+    errors: list[NodeError] = []
+    for i, client in enumerate(nodes.clients):
+        try:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            found.extend(cast(list[Mapping[Any, Any]], pipe.execute()))
+        except (RedisError, OSError) as exc:
+            errors.append(nodes.error(i, exc))
+    return found, errors
+
+
+def read_metrics(nodes: NodeSet, prefix: str, since: float | None = None, now: float | None = None) -> MetricsReport:
+    """The counts of the last ``since`` seconds (whole minutes, the current one included), or since ever (None)."""
+    if since is None:
+        keys = [total_key(prefix)]
+    else:
+        last = int((time.time() if now is None else now) // 60)
+        first = last - max(0, int(-(-since // 60)) - 1)
+        keys = [minute_key(prefix, m) for m in range(first, last + 1)]
+    found, errors = _hashes(nodes, keys)
+    tasks, waits = _fold(found)
+    return MetricsReport(tasks, waits, tuple(errors))
+
+
+def read_minutes(
+    nodes: NodeSet, prefix: str, minutes: int = 60, now: float | None = None
+) -> tuple[list[int], dict[str, list[dict[str, int]]], tuple[NodeError, ...]]:
+    """Per minute (oldest first), per task: the outcome counts of the last ``minutes`` minutes (for a chart)."""
+    last = int((time.time() if now is None else now) // 60)
+    span = list(range(last - minutes + 1, last + 1))
+    series: dict[str, list[dict[str, int]]] = {}
+    errors: list[NodeError] = []
+    per_node: list[list[Mapping[Any, Any]]] = [[{} for _ in span] for _ in nodes.clients]
+    for i, client in enumerate(nodes.clients):
+        try:
+            pipe = client.pipeline(transaction=False)
+            for m in span:
+                pipe.hgetall(minute_key(prefix, m))
+            per_node[i] = cast(list[Mapping[Any, Any]], pipe.execute())
+        except (RedisError, OSError) as exc:
+            errors.append(nodes.error(i, exc))
+    for slot in range(len(span)):
+        tasks, _ = _fold(node[slot] for node in per_node)
+        for task, counts in tasks.items():
+            series.setdefault(task, [{} for _ in span])[slot] = counts
+    return span, series, tuple(errors)

@@ -1,0 +1,792 @@
+"""``celery -A app locks web``: one page showing locks, lines and the last hour; ``/metrics`` for Prometheus.
+
+Both are plain WSGI apps (stdlib only: no framework, no new dependency), so the same page mounts in Django, Flask or
+FastAPI (``WSGIMiddleware``) behind the host app's own auth, the way Sidekiq::Web and Oban Web are mounted::
+
+    from celery_singleton_lock.web import make_app, metrics_app
+    locks_page = make_app(celery_app)            # GET /  the page; POST /release; GET /metrics
+    metrics = metrics_app(celery_app)            # GET    the Prometheus text alone
+
+Everything is read from the lock nodes at each request (SCAN in batches, never KEYS; records read 200 keys per
+script call), so the page shows what every worker and host did, and a node that is down or slow costs at most its
+socket timeout and is reported by its redacted address. The page is read-only unless a *secret* is given: then each
+held lock has a release form, and a release needs that secret in the form (typed by the operator: a forged cross-site
+form cannot know it) or in the ``X-Lock-Secret`` header, a same-origin request (an ``Origin`` naming another host is
+refused), and the owner the page showed (the release is owner-checked as ``celery locks release`` is: a lock taken
+over since the page was drawn is left alone). Every value shown is escaped (task ids and keys are user data), a
+Content-Security-Policy lets only the page's own script run, and no URL, password or holder token is shown.
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import parse_qs
+
+from redis.exceptions import RedisError
+
+from .config import LockSettings, settings_for
+from .doctor import Finding, run_doctor
+from .errors import ConfigurationError
+from .inventory import (
+    _TASK_STATES,
+    LockInfo,
+    Report,
+    done_marker_of,
+    format_duration,
+    list_locks,
+    merge,
+    read_keys,
+    release_lock,
+    scan_keys,
+    show_lock,
+)
+from .metrics import OUTCOMES, read_metrics, read_minutes
+from .nodes import NodeError
+from .record import sibling_key
+from .scripts import BRIEF as _BRIEF
+
+__all__ = [
+    "MIN_SECRET",
+    "PAGE_SIZE",
+    "Line",
+    "exposition",
+    "make_app",
+    "metrics_app",
+    "scan_lines",
+    "serve",
+]
+
+logger = logging.getLogger("celery_singleton_lock.web")
+
+#: Rows per table and page.
+PAGE_SIZE = 100
+#: Waiters shown per line (the line's length is always shown).
+LINE_SHOWN = 20
+#: The shortest secret accepted for releases (a short one could be guessed).
+MIN_SECRET = 16
+#: The request body read at most (a release form is a few hundred bytes).
+MAX_BODY = 16 * 1024
+SCAN_COUNT = 1000
+BATCH = 200
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+#: Chart colours per outcome (others grey).
+COLOURS = {
+    "acquired": "#2e7d32",
+    "released": "#81c784",
+    "skipped": "#f9a825",
+    "deferred": "#1e88e5",
+    "waited": "#90caf9",
+    "replaced": "#8e24aa",
+    "rate-limited": "#6d4c41",
+    "lost": "#d32f2f",
+    "renew-failed": "#ff7043",
+    "unavailable": "#000000",
+}
+HELD_STATES = ("running", "retry-wait", "ending", "held", "partial")
+
+
+def e(value: object) -> str:
+    """``value`` as HTML text or attribute (quotes escaped too)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+# --- reading -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    """A key's waiting line (on the first lock node): the oldest waiters first."""
+
+    key: str  # the lock key
+    task: str
+    length: int
+    waiters: tuple[tuple[str, float], ...]  # (task id, since: s since the epoch)
+
+
+def _lock_of_line(key: str) -> str | None:
+    """The lock key whose waiting line ``key`` is, or None."""
+    if not key.endswith(":waiters"):
+        return None
+    head = key[: -len(":waiters")]
+    candidates = []
+    if head.startswith("{"):
+        if head.endswith("}"):
+            candidates.append(head[1:-1])
+        candidates.append(head[head.find("}") + 1 :])
+    candidates.append(head)
+    for lock in candidates:
+        if lock and sibling_key(lock, ":waiters") == key:
+            return lock
+    return None
+
+
+def task_of(prefix: str, key: str) -> str:
+    """The task name a LockedTask key names (``prefix + name + ':v2:' + hash``), or ``""``."""
+    if not key.startswith(prefix):
+        return ""
+    name, v2, _ = key[len(prefix) :].rpartition(":v2:")
+    return name if v2 else ""
+
+
+def _glob(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def scan_lines(settings: LockSettings) -> Report[list[Line]]:
+    """Every waiting line under the prefix: SCAN on the first node (where lines live), then ZCARD and the oldest
+    waiters of each, ``BATCH`` lines per pipeline."""
+    nodes = settings.nodes
+    client = nodes.clients[0]
+    base = _glob(settings.prefix)
+    patterns = [base + "*:waiters", "\\{*" + base + "*:waiters"]
+    found: set[str] = set()
+    errors: list[NodeError] = []
+    lines: list[Line] = []
+    try:
+        for pattern in patterns:
+            for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
+                found.add(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+        keys = sorted((k, lock) for k in found if (lock := _lock_of_line(k)) is not None)
+        for start in range(0, len(keys), BATCH):
+            batch = keys[start : start + BATCH]
+            pipe = client.pipeline(transaction=False)
+            for key, _ in batch:
+                pipe.zcard(key)
+                pipe.zrange(key, 0, LINE_SHOWN - 1, withscores=True)
+            answers = pipe.execute()
+            for i, (_, lock) in enumerate(batch):
+                length, head = answers[2 * i], answers[2 * i + 1]
+                if not length:
+                    continue
+                waiters = tuple(
+                    (m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m), float(s) / 1000.0)
+                    for m, s in head
+                )
+                lines.append(Line(lock, task_of(settings.prefix, lock), int(length), waiters))
+    except (RedisError, OSError) as exc:
+        errors.append(nodes.error(0, exc))
+    # Only the first node holds lines: the others' answers do not matter here.
+    return Report(lines, tuple(errors), 1, 1)
+
+
+@dataclass(frozen=True)
+class Brief:
+    """One key as a quick look classifies it (owner, state and task name only, from every node)."""
+
+    key: str
+    kind: str  # task, beat, lock, done, foreign
+    state: str
+    task: str
+
+
+#: The page's sections, and which briefs go in each.
+SECTIONS: dict[str, Callable[[Brief], bool]] = {
+    "held": lambda b: b.kind != "done" and b.state in HELD_STATES,
+    "reserved": lambda b: b.state in ("queued", "sending"),
+    "cooldown": lambda b: b.state == "cooldown",
+    "done": lambda b: b.kind == "done",
+    "foreign": lambda b: b.kind == "foreign",
+}
+
+
+def classify(settings: LockSettings, keys: Sequence[str], *, skip: Iterable[int] = ()) -> Report[list[Brief]]:
+    """Each key's kind, state and task from ``brief.lua`` on every node (its owner, state and name: a few bytes a
+    key, 1,000 keys a script call), so sorting 10,000 keys costs a fraction of reading every record; merged by owner
+    and quorum as :func:`~celery_singleton_lock.inventory.merge` does."""
+    nodes = settings.nodes
+    down = set(skip)
+    errors: list[NodeError] = []
+    done = {k: m for k in keys if (m := done_marker_of(k)) is not None}
+    rest = [k for k in keys if k not in done]
+    answers: list[list[str] | None] = [None if i in down else [] for i in range(len(nodes))]
+    for start in range(0, len(rest), BATCH * 5):
+        live = [i for i, a in enumerate(answers) if a is not None]
+        if not live:
+            break
+        batch = rest[start : start + BATCH * 5]
+        got = nodes.run(_BRIEF, batch, (), live)
+        for i in live:
+            answer = got[i]
+            if isinstance(answer, BaseException):
+                errors.append(nodes.error(i, answer))
+                answers[i] = None
+            else:
+                cast(list[str], answers[i]).extend(_text(x) for x in answer)
+    briefs = [Brief(k, "done", "done", task_of(settings.prefix, m[0])) for k, m in done.items()]
+    replies = [a for a in answers if a is not None]
+    for n, key in enumerate(rest):
+        seen = [a[n] for a in replies if n < len(a)]
+        records = [x.split("\x1f", 2) for x in seen if x not in ("", "-")]
+        if not records:
+            if "-" in seen:
+                briefs.append(Brief(key, "foreign", "foreign", ""))
+            continue  # gone since the scan
+        owner, count = Counter(r[0] for r in records).most_common(1)[0]
+        _, state, name = next(r for r in records if r[0] == owner)
+        if state:
+            kind = "task"
+        elif key.startswith(f"{settings.prefix}beat:"):
+            kind = "beat"
+        else:
+            kind = "lock"
+        shown = "partial"
+        if count >= nodes.quorum:
+            shown = _TASK_STATES.get(state, state) if state else "held"
+        briefs.append(Brief(key, kind, shown, name or task_of(settings.prefix, key)))
+    briefs.sort(key=lambda b: b.key)
+    return Report(briefs, tuple(errors), len(nodes), nodes.quorum)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Snapshot:
+    """What one page shows, read at one time: every key classified, the shown page of each section read in full."""
+
+    now: float
+    briefs: list[Brief]
+    sections: dict[str, tuple[int, list[LockInfo]]]  # section -> (keys in it, the page's keys read and merged)
+    lines: list[Line]
+    errors: tuple[NodeError, ...]
+    answered: int
+    total: int
+    quorum: int
+
+
+def snapshot(settings: LockSettings, page: int = 1) -> Snapshot:
+    """Every key under the prefix (done markers too) classified, page ``page`` of each section read, and the lines.
+
+    SCAN finds the keys (batches of 1,000), :func:`classify` sorts them into sections, and only the rows shown
+    (``PAGE_SIZE`` a section) are read in full: the page's cost grows slowly with the number of keys.
+    """
+    scanned = scan_keys(settings, done=True)
+    down = [settings.nodes.names.index(x.node) for x in scanned.errors]
+    briefs = classify(settings, scanned.value, skip=down)
+    groups = {name: [b.key for b in briefs.value if test(b)] for name, test in SECTIONS.items()}
+    wanted: list[str] = []
+    for keys in groups.values():
+        start = (max(page, 1) - 1) * PAGE_SIZE
+        wanted.extend(keys[start : start + PAGE_SIZE])
+    read = read_keys(settings, wanted, skip=down)
+    infos = {k: merge(k, states, settings.nodes.quorum, prefix=settings.prefix) for k, states in read.value.items()}
+    sections = {
+        name: (len(keys), [i for k in keys if (i := infos.get(k)) is not None]) for name, keys in groups.items()
+    }
+    lines = scan_lines(settings)
+    errors = scanned.errors + tuple(
+        x for x in read.errors + lines.errors if x.node not in {e.node for e in scanned.errors}
+    )
+    answered = len(settings.nodes) - len({x.node for x in scanned.errors + read.errors + briefs.errors})
+    return Snapshot(
+        time.time(), briefs.value, sections, lines.value, errors, answered, len(settings.nodes), settings.nodes.quorum
+    )
+
+
+# --- Prometheus ----------------------------------------------------------------------------------------------------
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def exposition(settings: LockSettings) -> str:
+    """The Prometheus text exposition (format 0.0.4) of the app's lock metrics, read from the nodes now.
+
+    Families: ``celery_lock_events_total{task,outcome}`` (counter: every outcome since the counts began, summed over
+    every worker and host), ``celery_lock_wait_seconds{task}`` (summary: sum and count of the time runs waited
+    before taking their lock), ``celery_lock_held{task}`` and ``celery_lock_waiting{task}`` (gauges: locks held and
+    jobs waiting in a line now), ``celery_lock_nodes_up`` (gauge: lock nodes that answered). Labels are ``task`` and
+    ``outcome`` only, never a key or a task id.
+    """
+    found = read_metrics(settings.nodes, settings.prefix)
+    snap = snapshot(settings, page=0)
+    out = [
+        "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
+        "# TYPE celery_lock_events_total counter",
+    ]
+    for task, counts in found.tasks.items():
+        for outcome, n in counts.items():
+            out.append(f'celery_lock_events_total{{task="{_label(task)}",outcome="{_label(outcome)}"}} {n}')
+    out += [
+        "# HELP celery_lock_wait_seconds Time runs waited (re-sent or in a line) before taking their lock.",
+        "# TYPE celery_lock_wait_seconds summary",
+    ]
+    for task, (ms, n) in found.waits.items():
+        out.append(f'celery_lock_wait_seconds_sum{{task="{_label(task)}"}} {ms / 1000.0}')
+        out.append(f'celery_lock_wait_seconds_count{{task="{_label(task)}"}} {n}')
+    held: Counter[str] = Counter(b.task for b in snap.briefs if b.kind == "task" and b.state != "partial")
+    waiting: Counter[str] = Counter()
+    for line in snap.lines:
+        waiting[line.task] += line.length
+    for name, help_, values in (
+        ("celery_lock_held", "Locks held now per task (running, retry-wait, ending, cooldown, queued).", held),
+        ("celery_lock_waiting", "Jobs waiting in a line now per task.", waiting),
+    ):
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        out += [f'{name}{{task="{_label(t)}"}} {n}' for t, n in sorted(values.items())]
+    out += [
+        "# HELP celery_lock_nodes_up Lock nodes that answered this scrape.",
+        "# TYPE celery_lock_nodes_up gauge",
+        f"celery_lock_nodes_up {snap.answered}",
+    ]
+    return "\n".join(out) + "\n"
+
+
+# --- the page ------------------------------------------------------------------------------------------------------
+
+STYLE = """
+body{font:13px/1.4 system-ui,sans-serif;margin:1em 2em;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+th{background:#f6f6f6}code{font-size:12px}.err{color:#b00020}.warn{color:#a15c00}.ok{color:#2e7d32}
+.muted{color:#777}.chart{display:inline-block;margin:0 2em 1em 0}.legend span{margin-right:1em}
+form.release{display:inline}form.release input{width:9em}
+"""
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
+    """An HTML table; ``rows`` are already escaped HTML."""
+    if not rows:
+        return '<p class="muted">none</p>'
+    cells = "".join(f"<th>{e(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _pages(items: Sequence[Any], page: int) -> tuple[Sequence[Any], str]:
+    start = (max(page, 1) - 1) * PAGE_SIZE
+    return items[start : start + PAGE_SIZE], _nav(len(items), page)
+
+
+def _nav(total: int, page: int) -> str:
+    """Links to the previous and next page, when there is more than one."""
+    pages = max(1, -(-total // PAGE_SIZE))
+    page = max(page, 1)
+    if pages == 1:
+        return ""
+    links = []
+    if page > 1:
+        links.append(f'<a href="?page={page - 1}">previous</a>')
+    if page < pages:
+        links.append(f'<a href="?page={page + 1}">next</a>')
+    return f'<p class="muted">{total} in all; page {page} of {pages} {" ".join(links)}</p>'
+
+
+def chart(series: Sequence[Mapping[str, int]], width: int = 360, height: int = 48) -> str:
+    """An inline SVG of stacked bars, one a minute (oldest left), coloured by outcome."""
+    tallest = max((sum(m.values()) for m in series), default=0) or 1
+    bar = width / max(len(series), 1)
+    rects = []
+    for i, minute in enumerate(series):
+        y = float(height)
+        for outcome in [o for o in OUTCOMES if minute.get(o)] + sorted(o for o in minute if o not in OUTCOMES):
+            h = minute[outcome] * height / tallest
+            y -= h
+            rects.append(
+                f'<rect x="{i * bar:.1f}" y="{y:.1f}" width="{max(bar - 1, 1):.1f}" height="{h:.1f}" '
+                f'fill="{COLOURS.get(outcome, "#9e9e9e")}"><title>{e(outcome)}: {minute[outcome]}</title></rect>'
+            )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'style="background:#fafafa">{"".join(rects)}</svg>'
+    )
+
+
+def _held_rows(snap: Snapshot, shown: Sequence[LockInfo], base: str, *, release: bool) -> list[list[str]]:
+    rows = []
+    for i in shown:
+        row = [
+            f"<code>{e(i.key)}</code>",
+            e(i.state),
+            e(i.task_name or "-"),
+            f"<code>{e(i.task_id or '-')}</code>",
+            e(i.worker or "-"),
+            e(format_duration(i.age(snap.now))),
+            e(format_duration(i.ttl, none="never")),
+            e("-" if i.fencing_token is None else i.fencing_token),
+            e(f"{len(i.nodes)}/{i.total}"),
+        ]
+        if release:
+            row.append(
+                f'<form class="release" method="post" action="{e(base)}/release">'
+                f'<input type="hidden" name="key" value="{e(i.key)}">'
+                f'<input type="hidden" name="owner" value="{e(_owner_digest(i.owner))}">'
+                '<input type="password" name="secret" placeholder="secret" autocomplete="off" required>'
+                "<button>release</button></form>"
+            )
+        rows.append(row)
+    return rows
+
+
+def _owner_digest(owner: str | None) -> str:
+    """What the page shows of a holder's owner token: a digest (the token itself is the holder's to release with)."""
+    return "" if owner is None else hmac.new(b"celery_singleton_lock.web", owner.encode(), "sha256").hexdigest()[:32]
+
+
+@dataclass
+class _DoctorCache:
+    at: float = 0.0
+    findings: list[Finding] | None = None
+
+
+def render(
+    snap: Snapshot,
+    *,
+    page: int,
+    series: tuple[list[int], dict[str, list[dict[str, int]]]],
+    findings: Sequence[Finding] | None,
+    base: str,
+    release: bool,
+    refresh: float,
+    nonce: str,
+    prefix: str,
+    message: str = "",
+) -> str:
+    """The page's HTML (every value escaped)."""
+    counts = {name: n for name, (n, _) in snap.sections.items()}
+    held, reserved, cooling, done, foreign = (
+        snap.sections[name][1] for name in ("held", "reserved", "cooldown", "done", "foreign")
+    )
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>celery_singleton_lock</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>Locks under <code>{e(prefix)}</code></h1>",
+    ]
+    status = "ok" if snap.answered >= snap.quorum and not snap.errors else "err"
+    parts.append(
+        f'<p class="{status}" id="nodes">{snap.answered} of {snap.total} lock node(s) answered (quorum {snap.quorum}); '
+        f"{counts['held']} held, {sum(x.length for x in snap.lines)} waiting, {counts['reserved']} reserved, "
+        f"{counts['cooldown']} cooling down, {counts['done']} done markers. "
+        f'<span class="muted">Read at {e(time.strftime("%H:%M:%S", time.gmtime(snap.now)))} UTC'
+        f"{f'; refreshes every {refresh:g}s' if refresh else ''}. "
+        f'<a href="{e(base)}/metrics">/metrics</a></span></p>'
+    )
+    for error in snap.errors:
+        parts.append(f'<p class="err">node {e(error.node)} did not answer: {e(error.error)}</p>')
+    if message:
+        parts.append(f'<p class="warn" id="message">{e(message)}</p>')
+    shown, nav = held, _nav(counts["held"], page)
+    head = ["key", "state", "task", "holder task id", "worker", "age", "time left", "fencing token", "nodes"]
+    parts += [
+        "<h2>Held</h2>",
+        nav,
+        _table([*head, "release"] if release else head, _held_rows(snap, shown, base, release=release), "held"),
+    ]
+    if not release:
+        parts.append('<p class="muted">Read-only: start with a secret to release locks here.</p>')
+    parts.append("<h2>Lines (waiting duplicates, oldest first)</h2>")
+    shown_lines, nav = _pages(snap.lines, page)
+    rows = []
+    for line in shown_lines:
+        who = "<br>".join(
+            f"{n}. <code>{e(t)}</code> <span class='muted'>waiting {e(format_duration(max(0.0, snap.now - s)))}</span>"
+            for n, (t, s) in enumerate(line.waiters, 1)
+        )
+        more = (
+            f"<br><span class='muted'>... and {line.length - len(line.waiters)} more</span>"
+            if line.length > len(line.waiters)
+            else ""
+        )
+        rows.append([f"<code>{e(line.key)}</code>", e(line.task or "-"), e(line.length), who + more])
+    parts += [nav, _table(["key", "task", "waiting", "order"], rows, "lines")]
+    for title, items, cls, count in (
+        ("Queue-scope reservations", reserved, "reserved", counts["reserved"]),
+        ("Cooldowns", cooling, "cooldowns", counts["cooldown"]),
+    ):
+        shown, nav = items, _nav(count, page)
+        rows = [
+            [
+                f"<code>{e(i.key)}</code>",
+                e(i.state),
+                e(i.task_name or "-"),
+                f"<code>{e(i.task_id or '-')}</code>",
+                e(format_duration(i.ttl, none="never")),
+            ]
+            for i in shown
+        ]
+        parts += [f"<h2>{e(title)}</h2>", nav, _table(["key", "state", "task", "task id", "time left"], rows, cls)]
+    shown, nav = done, _nav(counts["done"], page)
+    rows = [
+        [f"<code>{e(i.lock_key)}</code>", f"<code>{e(i.task_id)}</code>", e(format_duration(i.ttl, none="never"))]
+        for i in shown
+    ]
+    parts += ["<h2>Done markers</h2>", nav, _table(["lock", "task id", "time left"], rows, "done")]
+    if foreign:
+        shown, nav = foreign, _nav(counts["foreign"], page)
+        rows = [[f"<code>{e(i.key)}</code>", e(i.redis_type)] for i in shown]
+        parts += ["<h2>Other keys under the prefix</h2>", nav, _table(["key", "type"], rows, "foreign")]
+    _, per_task = series
+    parts.append("<h2>Last hour per task</h2>")
+    if per_task:
+        for task, minutes in per_task.items():
+            totals: Counter[str] = Counter()
+            for m in minutes:
+                totals.update(m)
+            summary = ", ".join(f"{e(o)} {n}" for o, n in totals.most_common())
+            title = f'<b>{e(task or "-")}</b> <span class="muted">{summary}</span>'
+            parts.append(f'<div class="chart"><div>{title}</div>{chart(minutes)}</div>')
+        legend = "".join(f'<span style="color:{c}">&#9632; {e(o)}</span>' for o, c in COLOURS.items())
+        parts.append(f'<p class="legend">{legend}</p>')
+    else:
+        parts.append('<p class="muted">nothing counted in the last hour</p>')
+    parts.append("<h2>Doctor</h2>")
+    if findings is None:
+        parts.append('<p class="muted">not run</p>')
+    else:
+        fine = sum(f.level == "ok" for f in findings)
+        parts.append(f'<p class="ok">{fine} check(s) ok{"; the others:" if fine < len(findings) else ""}</p>')
+        rows = [
+            [
+                f'<span class="{ {"error": "err", "warning": "warn"}.get(f.level, "ok") }">{e(f.level)}</span>',
+                e(f.subject),
+                e(f.code),
+                e(f.message) + (f"<br><span class='muted'>fix: {e(f.fix)}</span>" if f.fix else ""),
+            ]
+            for f in findings
+            if f.level != "ok"
+        ]
+        if rows:
+            parts.append(_table(["level", "subject", "check", "finding"], rows, "doctor"))
+    if refresh:
+        # Reload unless the operator is typing a secret (a reload would lose it).
+        parts.append(
+            f'<script nonce="{nonce}">setInterval(function(){{var a=document.activeElement;'
+            f"if(!a||a.tagName!=='INPUT')location.reload()}},{int(refresh * 1000)});</script>"
+        )
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+# --- the WSGI apps -------------------------------------------------------------------------------------------------
+
+SECURITY_HEADERS = [
+    ("X-Content-Type-Options", "nosniff"),
+    # Not "no-referrer": with it a browser sends "Origin: null" on the page's own form posts (refused as cross-site).
+    ("Referrer-Policy", "same-origin"),
+    ("X-Frame-Options", "DENY"),
+    ("Cache-Control", "no-store"),
+]
+
+
+def _csp(nonce: str) -> str:
+    return (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+        f"script-src 'nonce-{nonce}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    )
+
+
+def _respond(
+    start: StartResponse, status: str, body: str, kind: str = "text/html; charset=utf-8", nonce: str = ""
+) -> list[bytes]:
+    data = body.encode("utf-8")
+    headers = [("Content-Type", kind), ("Content-Length", str(len(data))), *SECURITY_HEADERS]
+    headers.append(("Content-Security-Policy", _csp(nonce or secrets.token_urlsafe(8))))
+    start(status, headers)
+    return [data]
+
+
+def _settings_of(source: Any) -> Callable[[], LockSettings]:
+    if isinstance(source, LockSettings):
+        return lambda: source
+    return lambda: settings_for(source)
+
+
+def metrics_app(app: Any) -> WSGIApp:
+    """A WSGI app answering every GET with the Prometheus text (:func:`exposition`) of ``app`` (a Celery app)."""
+    settings = _settings_of(app)
+
+    def metrics(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            return _respond(start, "405 Method Not Allowed", "GET only\n", "text/plain; charset=utf-8")
+        return _respond(start, "200 OK", exposition(settings()), "text/plain; version=0.0.4; charset=utf-8")
+
+    return metrics
+
+
+def _same_origin(environ: Mapping[str, Any]) -> bool:
+    """False for a request a browser marks as sent from another site (``Origin`` or ``Sec-Fetch-Site``)."""
+    if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = environ.get("HTTP_ORIGIN")
+    if origin is None:
+        return True
+    host = environ.get("HTTP_HOST") or f"{environ.get('SERVER_NAME', '')}:{environ.get('SERVER_PORT', '')}"
+    return origin in (f"http://{host}", f"https://{host}")
+
+
+def make_app(
+    app: Any,
+    *,
+    secret: str | None = None,
+    refresh: float = 5.0,
+    doctor: bool = True,
+    doctor_every: float = 60.0,
+    allowed_hosts: Sequence[str] | None = None,
+) -> WSGIApp:
+    """The page as a WSGI app: ``GET /`` the page (``?page=N``), ``GET /metrics`` the Prometheus text, ``POST
+    /release`` (only with ``secret``, at least :data:`MIN_SECRET` characters). ``app`` is the Celery app;
+    ``doctor``: show ``celery locks doctor``'s findings, run at most every ``doctor_every`` s. ``allowed_hosts``:
+    the host names (without port) a request's ``Host`` may name, others get 403 (``locks web`` on a loopback
+    address passes the loopback names: a site re-resolving its name to 127.0.0.1, DNS rebinding, cannot read the
+    page); None (mounted in a host app): any, the host app checks."""
+    if secret is not None and len(secret) < MIN_SECRET:
+        raise ConfigurationError(f"locks web: the release secret must be at least {MIN_SECRET} characters long")
+    settings = _settings_of(app)
+    metrics = metrics_app(app)
+    cache = _DoctorCache()
+    guard = threading.Lock()
+
+    def findings() -> list[Finding] | None:
+        if not doctor:
+            return None
+        with guard:
+            if cache.findings is None or time.monotonic() - cache.at > doctor_every:
+                try:
+                    cache.findings = run_doctor(app, timeout=2.0)
+                except Exception as exc:  # the page still shows the locks
+                    logger.debug("locks web: the doctor failed", exc_info=True)
+                    cache.findings = [Finding("error", "doctor", "app", f"the doctor failed: {type(exc).__name__}")]
+                cache.at = time.monotonic()
+            return cache.findings
+
+    def page(environ: dict[str, Any], start: StartResponse, message: str = "", status: str = "200 OK") -> list[bytes]:
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        try:
+            number = int(query.get("page", ["1"])[0])
+        except ValueError:
+            number = 1
+        current = settings()
+        snap = snapshot(current, number)
+        span, per_task, _ = read_minutes(current.nodes, current.prefix, 60)
+        nonce = secrets.token_urlsafe(16)
+        body = render(
+            snap,
+            page=number,
+            series=(span, per_task),
+            findings=findings(),
+            base=environ.get("SCRIPT_NAME", "").rstrip("/"),
+            release=secret is not None,
+            refresh=refresh,
+            nonce=nonce,
+            prefix=current.prefix,
+            message=message,
+        )
+        return _respond(start, status, body, nonce=nonce)
+
+    def release(environ: dict[str, Any], start: StartResponse) -> list[bytes]:
+        def refuse(status: str, why: str) -> list[bytes]:
+            logger.warning("locks web: release refused (%s) from %s", why, environ.get("REMOTE_ADDR", "?"))
+            return page(environ, start, f"not released: {why}", status)
+
+        if environ.get("REQUEST_METHOD") != "POST":
+            return _respond(start, "405 Method Not Allowed", "POST only\n", "text/plain; charset=utf-8")
+        if secret is None:
+            return refuse("403 Forbidden", "releasing is off (no secret configured); the page is read-only")
+        if not _same_origin(environ):
+            return refuse("403 Forbidden", "the request came from another site")
+        try:
+            size = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            size = 0
+        if size > MAX_BODY:
+            return refuse("413 Payload Too Large", "request too large")
+        form = parse_qs(environ["wsgi.input"].read(size).decode("utf-8", "replace")) if size > 0 else {}
+        given = environ.get("HTTP_X_LOCK_SECRET") or form.get("secret", [""])[0]
+        if not hmac.compare_digest(given.encode("utf-8"), secret.encode("utf-8")):
+            return refuse("403 Forbidden", "wrong or missing secret")
+        key, owner = form.get("key", [""])[0], form.get("owner", [""])[0]
+        current = settings()
+        if not key or not owner:
+            return refuse("400 Bad Request", "name the key and the owner shown")
+        if not key.startswith(current.prefix):
+            # The page shows only this prefix's keys: it releases nothing else (another app's lock on shared nodes).
+            return refuse("400 Bad Request", "not a key under this app's prefix")
+        seen = show_lock(current, key)
+        info, states = seen.value
+        if info is None or info.owner is None or not hmac.compare_digest(_owner_digest(info.owner), owner):
+            return refuse("409 Conflict", f"{key} changed since the page was read (another holder, or free)")
+        only = [s if s is not None and s.owner == info.owner else None for s in states]
+        report = release_lock(current, key, only)
+        done = sum(r.outcome == "released" for r in report.value)
+        logger.warning(
+            "forced release of lock %s (%s %s[%s]) from the web page by %s: released on %d of %d node(s)",
+            key,
+            info.state,
+            info.task_name or "?",
+            info.task_id or "?",
+            environ.get("REMOTE_ADDR", "?"),
+            done,
+            len(report.value),
+        )
+        return page(environ, start, f"released {key} on {done} of {len(report.value)} node(s)")
+
+    hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
+
+    def wsgi(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/") or "/"
+        if hosts is not None and _host_name(environ.get("HTTP_HOST", "")) not in hosts:
+            logger.warning("locks web: refused a request for host %r", environ.get("HTTP_HOST", "")[:100])
+            return _respond(start, "403 Forbidden", "unknown host\n", "text/plain; charset=utf-8")
+        if path in ("/", ""):
+            return page(environ, start)
+        if path == "/metrics":
+            return metrics(environ, start)
+        if path == "/release":
+            return release(environ, start)
+        if path == "/locks.json":
+            found = list_locks(settings(), done=True)
+            now = time.time()
+            data = {
+                "locks": [_public(i.to_json(now)) for i in found.value],
+                "errors": [f"{x.node}: {x.error}" for x in found.errors],
+            }
+            return _respond(start, "200 OK", json.dumps(data), "application/json")
+        return _respond(start, "404 Not Found", "not found\n", "text/plain; charset=utf-8")
+
+    return wsgi
+
+
+def _host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8089`` -> ``[::1]``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if ":" in host else host
+
+
+def _public(data: dict[str, Any]) -> dict[str, Any]:
+    """A lock's JSON without its owner token (the holder's own secret for release and renewal)."""
+    data = dict(data)
+    data.pop("owner", None)
+    data.pop("record", None)
+    return data
+
+
+def serve(wsgi: WSGIApp, host: str = "127.0.0.1", port: int = 8089) -> Any:
+    """A threaded stdlib WSGI server for ``wsgi`` (``serve_forever()`` it; ``server_address`` has the port)."""
+    from socketserver import ThreadingMixIn  # noqa: PLC0415
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server  # noqa: PLC0415
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.info("%s %s", self.address_string(), format % args)
+
+    return make_server(host, port, cast(Any, wsgi), server_class=Server, handler_class=Quiet)

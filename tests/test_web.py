@@ -1,0 +1,541 @@
+"""Metrics in Redis, ``/metrics`` and the locks page, against real workers, real Redis and a real headless Chromium.
+
+One module-wide set: a broker and three password-protected lock nodes, one prefork worker (tests/apps/locked_app.py),
+the page served in this process on a free port (with a release secret), and one Chromium driven over the DevTools
+protocol on a pipe (tests/cdp.py). Browser tests skip, saying why, where no Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cdp import Browser, find_chromium
+from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
+from worker_cluster import APPS, Cluster, cluster, new_key, polling
+
+from celery_singleton_lock import metrics
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.faults import FaultProxy
+from celery_singleton_lock.testing import free_port
+from celery_singleton_lock.web import make_app, serve
+
+pytestmark = pytest.mark.slow
+
+TTL = 5.0
+PASSWORD = "n0de-pa55-Zq9"
+SECRET = "web-release-secret-4711"
+CHROMIUM = find_chromium()
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH: `apt-get install -y chromium` (Debian) runs the browser tests"
+)
+XSS_ID = '<img src=x onerror="window.__xss=1">\'"&<script>window.__xss=2</script>'
+
+
+class Site:
+    def __init__(self, c: Cluster, url: str) -> None:
+        self.c, self.url = c, url
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def post(self, path: str, form: dict[str, str], headers: dict[str, str] | None = None) -> tuple[int, str]:
+        data = urllib.parse.urlencode(form).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers=headers or {}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+@contextlib.contextmanager
+def served(wsgi: Any) -> Iterator[str]:
+    server = serve(wsgi, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    tmp = tmp_path_factory.mktemp("web")
+    with cluster(tmp, ttl=TTL, password=PASSWORD) as c:
+        c.worker("w1", concurrency=4)
+        app = c.app_module().app
+        with served(make_app(app, secret=SECRET, refresh=0, doctor_every=600)) as url:
+            yield Site(c, url)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if CHROMIUM is None:
+        pytest.skip("no chromium on PATH: `apt-get install -y chromium` (Debian) runs the browser tests")
+    b = Browser(CHROMIUM)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def holder_of(c: Cluster, task: Any, key_arg: str) -> str | None:
+    """The holder task id of the lock of ``task(key_arg)``, from the first lock node that answers."""
+    key = task.lock_key_for(key_arg)
+    for client in (c.lock_client(s) for s in c.locks):
+        with contextlib.suppress(Exception):
+            job = client.hget(key, "job")
+            if job:
+                return str(job.decode())
+    return None
+
+
+def counted(c: Cluster, task: str, outcome: str, at_least: int, timeout: float = 30.0) -> int:
+    settings = settings_for(c.app_module().app)
+    n = 0
+    for _ in polling(timeout, 0.25):
+        n = metrics.read_metrics(settings.nodes, settings.prefix).tasks.get(task, {}).get(outcome, 0)
+        if n >= at_least:
+            break
+    return n
+
+
+# -- metrics in Redis, locks stats, /metrics --------------------------------------------------------------------------
+
+
+def test_outcomes_are_counted_per_task_in_redis_and_exposed_for_prometheus(site: Site) -> None:
+    """A run and two duplicates on a prefork worker are counted per task (acquired, skipped, released) in Redis by
+    the pool children's watchdogs, read back per minute and since ever, and /metrics exposes them as
+    celery_lock_events_total{task,outcome} that prometheus_client's parser reads, with task and outcome labels
+    only; the running job is a held gauge."""
+    c = site.c
+    mod = c.app_module()
+    name = mod.work.name
+    k = new_key()
+    first = mod.work.delay(k, 2.0)
+    c.wait_started(k)
+    dupes = [mod.work.delay(k, 0.0) for _ in range(2)]
+    for d in dupes:
+        d.get(timeout=30, propagate=False)
+    # Each process flushes its own counts (the holder's pool child, the main process that skipped before the pool).
+    assert counted(c, name, "skipped", 2) >= 2
+    assert counted(c, name, "acquired", 1) >= 1
+    status, text = site.get("/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    events = families["celery_lock_events"]
+    assert events.type == "counter"
+    samples = {(s.labels["task"], s.labels["outcome"]): s.value for s in events.samples if s.name.endswith("_total")}
+    assert samples[(name, "acquired")] >= 1
+    assert samples[(name, "skipped")] >= 2
+    for family in families.values():
+        for sample in family.samples:
+            assert set(sample.labels) <= {"task", "outcome"}, sample
+    held = {s.labels["task"]: s.value for s in families["celery_lock_held"].samples}
+    assert held.get(name, 0) >= 1
+    assert PASSWORD not in text
+    first.get(timeout=30)
+    assert counted(c, name, "released", 1) >= 1
+    settings = settings_for(mod.app)
+    recent = metrics.read_metrics(settings.nodes, settings.prefix, since=600)
+    assert recent.tasks[name]["acquired"] >= 1 and recent.to_json()["total"]["skipped"] >= 2
+
+
+def test_a_line_counts_its_waits_and_the_wait_time(site: Site) -> None:
+    """A rescheduled duplicate that waited in line and then ran is counted deferred/waited, with its wait time
+    (the summary celery_lock_wait_seconds in /metrics)."""
+    c = site.c
+    mod = c.app_module()
+    name = mod.work_later.name
+    k = new_key()
+    first = mod.work_later.delay(k, 1.0)
+    c.wait_started(k)
+    later = mod.work_later.delay(k, 0.0)
+    first.get(timeout=30)
+    later.get(timeout=60)
+    assert counted(c, name, "waited", 1) >= 1
+    _status, text = site.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    waits = {(s.name, s.labels["task"]): s.value for s in families["celery_lock_wait_seconds"].samples}
+    assert waits[("celery_lock_wait_seconds_count", name)] >= 1
+    assert waits[("celery_lock_wait_seconds_sum", name)] > 0
+
+
+# -- the page in a real browser -------------------------------------------------------------------------------------
+
+
+@needs_chromium
+def test_the_page_shows_the_holder_and_the_line_and_a_release_needs_the_secret(site: Site, browser: Browser) -> None:
+    """In Chromium: a running job's holder task id is shown in the held table, its waiting duplicates in line in
+    their order; a release with a wrong secret is refused (403, the lock stays), with the right one the lock goes."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.work_later.delay(k, 12.0)
+    c.wait_started(k)
+    waiting = []
+    for _ in range(3):
+        waiting.append(mod.work_later.delay(k, 0.0).id)
+    lock_key = mod.work_later.lock_key_for(k)
+    for _ in polling(20, 0.2):
+        _status, body = site.get("/")
+        if all(w in body for w in waiting):
+            break
+    browser.open(site.url + "/")
+    rows = "[...document.querySelectorAll('table.{} tr')].map(r => r.innerText)"
+    row = browser.wait_for(rows.format("held") + f".find(t => t.includes({json.dumps(holder.id)})) || ''")
+    assert mod.work_later.name in row and "running" in row
+    order = browser.evaluate(rows.format("lines") + f".find(t => t.includes({json.dumps(lock_key)})) || ''")
+    # The line's order is its arrival order at the workers (a sorted set by first arrival), not the send order.
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    line = [m.decode() for m in c.lock_client(c.locks[0]).zrange(sibling_key(lock_key, ":waiters"), 0, -1)]
+    assert sorted(line) == sorted(waiting)
+    positions = [order.find(w) for w in line]
+    assert -1 not in positions and positions == sorted(positions), order
+    if os.environ.get("CSL_WEB_SCREENSHOT"):  # docs/img/locks-web.png is made this way
+        browser.screenshot(os.environ["CSL_WEB_SCREENSHOT"])
+
+    def submit(secret: str) -> str:
+        browser.open(site.url + "/")
+        clicked = browser.evaluate(
+            "(() => { const f = [...document.querySelectorAll('form.release')].find("
+            f"f => f.key.value === {json.dumps(lock_key)}); if (!f) return false;"
+            f" f.secret.value = {json.dumps(secret)}; f.querySelector('button').click(); return true; }})()"
+        )
+        assert clicked
+        return str(
+            browser.wait_for(
+                "location.pathname.endsWith('/release') && document.readyState === 'complete'"
+                " && document.getElementById('message') && document.getElementById('message').innerText"
+            )
+        )
+
+    said = submit("not-the-secret-at-all")
+    assert "wrong or missing secret" in said
+    assert holder_of(c, mod.work_later, k) == holder.id
+    said = submit(SECRET)
+    assert f"released {lock_key} on 3 of 3 node(s)" in said
+    # The running holder's next renewal may find its key gone and repair it for a moment before it counts the lock
+    # as lost and takes its record back off (see docs/cli.md, locks release): poll, bounded.
+    for _ in polling(15, 0.2):
+        if holder_of(c, mod.work_later, k) != holder.id:
+            break
+    assert holder_of(c, mod.work_later, k) != holder.id
+
+
+@needs_chromium
+def test_task_ids_are_escaped_on_the_page(site: Site, browser: Browser) -> None:
+    """A task id full of HTML (an img with onerror, a script) shows as text: no element is injected and no script
+    runs (each value is escaped; the CSP allows only the page's own script)."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key()
+    result = mod.work.apply_async((k, 4.0), task_id=XSS_ID)
+    c.wait_started(k)
+    browser.open(site.url + "/")
+    shown = browser.wait_for(f"document.body.innerText.includes({json.dumps(XSS_ID)})")
+    assert shown, "the task id is shown as text"
+    assert browser.evaluate("window.__xss === undefined")
+    assert browser.evaluate("document.querySelectorAll('img').length") == 0
+    assert browser.evaluate("document.querySelectorAll('script').length") == 0  # refresh=0: the page has none
+    result.revoke()
+
+
+# -- release attacks over HTTP -----------------------------------------------------------------------------------------
+
+
+def _running(site: Site, duration: float = 4.0) -> tuple[Any, str, str]:
+    c = site.c
+    mod = c.app_module()
+    k = new_key()
+    result = mod.work.delay(k, duration)
+    c.wait_started(k)
+    key = mod.work.lock_key_for(k)
+    _status, body = site.get("/")
+    start = body.index(f'name="key" value="{key}"')
+    owner = body[start:].split('name="owner" value="', 1)[1].split('"', 1)[0]
+    return result, k, owner
+
+
+def test_release_without_the_secret_a_wrong_one_or_from_another_site_is_refused(site: Site) -> None:
+    """POST /release with no secret, a wrong one, a right one sent from another origin (a CSRF form), or an owner
+    the page did not show: each is refused and the lock stays; the right secret in the header releases it."""
+    c = site.c
+    mod = c.app_module()
+    _result, k, owner = _running(site)
+    key = mod.work.lock_key_for(k)
+    holder = holder_of(c, mod.work, k)
+    for form, headers, code in (
+        ({"key": key, "owner": owner}, {}, 403),
+        ({"key": key, "owner": owner, "secret": SECRET[:-1]}, {}, 403),
+        ({"key": key, "owner": owner, "secret": SECRET}, {"Origin": "http://evil.example"}, 403),
+        ({"key": key, "owner": owner, "secret": SECRET}, {"Sec-Fetch-Site": "cross-site"}, 403),
+        ({"key": key, "owner": "0" * 32, "secret": SECRET}, {}, 409),
+    ):
+        status, _ = site.post("/release", form, headers)
+        assert status == code, (form, headers)
+        assert holder_of(c, mod.work, k) == holder
+    status, body = site.get("/release")
+    assert status == 405
+    status, body = site.post("/release", {"key": key, "owner": owner}, {"X-Lock-Secret": SECRET})
+    assert status == 200 and "released" in body
+    for _ in polling(15, 0.2):  # a renewal may repair the key for a moment (see above)
+        if holder_of(c, mod.work, k) != holder:
+            break
+    assert holder_of(c, mod.work, k) != holder
+
+
+def test_a_page_without_a_secret_is_read_only(site: Site) -> None:
+    """Mounted without a secret, the page has no release form and refuses every release with 403."""
+    c = site.c
+    mod = c.app_module()
+    with served(make_app(c.app_module().app, refresh=0, doctor=False)) as url:
+        other = Site(c, url)
+        _result, k, _ = _running(site)
+        holder = holder_of(c, mod.work, k)
+        status, body = other.get("/")
+        assert status == 200 and "form" not in body.split("<h2>Held</h2>", 1)[1].split("<h2>", 1)[0]
+        status, _ = other.post("/release", {"key": "x", "owner": "y", "secret": SECRET})
+        assert status == 403
+        assert holder_of(c, mod.work, k) == holder
+
+
+def test_no_password_or_owner_token_is_shown(site: Site) -> None:
+    """The nodes' password (in their URLs) appears nowhere: not on the page, not in /metrics, not in locks.json;
+    nor do the holders' owner tokens (they are what a release or renewal compares)."""
+    c = site.c
+    _, k, _ = _running(site, 2.0)
+    key = c.app_module().work.lock_key_for(k)
+    owner = c.lock_client(c.locks[0]).hget(key, "owner")
+    for path in ("/", "/metrics", "/locks.json"):
+        status, body = site.get(path)
+        assert status == 200
+        assert PASSWORD not in body, path
+        assert owner is None or owner.decode() not in body, path
+
+
+def test_a_slow_node_and_a_dead_node_leave_the_page_up(site: Site) -> None:
+    """One lock node behind a proxy that holds every command (a stalled node), another stopped: the page still
+    loads, within the socket timeouts, and names both nodes as not answering, by their redacted address."""
+    c = site.c
+    base = c.app_module().app
+    with FaultProxy(c.locks[2].port) as proxy:
+        urls = [*c.lock_urls[:2], f"redis://:{PASSWORD}@127.0.0.1:{proxy.port}/0"]
+        app = Celery("web-slow", broker="memory://", set_as_current=False)
+        app.conf.update(
+            singleton_lock_urls=urls, singleton_lock_prefix=base.conf.singleton_lock_prefix, singleton_lock_ttl=TTL
+        )
+        proxy.hold()
+        with served(make_app(app, refresh=0, doctor=False)) as url:
+            status, body = Site(c, url).get("/")
+            assert status == 200
+            assert f"127.0.0.1:{proxy.port}" in body and "did not answer" in body
+            assert PASSWORD not in body
+            c.stop_locks(1)
+            try:
+                status, body = Site(c, url).get("/")
+                assert status == 200
+                assert body.count("did not answer") >= 2 and "1 of 3 lock node(s) answered" in body
+                status, text = Site(c, url).get("/metrics")
+                assert status == 200 and "celery_lock_nodes_up 1" in text
+            finally:
+                c.start_locks()
+        proxy.clear()
+
+
+def test_the_cli_serves_the_page_and_names_the_missing_secret_length(site: Site, tmp_path: Path) -> None:
+    """`celery -A app locks web --port N` serves / and /metrics on 127.0.0.1; a secret too short is refused with one
+    line naming the variable."""
+    c = site.c
+    env = {**os.environ, **c.env, "PYTHONPATH": f"{APPS}:{Path(__file__).parent.parent}"}
+    short = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "locked_app", "locks", "web", "--port", "0"],
+        env={**env, "SINGLETON_LOCK_WEB_SECRET": "short"},
+        cwd=str(APPS),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (
+        short.returncode != 0
+        and "SINGLETON_LOCK_WEB_SECRET" in short.stderr
+        and "short" not in short.stderr.replace("too short", "")
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "locked_app", "locks", "web", "--port", str(port)],
+        env=env,
+        cwd=str(APPS),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        site2 = Site(c, f"http://127.0.0.1:{port}")
+        status = 0
+        for _ in polling(60, 0.25):
+            with contextlib.suppress(OSError):
+                status, body = site2.get("/metrics")
+                if status == 200:
+                    break
+        assert status == 200 and "celery_lock_events_total" in body
+        status, body = site2.get("/")
+        assert status == 200 and "Read-only" in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+# -- attack pass: regressions ---------------------------------------------------------------------------------------
+
+
+def test_attack_dns_rebinding_a_foreign_host_name_is_refused_by_the_local_server(site: Site) -> None:
+    """FOUND in the attack pass: bound to 127.0.0.1, the page answered any Host header, so a web site whose name
+    re-resolves to 127.0.0.1 (DNS rebinding) could read it from the operator's browser, and its release form would
+    pass the same-origin check (Origin and Host both name that site). `locks web` on a loopback address answers only
+    loopback host names (403 otherwise); a mounted app leaves Host to its host framework."""
+    c = site.c
+    app = c.app_module().app
+    with served(make_app(app, refresh=0, doctor=False, allowed_hosts=("127.0.0.1", "localhost", "[::1]"))) as url:
+        local = Site(c, url)
+        status, _ = local.get("/")
+        assert status == 200
+        port = url.rsplit(":", 1)[1]
+        for host in (f"rebind.example:{port}", "rebind.example", f"127.0.0.1.rebind.example:{port}"):
+            request = urllib.request.Request(url + "/", headers={"Host": host})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 403, host
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            request = urllib.request.Request(url + "/metrics", headers={"Host": host})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200
+
+
+def test_attack_release_is_limited_to_keys_under_the_prefix(site: Site) -> None:
+    """FOUND in the attack pass: with the secret, the release form released any holder record on the lock nodes,
+    e.g. another app's lock under another prefix (the page shows only this prefix's keys). Refused now (400), and
+    the other lock stays."""
+    c = site.c
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+
+    other = Redlock(c.lock_urls, "another-app:job-1", ttl=30.0)
+    assert other.acquire()
+    try:
+        seen = [c.lock_client(s).hget("another-app:job-1", "owner") for s in c.locks]
+        owner = seen[0].decode() if seen[0] else ""
+        from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+
+        status, _ = site.post("/release", {"key": "another-app:job-1", "owner": _owner_digest(owner), "secret": SECRET})
+        assert status == 400
+        assert other.owned()
+    finally:
+        other.release()
+
+
+def test_attack_html_in_keys_and_record_fields_is_escaped(site: Site) -> None:
+    """Keys made from user data (a lock_key() returning an argument verbatim) and record fields (worker, task name)
+    holding HTML are shown as text on the page: nothing of them is parsed as markup."""
+    c = site.c
+    prefix = c.app_module().app.conf.singleton_lock_prefix
+    key = f'{prefix}<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    for server in c.locks:
+        client = c.lock_client(server)
+        client.hset(
+            key,
+            mapping={"owner": "o-1", "fence": 1, "state": "running", "name": "<b>t</b>", "job": "j", "worker": "<i>w"},
+        )
+        client.pexpire(key, 20_000)
+    try:
+        status, body = site.get("/")
+        assert status == 200
+        assert "<script>alert" not in body and "<img src=x" not in body and "<b>t</b>" not in body
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in body
+        assert "&lt;i&gt;w" in body
+    finally:
+        for server in c.locks:
+            c.lock_client(server).delete(key)
+
+
+def test_attack_the_page_cannot_be_framed_and_runs_no_foreign_script(site: Site) -> None:
+    """Clickjacking and injected scripts: the page is sent with X-Frame-Options DENY and a CSP allowing no frame
+    ancestors and only the page's own (nonce) script."""
+    with urllib.request.urlopen(site.url + "/", timeout=30) as response:
+        headers = response.headers
+    assert headers["X-Frame-Options"] == "DENY"
+    csp = headers["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'nonce-" in csp and "default-src 'none'" in csp
+
+
+def test_attack_a_task_name_with_quotes_and_newlines_stays_one_label(site: Site) -> None:
+    """A task name holding a quote, a backslash and a newline (user-chosen names) is escaped in the exposition:
+    prometheus_client's parser reads it back as the same label, and no extra sample appears."""
+    c = site.c
+    settings = settings_for(c.app_module().app)
+    name = 'odd"task\\name\nfake_metric{x="1"} 9'
+    pipe = settings.nodes.clients[0].pipeline(transaction=False)
+    metrics.write(pipe, settings.prefix, {(name, "acquired"): 2})
+    pipe.execute()
+    _, text = site.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "fake_metric" not in families
+    samples = [s for s in families["celery_lock_events"].samples if s.labels["task"] == name]
+    assert [(s.labels["outcome"], s.value) for s in samples if s.name.endswith("_total")] == [("acquired", 2.0)]
+
+
+def test_attack_secrets_in_the_broker_backend_and_node_urls_never_show(tmp_path: Path) -> None:
+    """Passwords in the broker, result backend and lock node URLs (user info and a ?password= query), with every
+    node down so their errors and the doctor's findings are on the page: none of them appears on the page or in
+    /metrics."""
+    import io  # noqa: PLC0415
+
+    port = free_port()  # nothing listens there
+    app = Celery(
+        "web-secrets",
+        broker=f"redis://:brokersecret@127.0.0.1:{port}/0",
+        backend=f"redis://:backendsecret@127.0.0.1:{port}/1",
+        set_as_current=False,
+    )
+    app.conf.singleton_lock_urls = [f"redis://user:locksecret@127.0.0.1:{port}/0?password=querysecret"]
+    wsgi = make_app(app, refresh=0)
+    for path in ("/", "/metrics", "/locks.json"):
+        statuses: list[str] = []
+        environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO(), "QUERY_STRING": ""}
+        body = b"".join(wsgi(environ, lambda status, _headers, out=statuses: out.append(status))).decode()
+        assert statuses == ["200 OK"], path
+        for secret in ("brokersecret", "backendsecret", "locksecret", "querysecret"):
+            assert secret not in body, (path, secret)
+    assert "did not answer" in b"".join(wsgi({**environ, "PATH_INFO": "/"}, lambda *_: None)).decode()
+
+
+@needs_chromium
+def test_the_page_refreshes_itself(site: Site, browser: Browser) -> None:
+    """With refresh=1 the page reloads itself (its own nonce script, allowed by the CSP): a new document within a
+    few seconds, without any action in the browser."""
+    with served(make_app(site.c.app_module().app, refresh=1, doctor=False)) as url:
+        browser.open(url + "/")
+        browser.evaluate("window.__first = true")
+        reloaded = browser.wait_for("document.readyState === 'complete' && window.__first === undefined", 15)
+        assert reloaded
