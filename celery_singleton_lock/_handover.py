@@ -54,7 +54,7 @@ def ending_lease(task: LockedTask, key: str, task_id: str, **fields: str) -> Red
         ttl=END_LEASE,
         fencing=False,
         job=task_id,
-        limit=task.lock_limit,
+        limit=task.lock_limit or 1,
         record={"state": ENDING, "name": task.name, **fields},
     )
 

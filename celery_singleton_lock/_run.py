@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .interrupt import Target
     from .keys import Binder
     from .policies import Policy
+    from .policies.rate import Rate
     from .redlock import Redlock
     from .renewal import Lease
 
@@ -29,6 +30,7 @@ __all__ = [
     "HOST",
     "OWN_HEADERS",
     "PARKED_HEADER",
+    "RATE_HEADER",
     "REDELIVERY_HEADER",
     "RESERVED_HEADER",
     "SETTLE_HEADER",
@@ -70,9 +72,19 @@ PARKED_HEADER = "singleton_lock_parked"
 WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
+RATE_HEADER = "singleton_lock_rate_waits"  # lock_rate: how many times this call waited for the window
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
-    {ATTEMPT_HEADER, REDELIVERY_HEADER, SETTLE_HEADER, PARKED_HEADER, WOKEN_HEADER, SINCE_HEADER, RESERVED_HEADER}
+    {
+        ATTEMPT_HEADER,
+        REDELIVERY_HEADER,
+        SETTLE_HEADER,
+        PARKED_HEADER,
+        WOKEN_HEADER,
+        SINCE_HEADER,
+        RESERVED_HEADER,
+        RATE_HEADER,
+    }
 )
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
 #: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
@@ -100,6 +112,9 @@ class Run:
     parked: bool = False  # this delivery's job waits in the key's waiting line (see _line.park)
     superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost
+    rate_key: str | None = None  # lock_rate: the key of the rate this delivery's start counts under
+    rate_at: float | None = None  # lock_rate: when this start was counted, by a counting node's clock (Unix s)
+    limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
 
 
 @dataclass(frozen=True)
@@ -118,6 +133,8 @@ class Options:
     done_window: float  # how long a finished job's done marker lives when a copy of it is known to wait
     done_window_short: float  # ... and when none is
     whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
+    rate: Rate | None = None  # lock_rate, parsed (None: no rate)
+    on_rate_limit: str = "wait"  # lock_on_rate_limit
 
     @property
     def waits_in_line(self) -> bool:

@@ -20,6 +20,7 @@ from ._run import is_locked_task
 from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy, check_policy, check_ttl, settings_for
 from .errors import ConfigurationError
 from .policies import policy_for
+from .policies.rate import ON_RATE_LIMIT, parse_rate
 
 __all__ = [
     "SettingsStep",
@@ -27,6 +28,7 @@ __all__ = [
     "StartProblem",
     "check_limit",
     "check_options",
+    "check_rate",
     "check_start",
     "start_problems",
 ]
@@ -49,6 +51,33 @@ class StartError(ConfigurationError, click.ClickException):  # type: ignore[misc
 
     def format_message(self) -> str:
         return f"celery_singleton_lock: {self.message}"
+
+
+def check_rate(cls: Any) -> None:
+    """``lock_rate``, ``lock_rate_on`` and ``lock_on_rate_limit`` of a LockedTask class (ConfigurationError)."""
+    name = cls.name
+    if cls.lock_on_rate_limit not in ON_RATE_LIMIT:
+        raise ConfigurationError(
+            f"lock_on_rate_limit of {name} must be one of {', '.join(map(repr, ON_RATE_LIMIT))}, "
+            f"got {cls.lock_on_rate_limit!r}"
+        )
+    on = cls.lock_rate_on
+    if on is not None and (isinstance(on, str) or not all(isinstance(n, str) for n in on)):
+        raise ConfigurationError(f"lock_rate_on of {name} must be a list of argument names")
+    if cls.lock_rate is None:
+        if on is not None:
+            raise ConfigurationError(f"lock_rate_on of {name} needs a lock_rate")
+        return
+    parse_rate(cls.lock_rate, f"lock_rate of {name}")
+    if on:
+        try:
+            params = inspect.signature(cls.run).parameters
+        except (TypeError, ValueError):
+            return
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            missing = [n for n in on if n not in params]
+            if missing:
+                raise ConfigurationError(f"lock_rate_on of {name} names unknown argument(s): {missing}")
 
 
 def check_limit(name: str, limit: int, on_duplicate: str) -> None:
@@ -121,8 +150,18 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
         raise ConfigurationError(f"lock_scope of {name} must be 'run' or 'queue', got {cls.lock_scope!r}")
     check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {name}")
     limit = cls.lock_limit
+    check_rate(cls)
+    if limit is None:
+        if cls.lock_rate is None:
+            raise ConfigurationError(f"lock_limit=None of {name} means no lock at all: it needs a lock_rate")
+        if cls.lock_scope != "run" or cls.lock_enqueue_check or cls.lock_cooldown:
+            raise ConfigurationError(
+                f"lock_limit=None of {name} (no lock) cannot be used with lock_scope='queue', lock_enqueue_check or "
+                "lock_cooldown: they need the lock"
+            )
+        limit = 1
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1, got {limit!r}")
+        raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1 or None, got {limit!r}")
     if limit > 1 and cls.lock_scope != "run":
         raise ConfigurationError(f"lock_limit of {name} works with lock_scope='run' only: remove one of them")
     if limit > 1 and cls.lock_enqueue_check:

@@ -32,6 +32,10 @@ __all__ = [
     "POP_WAITER",
     "POP_WAITER_CODE",
     "POP_WAITER_SCRIPT",
+    "RATE",
+    "RATE_SCRIPT",
+    "RATE_UNDO",
+    "RATE_UNDO_SCRIPT",
     "READ",
     "READ_SCRIPT",
     "REFILL",
@@ -68,6 +72,9 @@ STATUS_SCRIPT = _load("status")
 # The waiting line (LockedTask's reschedule and replace).
 POP_WAITER_SCRIPT = _load("pop_waiter")
 PARK_REPLACING_SCRIPT = _load("park_replacing")
+# The rate's sliding log (lock_rate).
+RATE_SCRIPT = _load("rate")
+RATE_UNDO_SCRIPT = _load("rate_undo")
 
 
 def _code(text: str) -> str:
@@ -119,6 +126,8 @@ UNDO = Script(UNDO_SCRIPT)
 REFILL = Script(REFILL_SCRIPT)
 POP_WAITER = Script(POP_WAITER_SCRIPT)
 PARK_REPLACING = Script(PARK_REPLACING_SCRIPT)
+RATE = Script(RATE_SCRIPT)
+RATE_UNDO = Script(RATE_UNDO_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
 
@@ -135,6 +144,8 @@ SCRIPTS: dict[str, Script] = {
     "status": STATUS,
     "pop_waiter": POP_WAITER,
     "park_replacing": PARK_REPLACING,
+    "rate": RATE,
+    "rate_undo": RATE_UNDO,
     "read": READ,
     "force_release": FORCE_RELEASE,
 }

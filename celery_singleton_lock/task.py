@@ -56,6 +56,7 @@ from .errors import ConfigurationError, LockLostError
 from .interrupt import Target, outside_body
 from .keys import Binder, custom_key, lock_key
 from .policies import policy_for
+from .policies.rate import RateLimitPolicy, parse_rate
 from .redlock import Redlock
 from .renewal import Lease, watchdog
 
@@ -121,6 +122,16 @@ class LockedTask(Task):  # type: ignore[misc]
         holds one slot with everything a plain lock gives (renewal, loss detection, fencing token, release; a dead
         holder's slot frees within ttl), on the same quorum. A redelivered or retried job never takes a second
         slot. Run scope only, and not with ``"replace"`` or ``lock_enqueue_check`` (both mean "one of this job").
+        ``None``: no lock at all (no concurrency limit, no duplicate check): for a task with a ``lock_rate`` only.
+    ``lock_rate``
+        ``"N/s"``, ``"N/m"``, ``"N/h"`` or ``(N, seconds)``: never more than N starts of one rate key in any window
+        of that length (a sliding window), counted across every worker and host on the lock's nodes (their clock).
+        A start counts when the body really starts: after the lock is taken, in one more round trip.
+    ``lock_rate_on``
+        the arguments that share one rate (default: one rate for the whole task); separate from the job's identity.
+    ``lock_on_rate_limit``
+        ``"wait"`` (default: re-sent for the moment the window lets it in; never dropped, never early), ``"skip"``
+        (REVOKED) or ``"fail"`` (FAILURE with :class:`RateLimitedError`).
     ``lock_on_lost``
         what the body does when its lock is lost while it runs (renewal refused, or no quorum for one interval):
         ``"continue"`` (default: it goes on; ``self.check_lock()`` raises from then on) or ``"interrupt"``:
@@ -141,8 +152,11 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_cooldown: ClassVar[float] = 0.0
     lock_scope: ClassVar[str] = "run"
     lock_queue_ttl: ClassVar[float] = DEFAULT_QUEUE_TTL
-    lock_limit: ClassVar[int] = 1
+    lock_limit: ClassVar[int | None] = 1
     lock_on_lost: ClassVar[LostPolicy] = "continue"
+    lock_rate: ClassVar[str | tuple[int, float] | None] = None
+    lock_rate_on: ClassVar[Sequence[str] | None] = None
+    lock_on_rate_limit: ClassVar[RateLimitPolicy] = "wait"
     Request = "celery_singleton_lock.task:LockedRequest"
     _singleton_lock_task: ClassVar[bool] = True  # what _run.is_locked_task looks for
 
@@ -175,7 +189,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 binder = None
             visibility = visibility_timeout(self.app)
             on_duplicate = self.lock_on_duplicate or settings.on_duplicate
-            check_limit(self.name, self.lock_limit, on_duplicate)
+            check_limit(self.name, self.lock_limit or 1, on_duplicate)
             options = Options(
                 settings=settings,
                 ttl=ttl,
@@ -191,6 +205,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window=max(2 * ttl, visibility or 0.0) + DONE_MARGIN,
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
+                rate=parse_rate(self.lock_rate, f"lock_rate of {self.name}") if self.lock_rate is not None else None,
+                on_rate_limit=self.lock_on_rate_limit,
             )
             self._lock_options = options
         return options
@@ -205,6 +221,16 @@ class LockedTask(Task):  # type: ignore[misc]
         if key_fn is not None:
             return custom_key(prefix, self.name, key_fn, args, kwargs)
         return lock_key(prefix, self.name, options.binder, args, kwargs, unique_on=self.lock_unique_on)
+
+    def lock_rate_key_for(self, *args: Any, **kwargs: Any) -> str | None:
+        """The rate key of a call with these arguments (None: the task has no ``lock_rate``)."""
+        return self._rate_key(self._options(), args, kwargs)
+
+    def _rate_key(self, options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        if options.rate is None:
+            return None
+        on = list(self.lock_rate_on) if self.lock_rate_on is not None else []
+        return lock_key(f"{options.settings.prefix}rate:", self.name, options.binder, args, kwargs, unique_on=on)
 
     # -- the client side -----------------------------------------------------------------------------------------
 
@@ -266,7 +292,7 @@ class LockedTask(Task):  # type: ignore[misc]
             ttl=options.ttl,
             fence_key=settings.fence_key,
             job=task_id,
-            limit=self.lock_limit,
+            limit=self.lock_limit or 1,
             record={
                 "state": RUNNING,
                 "name": self.name,
