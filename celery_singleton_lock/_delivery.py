@@ -82,11 +82,12 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             line.replaced(task, run, task_id, newer)
             return
     run.rate_key = task._rate_key(options, args, kwargs)
-    if task.lock_limit is None:
+    run.limit = task.lock_limit_for(*args, **kwargs)
+    if run.limit is None:
         # No lock at all (lock_limit=None): the rate alone decides. Nothing to hold, release or mark done.
         rate_gate(task, run, None, options)
         return
-    lock = task._new_lock(key, task_id, options, retries)
+    lock = task._new_lock(key, task_id, options, retries, run.limit)
     acquired = lock.acquire(blocking=False)
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
@@ -122,7 +123,7 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # token: take that over (a few times at most).
             for _ in range(3):
                 holder_owner = lock.held_by
-                lock = task._new_lock(key, task_id, options, retries)
+                lock = task._new_lock(key, task_id, options, retries, run.limit)
                 lock.replaces = holder_owner
                 acquired = lock.acquire(blocking=False)
                 record = lock.holder_record or {}
@@ -354,8 +355,8 @@ def duplicate(task: LockedTask, run: Run, decision: Decision, facts: Facts) -> N
     if facts.holder_state == COOLDOWN:
         until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=facts.holder_remaining or 0)
         held = f"task {holder_id} finished; cooling down until {until.isoformat(timespec='seconds')}"
-    elif (task.lock_limit or 1) > 1 and holder_id != task_id:
-        held = f"at its limit of {task.lock_limit} runs (one by task {holder_id})"
+    elif (run.limit or 1) > 1 and holder_id != task_id:
+        held = f"at its limit of {run.limit} runs (one by task {holder_id})"
     else:
         held = f"held by task {holder_id}"
     # Celery's own line for this delivery says "skipped duplicate" or "deferred" with the same words (see

@@ -177,3 +177,54 @@ def test_one_node(c: Cluster, tasks: ModuleType) -> None:
     assert [r.state for r in results].count("SUCCESS") == 25
     ats = [r[3] for r in _rows(c, key, "rate_started")]
     assert _busiest_window(ats, 1.0) == 10
+
+
+def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: ModuleType) -> None:
+    """``lock_group="mailer"``: a running send_welcome makes a send_digest of the same domain a duplicate, and the
+    two tasks' starts share one rate of 3 per 1 s."""
+    domain = new_key("dom")
+    assert tasks.send_welcome.lock_key_for(domain) == tasks.send_digest.lock_key_for(domain)
+    holder = tasks.send_welcome.apply_async((domain, 1.5), queue="rate")
+    for _ in polling(20, 0.02):
+        if _rows(c, domain, "rate_started"):
+            break
+    dup = tasks.send_digest.apply_async((domain, 0.0), queue="rate")
+    assert dup.get(timeout=30, propagate=False) is not None or dup.state == "REVOKED"
+    assert dup.state == "REVOKED"
+    assert holder.get(timeout=30) == domain
+    # One rate for the whole group (no lock_rate_on): 9 calls of both tasks over 9 domains (no duplicates among
+    # them) all run, never more than 3 starts per second counted over both tasks.
+    domains = [new_key("d") for _ in range(9)]
+    calls = [
+        (tasks.send_welcome if n % 2 else tasks.send_digest).apply_async((d, 0.0), queue="rate")
+        for n, d in enumerate(domains)
+    ]
+    for r in calls:
+        r.get(timeout=60, propagate=False)
+    assert [r.state for r in calls] == ["SUCCESS"] * 9
+    ats = [r[3] for d in domains for r in _rows(c, d, "rate_started")]
+    assert len(ats) == 9
+    assert _busiest_window(ats, 1.0) == 3
+
+
+def test_a_limit_computed_per_call_is_the_limit_of_that_call_s_key(c: Cluster, tasks: ModuleType) -> None:
+    """``lock_limit=tier_limit``: 3 long calls of a premium customer run 2 at once (the third is skipped, naming the
+    limit); 2 of a basic one run 1 at once."""
+    premium, basic = new_key("premium"), new_key("basic")
+    first = [tasks.per_tier.apply_async((premium, 2.0, n), queue="rate") for n in range(2)]
+    first.append(tasks.per_tier.apply_async((basic, 2.0, 0), queue="rate"))
+    for _ in polling(30, 0.02):
+        if len(_rows(c, premium, "rate_started")) >= 2 and _rows(c, basic, "rate_started"):
+            break
+    late = [
+        tasks.per_tier.apply_async((premium, 0.0, 9), queue="rate"),
+        tasks.per_tier.apply_async((basic, 0.0, 9), queue="rate"),
+    ]
+    for r in late:
+        r.get(timeout=30, propagate=False)
+    assert [r.state for r in late] == ["REVOKED", "REVOKED"]
+    with pytest.raises(TaskRevokedError, match="at its limit of 2 runs"):
+        late[0].get(timeout=5)
+    for r in first:
+        assert r.get(timeout=30) in (premium, basic)
+    assert len(_rows(c, premium, "rate_started")) == 2

@@ -56,3 +56,29 @@ def rated_fail(self: Any, key: str, n: int) -> str:
 def rated_dup(self: Any, key: str, duration: float = 0.0) -> str:
     """One job per key (the lock) and 2 starts per second (the rate): a skipped duplicate uses no share."""
     return _run(self, key, duration)
+
+
+# -- lock_group: two tasks, one key space (a run of either is a duplicate of the other; one rate for both) ----------
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="mailer", lock_unique_on=["domain"], lock_rate=(3, 1.0))
+def send_welcome(self: Any, domain: str, duration: float = 0.0) -> str:
+    return _run(self, domain, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="mailer", lock_unique_on=["domain"], lock_rate=(3, 1.0))
+def send_digest(self: Any, domain: str, duration: float = 0.0) -> str:
+    return _run(self, domain, duration)
+
+
+# -- lock_limit as a function of the call ----------------------------------------------------------------------
+
+
+def tier_limit(customer: str, duration: float = 0.0, n: int = 0) -> int:
+    """Premium customers 2 at once, others 1."""
+    return 2 if customer.startswith("premium") else 1
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=tier_limit, lock_unique_on=["customer"])
+def per_tier(self: Any, customer: str, duration: float = 0.0, n: int = 0) -> str:
+    return _run(self, customer, duration)
