@@ -425,6 +425,13 @@ class LockedTask(Task):  # type: ignore[misc]
         run = self._current()
         return run.lock.fencing_token if run is not None and run.lock is not None else None
 
+    @property
+    def rate_started_at(self) -> float | None:
+        """``lock_rate``: when this run's start was counted (Unix seconds, by the clock of a lock node that counted
+        it); None without a rate or outside a run."""
+        run = self._current()
+        return run.rate_at if run is not None else None
+
     # -- plumbing ----------------------------------------------------------------------------------------------
 
     def _on_lost(self, task_id: str, target: Target | None, lease: Lease, reason: str) -> None:

@@ -17,8 +17,7 @@ STORM_RATE = (10, 1.0)
 
 
 def _run(task: Any, key: str, duration: float) -> str:
-    run = task.request.__dict__.get("_singleton_lock")
-    at = run.rate_at if run is not None else None
+    at = task.rate_started_at
     waits = int(getattr(task.request, "singleton_lock_rate_waits", 0) or 0)
     start = time.time()
     row = [key, task.request.id, os.getpid(), at, start, waits]
