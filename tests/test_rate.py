@@ -155,3 +155,25 @@ def test_contenders_at_the_window_edge_never_exceed_the_rate(redis_trio: list[Re
     slack = 0.02
     for i in range(len(granted) - 5):
         assert granted[i + 5] - granted[i] >= rate.period - slack, granted[i : i + 6]
+
+
+def test_a_lowered_rate_counts_the_starts_already_in_the_window(redis_node: RedisServer, name: str) -> None:
+    """5 starts at (5, 1 s), ~0.15 s apart, then the rate is lowered to 2: once the oldest left the window, 4 are still
+    in it, so no start fits (the entries of slots 2..4 count too) until the 4th oldest left."""
+    nodes = NodeSet(redis_node.url)
+    ats = []
+    for _ in range(5):
+        v = take(nodes, name, Rate(5, 1.0))
+        assert v.outcome == "granted"
+        ats.append(v.at)
+        time.sleep(0.15)
+    client = redis.Redis.from_url(redis_node.url)
+    for _ in range(200):  # until the oldest left the window by the node's clock (bounded: ~2 s)
+        sec, usec = client.time()
+        if sec + usec / 1e6 > ats[0] + 1.0 + 0.01:
+            break
+        time.sleep(0.01)
+    sec, usec = client.time()
+    if sec + usec / 1e6 < ats[3] + 1.0 - 0.02:  # (a machine so slow that the 4th left too proves nothing)
+        v = take(nodes, name, Rate(2, 1.0))
+        assert v.outcome == "limited", v

@@ -8,20 +8,24 @@
 -- ARGV[4] - the slot to take if it is free, or '' for the lowest free one
 -- A start holds one of n slots for one window from its start, so n + 1 starts within one window would need n + 1
 -- slots at once: the log never holds more than n starts of any window. Entries that left the window (score <= now -
--- window) are removed first; entries of a slot >= n (a rate lowered meanwhile) hold no slot.
+-- window) are removed first. With n or more entries (n lowered meanwhile: entries of slots >= n) nothing is free.
 -- returns {1, slot, now} when the start is counted here (now: this node's TIME, microseconds);
---         {0, microseconds until the oldest counted start leaves the window: the earliest moment a slot frees here}
+--         {0, microseconds until enough counted starts left the window for one more: the earliest moment here}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local n, window = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 local log = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-local taken, oldest = {}, nil
+local count = #log / 2
+if count >= n then
+  -- Full (or fuller, after the rate was lowered): a start fits once all but n - 1 of these left the window.
+  return {0, tonumber(log[2 * (count - n) + 2]) + window - now}
+end
+local taken = {}
 for i = 1, #log, 2 do
   local slot = tonumber(string.match(log[i], '^(%d+):'))
   if slot and slot < n then
     taken[slot] = true
-    oldest = oldest or tonumber(log[i + 1])  -- the log is in score order
   end
 end
 local slot = tonumber(ARGV[4])
@@ -33,9 +37,6 @@ if not slot or slot >= n or taken[slot] then
       break
     end
   end
-end
-if not slot then
-  return {0, oldest + window - now}
 end
 redis.call('ZADD', KEYS[1], string.format('%.0f', now), slot .. ':' .. ARGV[1])
 redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)

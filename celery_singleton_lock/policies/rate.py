@@ -75,7 +75,7 @@ def parse_rate(value: Any, where: str) -> Rate:
         if (
             isinstance(limit, int)
             and not isinstance(limit, bool)
-            and 1 <= limit <= 100_000
+            and 1 <= limit <= 10_000
             and isinstance(period, int | float)
             and not isinstance(period, bool)
             and math.isfinite(period)
@@ -83,7 +83,7 @@ def parse_rate(value: Any, where: str) -> Rate:
         ):
             return Rate(limit, float(period))
     raise ConfigurationError(
-        f"{where} must be 'N/s', 'N/m', 'N/h' or (N, seconds) with N a whole number from 1 to 100000 and seconds "
+        f"{where} must be 'N/s', 'N/m', 'N/h' or (N, seconds) with N a whole number from 1 to 10000 and seconds "
         f"from 0.001 to 30 days, got {value!r}"
     )
 
