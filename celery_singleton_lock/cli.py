@@ -78,8 +78,9 @@ MAX_RECORD_FIELDS = 64
 STATS_FIELDS = ("acquired", "skipped", "lost", "released", "unavailable")
 
 #: What wrote a key: a LockedTask run (its record has a ``state``), a beat claim (``{prefix}beat:...``), a plain
-#: Redlock (any other holder record), a done marker (``--done``), or something else (not a holder record).
-KINDS = ("task", "beat", "lock", "done", "foreign")
+#: Redlock (any other holder record), a done marker (``--done``), a ``lock_rate``'s sliding log
+#: (``{prefix}rate:...``, a sorted set), or something else (not a holder record).
+KINDS = ("task", "beat", "lock", "done", "rate", "foreign")
 #: The record's ``state`` field -> the state shown (a held LockedTask lock).
 _TASK_STATES = {RUNNING: "running", HANDOVER: "retry-wait", ENDING: "ending", COOLDOWN: "cooldown"}
 #: Every state shown, with what it means.
@@ -94,6 +95,7 @@ STATES: dict[str, str] = {
     "partial": "some nodes hold it, but no owner has a quorum",
     "foreign": "not a holder record of celery_singleton_lock",
     "done": "this task id finished: a done marker, not a lock",
+    "rate": "a lock_rate's sliding log: the starts counted in the window, not a lock (never released)",
 }
 
 T = TypeVar("T")
@@ -176,7 +178,7 @@ class LockInfo:
     """One key merged over the nodes: the holder record most nodes hold (by owner) and what it says."""
 
     key: str
-    kind: Literal["task", "beat", "lock", "done", "foreign"]
+    kind: Literal["task", "beat", "lock", "done", "rate", "foreign"]
     state: str  # one of STATES
     owner: str | None  # the merged owner token (None: done marker, foreign key)
     nodes: tuple[str, ...]  # the nodes holding that owner's record (done, foreign: the nodes having the key)
@@ -391,10 +393,17 @@ def merge(key: str, states: Sequence[NodeState | None], quorum: int, *, prefix: 
         longest = max(_seconds(s.ttl_ms) for s in present)
         marker = done_marker_of(key)
         is_done = marker is not None and all(s.redis_type == "string" for s in present)
+        is_rate = (
+            not is_done
+            and prefix is not None
+            and key.startswith(f"{prefix}rate:")
+            and all(s.redis_type == "zset" for s in present)
+        )
+        bare: Literal["done", "rate", "foreign"] = "done" if is_done else "rate" if is_rate else "foreign"
         return LockInfo(
             key=key,
-            kind="done" if is_done else "foreign",
-            state="done" if is_done else "foreign",
+            kind=bare,
+            state=bare,
             owner=None,
             nodes=tuple(s.node for s in present),
             total=len(states),
@@ -575,7 +584,7 @@ def _state_line(info: LockInfo, quorum: int) -> str:
     if info.state == "partial":
         what = f"{info.record['state']} record" if info.kind == "task" else f"{info.kind} record"
         return f"partial: a {what} {where}, no owner has a quorum"
-    if info.kind in ("done", "foreign"):
+    if info.kind in ("done", "rate", "foreign"):
         return f"{info.state}: {STATES[info.state]}, present on {len(info.nodes)}/{info.total} nodes"
     meaning = STATES.get(info.state, f"record state {info.state!r}")
     return f"{info.state}: {meaning}; {where}"
@@ -592,7 +601,7 @@ def format_show(key: str, info: LockInfo | None, states: Sequence[NodeState | No
             stamp = dt.datetime.fromtimestamp(info.acquired_at, tz=dt.timezone.utc).isoformat(timespec="seconds")
             when = f"{stamp} ({format_duration(info.age(now))} ago)"
         fields: list[tuple[str, str]] = [("key", key), ("kind", info.kind), ("state", _state_line(info, quorum))]
-        if info.kind == "foreign":
+        if info.kind in ("foreign", "rate"):
             fields.append(("type", f"a Redis {info.redis_type}: never released by this command"))
         elif info.kind == "done":
             fields += [("lock", info.lock_key or "-"), ("task id", info.task_id or "-")]
