@@ -63,6 +63,8 @@ __all__ = ["SETTLE_GRACE", "release", "start"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
+#: The longest countdown a delivery waiting for its rate's window is re-sent with (a longer wait takes several).
+RATE_MAX_COUNTDOWN = 900.0
 #: Seconds a copy that found its job done, but no result stored, waits before saying so (see settle_done).
 SETTLE_GRACE = 10.0
 
@@ -314,8 +316,9 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     # wait: for the moment the window lets a start in on a quorum (a few ms after it: never early; that copy asks
     # again, and one that loses the moment to another waiter is re-sent for the next one).
     countdown = verdict.wait + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
-    if options.max_countdown is not None:
-        countdown = min(countdown, options.max_countdown)
+    # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
+    # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
+    countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
     waits = int(getattr(request, RATE_HEADER, 0) or 0)
     resend.defer(task, run, countdown, "rate", {RATE_HEADER: waits + 1}, said)
     return False

@@ -190,3 +190,23 @@ def test_celery_locks_names_a_rate_log_as_such_not_as_a_foreign_key(redis_trio: 
     settings = LockSettings(urls=urls, prefix=prefix)
     (info,) = list_locks(settings).value
     assert (info.key, info.kind, info.state) == (key, "rate", "rate")
+
+
+def test_an_eager_call_over_the_rate_raises_rate_limited_error(redis_node: RedisServer) -> None:
+    """``task.apply()`` cannot wait: over the rate it raises RateLimitedError naming the rate (whatever the policy)."""
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask, RateLimitedError  # noqa: PLC0415
+    from celery_singleton_lock.testing import use_lock_nodes  # noqa: PLC0415
+
+    app = Celery("rate_eager", broker="memory://", backend="cache+memory://", set_as_current=False)
+
+    @app.task(base=LockedTask, shared=False, lock_rate=(1, 60.0), lock_rate_on=["n"])
+    def once_a_minute(n: int, note: str = "") -> int:
+        return n
+
+    with use_lock_nodes(app, redis_node.url, prefix=f"eager{time.monotonic_ns()}:"):
+        assert once_a_minute.apply(args=(1,)).get() == 1
+        assert once_a_minute.apply(args=(2,)).get() == 2  # another key, another rate
+        with pytest.raises(RateLimitedError, match=r"rate 1 per 60 s of .* reached"):
+            once_a_minute.apply(args=(1, "again")).get()
