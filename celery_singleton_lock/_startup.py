@@ -73,11 +73,13 @@ def check_rate(cls: Any) -> None:
     parse_rate(cls.lock_rate, f"lock_rate of {name}")
     if on:
         try:
-            params = inspect.signature(cls.run).parameters
+            params = list(inspect.signature(cls.run).parameters.values())
         except (TypeError, ValueError):
             return
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            missing = [n for n in on if n not in params]
+        if params and not isinstance(inspect.getattr_static(cls, "run", None), staticmethod):
+            params = params[1:]  # a bound task's run (bind=True): its first parameter is the task itself
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            missing = [n for n in on if n not in {p.name for p in params}]
             if missing:
                 raise ConfigurationError(f"lock_rate_on of {name} names unknown argument(s): {missing}")
 

@@ -140,3 +140,21 @@ def test_a_limit_function_is_refused_where_a_limit_above_one_is(options: dict[st
     app, _ = _register(lock_limit=_tiers, **options)
     with pytest.raises(ConfigurationError, match="lock_limit of"):
         _ = app.tasks
+
+
+def test_lock_rate_on_naming_a_bound_task_s_self_is_refused_at_registration() -> None:
+    """``bind=True``: ``self`` is no argument of a call (the key builder never sees it): refused when the task
+    registers, naming lock_rate_on (it failed later, at every delivery, as an unknown name of lock_unique_on)."""
+    app = _app()
+
+    @app.task(base=LockedTask, bind=True, shared=False, lock_rate="1/s", lock_rate_on=["self"])
+    def bound(self: Any, a: int) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"lock_rate_on of .*bound names unknown argument\(s\): \['self'\]"):
+        _ = app.tasks
+    app2 = _app()
+
+    @app2.task(base=LockedTask, bind=True, shared=False, lock_rate="1/s", lock_rate_on=["a"])
+    def bound_ok(self: Any, a: int) -> None: ...
+
+    assert bound_ok.name in app2.tasks
