@@ -53,6 +53,9 @@ def main() -> None:
         rows = [json.loads(x) for x in c.record.lrange("rate_runs", 0, -1)]
         rows = [r for r in rows if r[0] == key]
         ats = [r[3] for r in rows]
+        slots = rate_tasks.slot_rows(key)
+        violations = rate_tasks.slot_violations(slots, 1.0)
+        spread = max((max(r[3].values()) - min(r[3].values()) for r in slots), default=0.0)
         waits = [r[5] for r in rows]
         states = [r.state for r in results]
         print(
@@ -63,7 +66,10 @@ def main() -> None:
                     "runs": len(rows),
                     "wall_s": round(wall, 1),
                     "span_of_starts_s": round(max(ats) - min(ats), 2) if ats else None,
-                    "busiest_window": busiest(ats, 1.0),
+                    "busiest_window_earliest_node_time_10ms_slack": busiest(ats, 1.0),
+                    "busiest_window_skew_slack": rate_tasks.busiest_window(slots, 1.0),
+                    "largest_node_time_spread_of_one_start_ms": round(spread * 1000, 2),
+                    "slot_violations": violations[:5],
                     "re_sends_total": sum(waits),
                     "most_waits_of_one_call": max(waits) if waits else 0,
                 }

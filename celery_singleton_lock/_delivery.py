@@ -274,6 +274,7 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     verdict = rate_policy.take(options.settings.nodes, key, rate)
     if verdict.outcome == "granted":
         run.rate_at = verdict.at
+        run.rate_slot = (verdict.slot, verdict.times)
         return True
     request = task.request
     if lock is not None:

@@ -114,6 +114,9 @@ class Run:
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost
     rate_key: str | None = None  # lock_rate: the key of the rate this delivery's start counts under
     rate_at: float | None = None  # lock_rate: when this start was counted, by a counting node's clock (Unix s)
+    rate_slot: tuple[int, dict[int, float]] | None = (
+        None  # lock_rate: the slot held, and each holding node's count time
+    )
     limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
 
 

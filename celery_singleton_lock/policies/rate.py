@@ -97,6 +97,8 @@ class Verdict:
     token: str = ""  #: granted: the owner token of the counted start (for :func:`undo`)
     slot: int = -1  #: granted: the slot it holds
     at: float = 0.0  #: granted: when it was counted, by the clock of a node that counted it (Unix seconds)
+    #: granted: when each node that holds it counted it (node index -> Unix seconds, by that node's clock)
+    times: dict[int, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  #: the nodes that failed, redacted
 
 
@@ -127,8 +129,8 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
             strays = [i for i, s in granted.items() if s != slot]
             if strays:
                 undo(nodes, key, token, strays)
-            at = min(moments[i] for i, s in granted.items() if s == slot)
-            return Verdict("granted", token=token, slot=slot, at=at)
+            times = {i: moments[i] for i, s in granted.items() if s == slot}
+            return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
         if granted:
             undo(nodes, key, token, granted)
         answered = len(nodes) - len(errors)

@@ -4,6 +4,7 @@ start, wall start, rate waits, end]`` in the record list ``rate_runs`` (and its 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -22,6 +23,9 @@ def _run(task: Any, key: str, duration: float) -> str:
     start = time.time()
     row = [key, task.request.id, os.getpid(), at, start, waits]
     record.rpush("rate_started", json.dumps(row))
+    run = task.request.__dict__.get("_singleton_lock")
+    if run is not None and run.rate_slot is not None:  # the slot and each node's count time (tests check per slot)
+        record.rpush("rate_slots", json.dumps([key, task.request.id, run.rate_slot[0], run.rate_slot[1]]))
     end_by = time.monotonic() + duration
     while time.monotonic() < end_by:  # bounded by duration
         time.sleep(min(0.05, max(0.0, end_by - time.monotonic())))
@@ -81,3 +85,44 @@ def tier_limit(customer: str, duration: float = 0.0, n: int = 0) -> int:
 @app.task(shared=False, base=LockedTask, bind=True, lock_limit=tier_limit, lock_unique_on=["customer"])
 def per_tier(self: Any, customer: str, duration: float = 0.0, n: int = 0) -> str:
     return _run(self, customer, duration)
+
+
+# -- checking the record against the window (used by the tests and benchmarks/rate_storm.py) -----------------------
+
+
+def slot_rows(key_or_keys: str | list[str]) -> list[list[Any]]:
+    """``[key, task_id, slot, {node index: count time}]`` of every start of these keys."""
+    keys = {key_or_keys} if isinstance(key_or_keys, str) else set(key_or_keys)
+    return [r for r in (json.loads(x) for x in record.lrange("rate_slots", 0, -1)) if r[0] in keys]
+
+
+def slot_violations(rows: list[list[Any]], period: float) -> list[str]:
+    """What the guarantee rests on, checked exactly: two successive starts of one slot were counted on a common node,
+    and on every node that counted both, the later one at least ``period`` after the earlier (that node's clock)."""
+    out: list[str] = []
+    by_slot: dict[int, list[dict[str, float]]] = {}
+    for r in rows:
+        by_slot.setdefault(r[2], []).append(r[3])
+    for slot, starts in by_slot.items():
+        starts.sort(key=lambda t: min(t.values()))
+        for x, y in itertools.pairwise(starts):
+            common = x.keys() & y.keys()
+            if not common:
+                out.append(f"slot {slot}: {x} and {y} share no node")
+            for n in common:
+                if y[n] - x[n] < period - 1e-6:
+                    out.append(f"slot {slot} node {n}: {y[n] - x[n]:.6f} s apart")
+    return out
+
+
+def busiest_window(rows: list[list[Any]], period: float) -> int:
+    """The most starts any window of ``period`` holds, each start at the earliest node time it was counted at, less
+    twice the largest spread of one start's node times (the nodes read TIME at slightly different moments)."""
+    ats = sorted(min(r[3].values()) for r in rows)
+    slack = 2 * max((max(r[3].values()) - min(r[3].values()) for r in rows), default=0.0) + 1e-6
+    best = j = 0
+    for i, at in enumerate(ats):
+        while ats[j] <= at - (period - slack):
+            j += 1
+        best = max(best, i - j + 1)
+    return best
