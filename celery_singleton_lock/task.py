@@ -11,6 +11,7 @@ This module holds Celery's hooks and the public options only; each hook hands it
 ``apply_async``        the enqueue side (``_enqueue``): queue-scope reservations, the enqueue check
 ``before_start``       the delivery (``_delivery``): facts -> :func:`~celery_singleton_lock.decision.decide` -> act;
                        a duplicate follows its policy (``policies``); waiting duplicates join the key's line (``_line``)
+                       a delivery about to run asks its ``lock_rate`` (``policies.rate``, ``_delivery.rate_gate``)
 ``__call__``           the body, then the release or the retry's hand-over (``_delivery``, ``_handover``)
 ``retry``              the hand-over of the lock to the retry (``_handover``)
 ``Request``            what monitors see of a delivery that did not run (``_monitoring``)
