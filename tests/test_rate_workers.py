@@ -110,7 +110,7 @@ def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(c: Cluster, ta
     assert not tasks.slot_violations(rows, 1.0)
     assert tasks.busiest_window(rows, 1.0) <= 10
     assert _busiest_window(ats, 1.0) >= 9  # the rate is used, not only respected
-    assert sum(1 for r in started if r[5] > 0) >= 40  # most waited: re-sent for the window's moment
+    assert sum(1 for r in started if r[5] > 0) >= 20  # many waited: re-sent for the window's moment
     # The quiet key shared no share with the busy one: none of its calls waited for a window.
     assert [r[5] for r in _rows(c, quiet)] == [0] * 5
 
