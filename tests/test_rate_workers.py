@@ -35,14 +35,13 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def workers(c: Cluster) -> None:
-    """One pair of workers (2 x 3 processes) on the three nodes for the whole module."""
-    for name in ("rate-a", "rate-b"):
-        c.worker(name, queues="rate", concurrency=3, extra=["-I", "rate_tasks"])
+def workers(c: Cluster) -> list[Any]:
+    """One pair of workers (2 x 3 processes) on the three nodes for the whole module (a killed one is replaced)."""
+    return [c.worker(name, queues="rate", concurrency=3, extra=["-I", "rate_tasks"]) for name in ("rate-a", "rate-b")]
 
 
 @pytest.fixture(scope="module")
-def tasks(c: Cluster, workers: None) -> ModuleType:
+def tasks(c: Cluster, workers: list[Any]) -> ModuleType:
     sys.modules.pop("rate_tasks", None)
     import rate_tasks  # noqa: PLC0415 - imported with the cluster's env, after locked_app
 
@@ -80,9 +79,12 @@ def test_the_window_checks_are_not_vacuous(tasks: ModuleType) -> None:
     assert tasks.busiest_window([["k", str(i), i, {"0": 10.0 + i / 10}] for i in range(12)], 1.0) == 10
 
 
-def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(c: Cluster, tasks: ModuleType) -> None:
+def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(
+    c: Cluster, tasks: ModuleType, workers: list[Any]
+) -> None:
     """60 calls for one key at (10, 1.0) on 2 x 3 processes, one pool child SIGKILLed mid-window (its start was
-    counted; its redelivery counts again), while another key's calls run beside them without waiting."""
+    counted; its redelivery counts again), then a whole worker SIGKILLed mid-storm (its waiting and running calls come
+    back by redelivery) and replaced, while another key's calls run beside them without waiting."""
     busy, quiet = new_key("busy"), new_key("quiet")
     results = [tasks.rated.apply_async((busy, n, 0.2), queue="rate") for n in range(60)]
     others = [tasks.rated.apply_async((quiet, n, 0.0), queue="rate") for n in range(5)]
@@ -96,6 +98,12 @@ def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(c: Cluster, ta
             os.kill(int(rows[0][2]), signal.SIGKILL)
             break
     assert killed is not None, "no run to kill"
+    # Then a whole worker, a moment later, mid-storm; a new one takes its place (the module's later tests use it).
+    for _ in polling(10, 0.05):
+        if len(_rows(c, busy, "rate_started")) >= 15:
+            break
+    workers[1].kill()
+    workers[1] = c.worker("rate-c", queues="rate", concurrency=3, extra=["-I", "rate_tasks"])
     states = []
     for r in results + others:
         r.get(timeout=150, propagate=False)
