@@ -10,6 +10,7 @@ from .errors import (
     LockLostError,
     LockNotAcquiredError,
     LockUnavailableError,
+    RateLimitedError,
     UnserializableArgumentsError,
 )
 from .redlock import NodeSet, Redlock
@@ -31,6 +32,7 @@ __all__ = [
     "LockedRequest",
     "LockedTask",
     "NodeSet",
+    "RateLimitedError",
     "Redlock",
     "Skipped",
     "UnserializableArgumentsError",

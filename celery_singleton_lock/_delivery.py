@@ -39,6 +39,7 @@ from ._run import (
     ATTEMPT_HEADER,
     DEBOUNCE_HEADER,
     PARKED_HEADER,
+    RATE_HEADER,
     REDELIVERY_HEADER,
     RESERVED_HEADER,
     SETTLE_HEADER,
@@ -51,9 +52,10 @@ from ._run import (
 )
 from .config import UnavailablePolicy
 from .decision import COOLDOWN, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
-from .errors import DuplicateTaskError, LockUnavailableError
+from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
 from .policies import policy_for
+from .policies import rate as rate_policy
 from .redlock import Redlock
 from .renewal import watchdog
 
@@ -64,6 +66,8 @@ __all__ = ["SETTLE_GRACE", "release", "start"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
+#: The longest countdown a delivery waiting for its rate's window is re-sent with (a longer wait takes several).
+RATE_MAX_COUNTDOWN = 900.0
 #: Seconds a copy that found its job done, but no result stored, waits before saying so (see settle_done).
 SETTLE_GRACE = 10.0
 
@@ -82,21 +86,29 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
         if newer is not None:
             line.replaced(task, run, task_id, newer)
             return
-    lock = task._new_lock(key, task_id, options, retries)
+    run.rate_key = task._rate_key(options, args, kwargs)
+    run.limit = task.lock_limit_for(*args, **kwargs)
+    if run.limit is None:
+        # No lock at all (lock_limit=None): the rate alone decides. Nothing to hold, release or mark done.
+        rate_gate(task, run, None, options)
+        return
+    lock = task._new_lock(key, task_id, options, retries, run.limit)
     acquired = lock.acquire(blocking=False)
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
     reserved = task.lock_scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
     if acquired and not redelivered and not reserved:
         # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
-        hold(task, run, lock, options, request)
+        if rate_gate(task, run, lock, options):
+            hold(task, run, lock, options, request)
         return
     facts = dataclasses.replace(gather(task, lock, acquired, task_id, redelivered, options), reserved=reserved)
     for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
         decision = decide(facts)
         act = decision.act
         if act is Act.RUN:
-            hold(task, run, lock, options, request)
+            if rate_gate(task, run, lock, options):
+                hold(task, run, lock, options, request)
             return
         if act is Act.LOOK_UP:
             facts = dataclasses.replace(facts, ended=already_ended(task, task_id))
@@ -116,7 +128,7 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # token: take that over (a few times at most).
             for _ in range(3):
                 holder_owner = lock.held_by
-                lock = task._new_lock(key, task_id, options, retries)
+                lock = task._new_lock(key, task_id, options, retries, run.limit)
                 lock.replaces = holder_owner
                 acquired = lock.acquire(blocking=False)
                 record = lock.holder_record or {}
@@ -257,6 +269,70 @@ def settle_done(task: LockedTask, run: Run, task_id: str) -> bool:
     return True
 
 
+def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options) -> bool:
+    """``lock_rate``: count this start if the window allows it (one more round trip), True then: the body runs.
+
+    Over the rate, the lock (if any) is given back at once, as if never taken, and ``lock_on_rate_limit`` acts:
+    ``wait`` re-sends this delivery for the moment the window lets a start in (never early: that copy asks again),
+    ``skip`` stores REVOKED, ``fail`` raises RateLimitedError. Without a quorum, ``lock_on_unavailable`` acts.
+    """
+    rate, key = options.rate, run.rate_key
+    if rate is None or key is None:
+        return True
+    verdict = rate_policy.take(options.settings.nodes, key, rate)
+    if verdict.outcome == "granted":
+        run.rate_at = verdict.at
+        run.rate_slot = (verdict.slot, verdict.times)
+        return True
+    request = task.request
+    if lock is not None:
+        try:
+            lock.release()
+        except Exception:  # it expires within its ttl
+            logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
+        if run.parked or getattr(request, PARKED_HEADER, None):
+            line.unpark(task, run.key, run.task_id, options)
+        if options.waits_in_line:
+            line.wake_next(task, run.key, options)
+    task_id = run.task_id
+    if verdict.outcome == "unavailable":
+        policy = options.on_unavailable
+        task._count("unavailable")
+        signals.lock_unavailable.send(sender=task, key=key, task_id=task_id, policy=policy, errors=verdict.errors)
+        attempt = int(getattr(request, ATTEMPT_HEADER, 0) or 0)
+        if policy == "run":
+            logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", task.name, task_id, key)
+            return True
+        if (
+            policy == "fail"
+            or request.is_eager
+            or (options.settings.max_retries is not None and attempt + 1 > options.settings.max_retries)
+        ):
+            raise LockUnavailableError(key, node_errors=verdict.errors)
+        delay = min(options.settings.retry_max_delay, options.settings.retry_delay * 2**attempt)
+        resend.defer(task, run, delay * (0.5 + 0.5 * random.random()), "unavailable", {ATTEMPT_HEADER: attempt + 1})  # noqa: S311
+        return False
+    task._count("rate_limited")
+    said = f"rate {rate} of {key} reached"
+    if options.on_rate_limit == "fail" or request.is_eager:
+        raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
+    if options.on_rate_limit == "skip":
+        reason = f"{task.name} skipped: {said}"
+        if not (task.ignore_result or request.ignore_result):
+            task.backend.mark_as_revoked(task_id, reason, request=None)
+        resend.skip_quietly(task, run, Skipped(reason, key, None))
+        return False
+    # wait: for the moment the window lets a start in on a quorum (a few ms after it: never early; that copy asks
+    # again, and one that loses the moment to another waiter is re-sent for the next one).
+    countdown = verdict.wait + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
+    # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
+    # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
+    countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
+    waits = int(getattr(request, RATE_HEADER, 0) or 0)
+    resend.defer(task, run, countdown, "rate", {RATE_HEADER: waits + 1}, said)
+    return False
+
+
 def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: Any) -> None:
     task_id = run.task_id
     if (
@@ -309,8 +385,8 @@ def duplicate(task: LockedTask, run: Run, decision: Decision, facts: Facts) -> N
     if facts.holder_state == COOLDOWN:
         until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=facts.holder_remaining or 0)
         held = f"task {holder_id} finished; cooling down until {until.isoformat(timespec='seconds')}"
-    elif task.lock_limit > 1 and holder_id != task_id:
-        held = f"at its limit of {task.lock_limit} runs (one by task {holder_id})"
+    elif (run.limit or 1) > 1 and holder_id != task_id:
+        held = f"at its limit of {run.limit} runs (one by task {holder_id})"
     else:
         held = f"held by task {holder_id}"
     # Celery's own line for this delivery says "skipped duplicate" or "deferred" with the same words (see

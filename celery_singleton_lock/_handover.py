@@ -45,7 +45,12 @@ def hand_over(task: LockedTask, run: Run, ttl: float) -> None:
         run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
 
 
-def ending_lease(task: LockedTask, key: str, task_id: str, **fields: str) -> Redlock:
+def _static_limit(task: LockedTask) -> int:
+    limit = type(task).lock_limit
+    return limit if isinstance(limit, int) else 1
+
+
+def ending_lease(task: LockedTask, key: str, task_id: str, limit: int | None = None, **fields: str) -> Redlock:
     """A lock on ``key`` that ends ``task_id``'s hold: a lease of END_LEASE s that nobody renews, its record saying
     ``ending`` (a duplicate sent meanwhile is sent, a copy of the job waits ~1 s), taken over from the holder."""
     return Redlock(
@@ -54,12 +59,12 @@ def ending_lease(task: LockedTask, key: str, task_id: str, **fields: str) -> Red
         ttl=END_LEASE,
         fencing=False,
         job=task_id,
-        limit=task.lock_limit,
+        limit=limit or _static_limit(task),
         record={"state": ENDING, "name": task.name, **fields},
     )
 
 
-def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str) -> None:
+def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str, limit: int | None = None) -> None:
     """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.
 
     Called in the worker's main process after a hard time limit (see :class:`LockedRequest`), which Celery
@@ -70,7 +75,7 @@ def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str) -> None:
     Only a record written by the killed child (``worker``, its pid and host) is taken over: another delivery
     of the same task id (a retry, a redelivered twin) may hold the lock by now, and must keep it.
     """
-    lock = ending_lease(task, key, task_id, worker=worker, at=str(int(time.time() * 1000)))
+    lock = ending_lease(task, key, task_id, limit, worker=worker, at=str(int(time.time() * 1000)))
     if lock.acquire(blocking=False):  # nobody held it any more: nothing to end
         lock.release()
         return

@@ -173,7 +173,8 @@ class LockedRequest(Request):  # type: ignore[misc]
         if soft or not is_locked_task(task) or not self.worker_pid:
             return
         try:
-            key = task.lock_key_for(*(self.args or ()), **(self.kwargs or {}))
-            handover.end_lease_of(task, self.id, key, f"{self.worker_pid}@{HOST}")
+            args, kwargs = self.args or (), self.kwargs or {}
+            key = task.lock_key_for(*args, **kwargs)
+            handover.end_lease_of(task, self.id, key, f"{self.worker_pid}@{HOST}", task.lock_limit_for(*args, **kwargs))
         except Exception:
             logger.exception("could not end the lease of %s[%s]", task.name, self.id)

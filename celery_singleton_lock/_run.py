@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .interrupt import Target
     from .keys import Binder
     from .policies import Policy
+    from .policies.rate import Rate
     from .redlock import Redlock
     from .renewal import Lease
 
@@ -30,6 +31,7 @@ __all__ = [
     "HOST",
     "OWN_HEADERS",
     "PARKED_HEADER",
+    "RATE_HEADER",
     "REDELIVERY_HEADER",
     "RESERVED_HEADER",
     "SETTLE_HEADER",
@@ -72,6 +74,7 @@ WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
 DEBOUNCE_HEADER = "singleton_lock_debounce"  # lock_debounce: a burst's job message (the seq of the call it carries)
+RATE_HEADER = "singleton_lock_rate_waits"  # lock_rate: how many times this call waited for the window
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
     {
@@ -83,6 +86,7 @@ OWN_HEADERS = frozenset(
         SINCE_HEADER,
         RESERVED_HEADER,
         DEBOUNCE_HEADER,
+        RATE_HEADER,
     }
 )
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
@@ -113,6 +117,12 @@ class Run:
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost
     line_full: int | None = None  # lock_max_waiting: the length of the full line this new duplicate found
     debounced: tuple[Any, Any] | None = None  # lock_debounce: the (args, kwargs) of the burst's last call
+    rate_key: str | None = None  # lock_rate: the key of the rate this delivery's start counts under
+    rate_at: float | None = None  # lock_rate: when this start was counted, by a counting node's clock (Unix s)
+    rate_slot: tuple[int, dict[int, float]] | None = (
+        None  # lock_rate: the slot held, and each holding node's count time
+    )
+    limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,8 @@ class Options:
     done_window_short: float  # ... and when none is
     whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
     max_waiting: int | None = None  # lock_max_waiting: at most this many new duplicates wait in the key's line
+    rate: Rate | None = None  # lock_rate, parsed (None: no rate)
+    on_rate_limit: str = "wait"  # lock_on_rate_limit
 
     @property
     def waits_in_line(self) -> bool:

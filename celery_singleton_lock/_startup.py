@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import logging
@@ -21,14 +22,17 @@ from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
 from .errors import ConfigurationError
 from .policies import policy_for
 from .policies.debounce import check_debounce
+from .policies.rate import ON_RATE_LIMIT, parse_rate
 
 __all__ = [
     "SettingsStep",
     "StartError",
     "StartProblem",
+    "check_group",
     "check_limit",
     "check_max_waiting",
     "check_options",
+    "check_rate",
     "check_start",
     "start_problems",
 ]
@@ -51,6 +55,69 @@ class StartError(ConfigurationError, click.ClickException):  # type: ignore[misc
 
     def format_message(self) -> str:
         return f"celery_singleton_lock: {self.message}"
+
+
+def check_rate(cls: Any) -> None:
+    """``lock_rate``, ``lock_rate_on`` and ``lock_on_rate_limit`` of a LockedTask class (ConfigurationError)."""
+    name = cls.name
+    if cls.lock_on_rate_limit not in ON_RATE_LIMIT:
+        raise ConfigurationError(
+            f"lock_on_rate_limit of {name} must be one of {', '.join(map(repr, ON_RATE_LIMIT))}, "
+            f"got {cls.lock_on_rate_limit!r}"
+        )
+    on = cls.lock_rate_on
+    if on is not None and (isinstance(on, str) or not all(isinstance(n, str) for n in on)):
+        raise ConfigurationError(f"lock_rate_on of {name} must be a list of argument names")
+    if cls.lock_rate is None:
+        if on is not None:
+            raise ConfigurationError(f"lock_rate_on of {name} needs a lock_rate")
+        return
+    parse_rate(cls.lock_rate, f"lock_rate of {name}")
+    if on:
+        try:
+            params = list(inspect.signature(cls.run).parameters.values())
+        except (TypeError, ValueError):
+            return
+        if params and not isinstance(inspect.getattr_static(cls, "run", None), staticmethod):
+            params = params[1:]  # a bound task's run (bind=True): its first parameter is the task itself
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            missing = [n for n in on if n not in {p.name for p in params}]
+            if missing:
+                raise ConfigurationError(f"lock_rate_on of {name} names unknown argument(s): {missing}")
+
+
+def _group_terms(task: Any) -> tuple[Any, Any]:
+    """What every task of a ``lock_group`` must agree on: its limit (a function: the same one) and its rate."""
+    task = task if isinstance(task, type) else type(task)
+    rate = task.lock_rate
+    if rate is not None:
+        with contextlib.suppress(ConfigurationError):
+            rate = parse_rate(rate, "")
+    return task.lock_limit, rate
+
+
+def check_group(task: Any, others: Any) -> None:
+    """``lock_group`` of a LockedTask (class or instance): a non-empty string, and the tasks of ``others`` in the same
+    group agree with it on ``lock_limit`` and ``lock_rate`` (ConfigurationError naming both tasks)."""
+    cls: Any = task if isinstance(task, type) else type(task)
+    group = cls.lock_group
+    if group is None:
+        return
+    if not isinstance(group, str) or not group or any(ch.isspace() or ch in "{}" for ch in group):
+        raise ConfigurationError(
+            f"lock_group of {cls.name} must be a non-empty name without spaces or braces, got {group!r}"
+        )
+    mine = _group_terms(cls)
+    for other in others:
+        if not is_locked_task(other) or getattr(other, "lock_group", None) != group or other.name == cls.name:
+            continue
+        theirs = _group_terms(other)
+        if theirs != mine:
+            raise ConfigurationError(
+                f"lock_group {group!r}: {cls.name} has lock_limit={mine[0]!r}, lock_rate={cls.lock_rate!r} but "
+                f"{other.name} has lock_limit={theirs[0]!r}, lock_rate={other.lock_rate!r}: every task of a group "
+                "must agree on them"
+            )
 
 
 def check_limit(name: str, limit: int, on_duplicate: str) -> None:
@@ -136,8 +203,24 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
         raise ConfigurationError(f"lock_scope of {name} must be 'run' or 'queue', got {cls.lock_scope!r}")
     check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {name}")
     limit = cls.lock_limit
+    check_rate(cls)
+    if callable(limit):
+        if cls.lock_scope != "run" or cls.lock_enqueue_check:
+            raise ConfigurationError(
+                f"lock_limit of {name} (a function) works with lock_scope='run' only, without lock_enqueue_check"
+            )
+        limit = 2  # any answer may be above 1: checked as a limit above 1 (not with 'replace')
+    if limit is None:
+        if cls.lock_rate is None:
+            raise ConfigurationError(f"lock_limit=None of {name} means no lock at all: it needs a lock_rate")
+        if cls.lock_scope != "run" or cls.lock_enqueue_check or cls.lock_cooldown:
+            raise ConfigurationError(
+                f"lock_limit=None of {name} (no lock) cannot be used with lock_scope='queue', lock_enqueue_check or "
+                "lock_cooldown: they need the lock"
+            )
+        limit = 1
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1, got {limit!r}")
+        raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1 or None, got {limit!r}")
     if limit > 1 and cls.lock_scope != "run":
         raise ConfigurationError(f"lock_limit of {name} works with lock_scope='run' only: remove one of them")
     if limit > 1 and cls.lock_enqueue_check:
@@ -211,6 +294,7 @@ def start_problems(app: Any) -> list[StartProblem]:
             continue
         try:
             check_options(task, settings)
+            check_group(task, [tasks[n] for n in sorted(tasks) if n < name])
         except ConfigurationError as exc:
             problems.append(StartProblem(f"task {name}", str(exc)))
     if refused is not None and refused not in {p.message for p in problems}:

@@ -120,7 +120,7 @@ def _state_line(info: LockInfo, quorum: int) -> str:
     if info.state == "partial":
         what = f"{info.record['state']} record" if info.kind == "task" else f"{info.kind} record"
         return f"partial: a {what} {where}, no owner has a quorum"
-    if info.kind in ("done", "foreign"):
+    if info.kind in ("done", "rate", "foreign"):
         return f"{info.state}: {STATES[info.state]}, present on {len(info.nodes)}/{info.total} nodes"
     meaning = STATES.get(info.state, f"record state {info.state!r}")
     return f"{info.state}: {meaning}; {where}"
@@ -137,7 +137,7 @@ def format_show(key: str, info: LockInfo | None, states: Sequence[NodeState | No
             stamp = dt.datetime.fromtimestamp(info.acquired_at, tz=dt.timezone.utc).isoformat(timespec="seconds")
             when = f"{stamp} ({format_duration(info.age(now))} ago)"
         fields: list[tuple[str, str]] = [("key", key), ("kind", info.kind), ("state", _state_line(info, quorum))]
-        if info.kind == "foreign":
+        if info.kind in ("foreign", "rate"):
             fields.append(("type", f"a Redis {info.redis_type}: never released by this command"))
         elif info.kind == "done":
             fields += [("lock", info.lock_key or "-"), ("task id", info.task_id or "-")]

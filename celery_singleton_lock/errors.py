@@ -17,6 +17,7 @@ __all__ = [
     "LockLostError",
     "LockNotAcquiredError",
     "LockUnavailableError",
+    "RateLimitedError",
     "UnserializableArgumentsError",
 ]
 
@@ -79,3 +80,20 @@ class DuplicateTaskError(LockError):
 
 class UnserializableArgumentsError(LockError, TypeError):
     """A task's arguments cannot be encoded into a lock key."""
+
+
+class RateLimitedError(LockError):
+    """A task's start was refused by its ``lock_rate`` (``lock_on_rate_limit="fail"``, or an eager call)."""
+
+    def __init__(self, key: str, task_name: str = "", rate: str = "", wait: float = 0.0) -> None:
+        super().__init__(
+            f"{task_name} not started: rate {rate} of {key!r} reached (the window lets one in after {wait:.3f} s)",
+            key=key,
+        )
+        self.task_name = task_name
+        self.rate = rate
+        self.wait = wait
+        self.args = (key, task_name, rate, wait)  # rebuilt as cls(*args) by pickle and Celery
+
+    def __str__(self) -> str:
+        return self.message

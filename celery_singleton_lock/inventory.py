@@ -61,8 +61,9 @@ MAX_RECORD_FIELDS = 64
 STATS_FIELDS = ("acquired", "skipped", "lost", "released", "unavailable")
 
 #: What wrote a key: a LockedTask run (its record has a ``state``), a beat claim (``{prefix}beat:...``), a plain
-#: Redlock (any other holder record), a done marker (``--done``), or something else (not a holder record).
-KINDS = ("task", "beat", "lock", "done", "foreign", "debounce")
+#: Redlock (any other holder record), a done marker (``--done``), a ``lock_rate``'s sliding log
+#: (``{prefix}rate:...``, a sorted set), a pending debounced burst, or something else (not a holder record).
+KINDS = ("task", "beat", "lock", "done", "rate", "foreign", "debounce")
 #: The record's ``state`` field -> the state shown (a held LockedTask lock).
 _TASK_STATES = {RUNNING: "running", HANDOVER: "retry-wait", ENDING: "ending", COOLDOWN: "cooldown"}
 #: Every state shown, with what it means.
@@ -77,6 +78,7 @@ STATES: dict[str, str] = {
     "partial": "some nodes hold it, but no owner has a quorum",
     "foreign": "not a holder record of celery_singleton_lock",
     "done": "this task id finished: a done marker, not a lock",
+    "rate": "a lock_rate's sliding log: the starts counted in the window, not a lock (never released)",
     "pending": "a debounced burst (lock_debounce): its job runs when the burst has been quiet, with its last call's "
     "arguments",
 }
@@ -163,7 +165,7 @@ class LockInfo:
     """One key merged over the nodes: the holder record most nodes hold (by owner) and what it says."""
 
     key: str
-    kind: Literal["task", "beat", "lock", "done", "foreign", "debounce"]
+    kind: Literal["task", "beat", "lock", "done", "rate", "foreign", "debounce"]
     state: str  # one of STATES
     owner: str | None  # the merged owner token (None: done marker, foreign key)
     nodes: tuple[str, ...]  # the nodes holding that owner's record (done, foreign: the nodes having the key)
@@ -387,10 +389,17 @@ def merge(key: str, states: Sequence[NodeState | None], quorum: int, *, prefix: 
         longest = max(_seconds(s.ttl_ms) for s in present)
         marker = done_marker_of(key)
         is_done = marker is not None and all(s.redis_type == "string" for s in present)
+        is_rate = (
+            not is_done
+            and prefix is not None
+            and key.startswith(f"{prefix}rate:")
+            and all(s.redis_type == "zset" for s in present)
+        )
+        bare: Literal["done", "rate", "foreign"] = "done" if is_done else "rate" if is_rate else "foreign"
         return LockInfo(
             key=key,
-            kind="done" if is_done else "foreign",
-            state="done" if is_done else "foreign",
+            kind=bare,
+            state=bare,
             owner=None,
             nodes=tuple(s.node for s in present),
             total=len(states),

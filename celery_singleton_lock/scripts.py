@@ -41,6 +41,10 @@ __all__ = [
     "POP_WAITER",
     "POP_WAITER_CODE",
     "POP_WAITER_SCRIPT",
+    "RATE",
+    "RATE_SCRIPT",
+    "RATE_UNDO",
+    "RATE_UNDO_SCRIPT",
     "READ",
     "READ_SCRIPT",
     "REFILL",
@@ -78,6 +82,9 @@ STATUS_SCRIPT = _load("status")
 POP_WAITER_SCRIPT = _load("pop_waiter")
 PARK_REPLACING_SCRIPT = _load("park_replacing")
 PARK_CAPPED_SCRIPT = _load("park_capped")
+# The rate's sliding log (lock_rate).
+RATE_SCRIPT = _load("rate")
+RATE_UNDO_SCRIPT = _load("rate_undo")
 
 
 def _code(text: str) -> str:
@@ -137,6 +144,8 @@ PARK_REPLACING = Script(PARK_REPLACING_SCRIPT)
 PARK_CAPPED = Script(PARK_CAPPED_SCRIPT)
 DEBOUNCE_JOIN = Script(DEBOUNCE_JOIN_SCRIPT)
 DEBOUNCE_CLAIM = Script(DEBOUNCE_CLAIM_SCRIPT)
+RATE = Script(RATE_SCRIPT)
+RATE_UNDO = Script(RATE_UNDO_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
@@ -157,6 +166,8 @@ SCRIPTS: dict[str, Script] = {
     "park_capped": PARK_CAPPED,
     "debounce_join": DEBOUNCE_JOIN,
     "debounce_claim": DEBOUNCE_CLAIM,
+    "rate": RATE,
+    "rate_undo": RATE_UNDO,
     "read": READ,
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,

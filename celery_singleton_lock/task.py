@@ -11,6 +11,7 @@ This module holds Celery's hooks and the public options only; each hook hands it
 ``apply_async``        the enqueue side (``_enqueue``): queue-scope reservations, the enqueue check
 ``before_start``       the delivery (``_delivery``): facts -> :func:`~celery_singleton_lock.decision.decide` -> act;
                        a duplicate follows its policy (``policies``); waiting duplicates join the key's line (``_line``)
+                       a delivery about to run asks its ``lock_rate`` (``policies.rate``, ``_delivery.rate_gate``)
 ``__call__``           the body, then the release or the retry's hand-over (``_delivery``, ``_handover``)
 ``retry``              the hand-over of the lock to the retry (``_handover``)
 ``Request``            what monitors see of a delivery that did not run (``_monitoring``)
@@ -45,6 +46,7 @@ from ._startup import (
     SettingsStep,
     StartError,
     StartProblem,
+    check_group,
     check_limit,
     check_options,
     check_start,
@@ -56,6 +58,7 @@ from .errors import ConfigurationError, LockLostError
 from .interrupt import Target, outside_body
 from .keys import Binder, custom_key, lock_key
 from .policies import policy_for
+from .policies.rate import RateLimitPolicy, parse_rate
 from .redlock import Redlock
 from .renewal import Lease, watchdog
 
@@ -121,6 +124,24 @@ class LockedTask(Task):  # type: ignore[misc]
         holds one slot with everything a plain lock gives (renewal, loss detection, fencing token, release; a dead
         holder's slot frees within ttl), on the same quorum. A redelivered or retried job never takes a second
         slot. Run scope only, and not with ``"replace"`` or ``lock_enqueue_check`` (both mean "one of this job").
+        ``None``: no lock at all (no concurrency limit, no duplicate check): for a task with a ``lock_rate`` only.
+        A function: called like ``lock_key``, with the task's arguments as given, where the key is built, it returns
+        the limit of that call's key (premium customers 10 at once, others 1); a changed answer applies to runs that
+        start after the change (a lowered one: as the runs holding the higher slots end).
+    ``lock_rate``
+        ``"N/s"``, ``"N/m"``, ``"N/h"`` or ``(N, seconds)``: never more than N starts of one rate key in any window
+        of that length (a sliding window), counted across every worker and host on the lock's nodes (their clock).
+        A start counts when the body really starts: after the lock is taken, in one more round trip.
+    ``lock_rate_on``
+        the arguments that share one rate (default: one rate for the whole task); separate from the job's identity.
+    ``lock_on_rate_limit``
+        ``"wait"`` (default: re-sent for the moment the window lets it in; never dropped, never early), ``"skip"``
+        (REVOKED) or ``"fail"`` (FAILURE with :class:`RateLimitedError`).
+    ``lock_group``
+        a name shared by several tasks: it takes the task name's place in their keys, so equal identifying arguments
+        are one key across the group, and their ``lock_limit``, cooldown, line and rate count runs of all of them
+        together. Every task of a group must agree on ``lock_limit`` and ``lock_rate`` (checked at registration and
+        by the doctor).
     ``lock_on_lost``
         what the body does when its lock is lost while it runs (renewal refused, or no quorum for one interval):
         ``"continue"`` (default: it goes on; ``self.check_lock()`` raises from then on) or ``"interrupt"``:
@@ -150,11 +171,15 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_cooldown: ClassVar[float] = 0.0
     lock_scope: ClassVar[str] = "run"
     lock_queue_ttl: ClassVar[float] = DEFAULT_QUEUE_TTL
-    lock_limit: ClassVar[int] = 1
+    lock_limit: ClassVar[int | Callable[..., int] | None] = 1
     lock_on_lost: ClassVar[LostPolicy] = "continue"
     lock_max_waiting: ClassVar[int | None] = None
     lock_debounce: ClassVar[float | None] = None
     lock_debounce_max: ClassVar[float | None] = None
+    lock_rate: ClassVar[str | tuple[int, float] | None] = None
+    lock_rate_on: ClassVar[Sequence[str] | None] = None
+    lock_on_rate_limit: ClassVar[RateLimitPolicy] = "wait"
+    lock_group: ClassVar[str | None] = None
     Request = "celery_singleton_lock.task:LockedRequest"
     _singleton_lock_task: ClassVar[bool] = True  # what _run.is_locked_task looks for
 
@@ -169,6 +194,8 @@ class LockedTask(Task):  # type: ignore[misc]
         bound = super().bind(app)  # applies task_annotations first: they are options too
         try:
             check_options(cls)
+            registered = app._tasks.values()  # noqa: SLF001 - the tasks registered so far (app.tasks finalizes)
+            check_group(cls, [t for t in registered if t.name != cls.name])
         except ConfigurationError as exc:
             raise StartError(str(exc)) from None
         steps = app.steps["worker"]
@@ -188,7 +215,8 @@ class LockedTask(Task):  # type: ignore[misc]
             visibility = visibility_timeout(self.app)
             # A debounced job that finds the previous burst's run still running waits for it (never beside it).
             on_duplicate = "reschedule" if self.lock_debounce else self.lock_on_duplicate or settings.on_duplicate
-            check_limit(self.name, self.lock_limit, on_duplicate)
+            static = type(self).lock_limit
+            check_limit(self.name, static if isinstance(static, int) else 2, on_duplicate)
             options = Options(
                 settings=settings,
                 ttl=ttl,
@@ -205,6 +233,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
                 max_waiting=self.lock_max_waiting,
+                rate=parse_rate(self.lock_rate, f"lock_rate of {self.name}") if self.lock_rate is not None else None,
+                on_rate_limit=self.lock_on_rate_limit,
             )
             self._lock_options = options
         return options
@@ -215,10 +245,22 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _key(self, options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         prefix = options.settings.prefix
+        space = self.lock_group or self.name
         key_fn = type(self).lock_key
         if key_fn is not None:
-            return custom_key(prefix, self.name, key_fn, args, kwargs)
-        return lock_key(prefix, self.name, options.binder, args, kwargs, unique_on=self.lock_unique_on)
+            return custom_key(prefix, space, key_fn, args, kwargs)
+        return lock_key(prefix, space, options.binder, args, kwargs, unique_on=self.lock_unique_on)
+
+    def lock_rate_key_for(self, *args: Any, **kwargs: Any) -> str | None:
+        """The rate key of a call with these arguments (None: the task has no ``lock_rate``)."""
+        return self._rate_key(self._options(), args, kwargs)
+
+    def _rate_key(self, options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        if options.rate is None:
+            return None
+        on = list(self.lock_rate_on) if self.lock_rate_on is not None else []
+        space = self.lock_group or self.name
+        return lock_key(f"{options.settings.prefix}rate:", space, options.binder, args, kwargs, unique_on=on)
 
     # -- the client side -----------------------------------------------------------------------------------------
 
@@ -272,15 +314,28 @@ class LockedTask(Task):  # type: ignore[misc]
         """Gather the facts of this delivery, let :func:`~celery_singleton_lock.decision.decide` choose, act."""
         delivery.start(self, task_id, args, kwargs)
 
-    def _new_lock(self, key: str, task_id: str, options: Options, retries: int) -> Redlock:
+    def lock_limit_for(self, *args: Any, **kwargs: Any) -> int | None:
+        """The ``lock_limit`` of a call with these arguments: the option, or a function's answer for them."""
+        limit = type(self).lock_limit
+        if not callable(limit):
+            return limit
+        value = limit(*args, **kwargs)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(f"lock_limit of {self.name} must return a whole number >= 1, got {value!r}")
+        return value
+
+    def _new_lock(self, key: str, task_id: str, options: Options, retries: int, limit: int | None = None) -> Redlock:
         settings = options.settings
+        if limit is None:
+            static = type(self).lock_limit
+            limit = static if isinstance(static, int) else 1
         return Redlock(
             settings.nodes,
             key,
             ttl=options.ttl,
             fence_key=settings.fence_key,
             job=task_id,
-            limit=self.lock_limit,
+            limit=limit,
             record={
                 "state": RUNNING,
                 "name": self.name,
@@ -386,6 +441,13 @@ class LockedTask(Task):  # type: ignore[misc]
         """This run's fencing token (pass it to stores that reject stale writers); None when not held."""
         run = self._current()
         return run.lock.fencing_token if run is not None and run.lock is not None else None
+
+    @property
+    def rate_started_at(self) -> float | None:
+        """``lock_rate``: when this run's start was counted (Unix seconds, by the clock of a lock node that counted
+        it); None without a rate or outside a run."""
+        run = self._current()
+        return run.rate_at if run is not None else None
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 

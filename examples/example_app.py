@@ -30,6 +30,7 @@ EXAMPLES = [
     "examples.cache_rebuild_storm",
     "examples.long_report",
     "examples.tenant_exports",
+    "examples.partner_api_rate",
     "examples.reindex_latest",
     "examples.reindex_debounced",
     "examples.bounded_line",

@@ -21,6 +21,7 @@ from examples import (
     cache_rebuild_storm,
     long_report,
     nightly_job,
+    partner_api_rate,
     payment_double_click,
     prometheus_metrics,
     reindex_debounced,
@@ -55,6 +56,14 @@ def test_payment_double_click_charges_once(app_module: ModuleType) -> None:
     assert figures["published"] == 1
     assert figures["charged"] == 1
     assert figures["same_answer"]
+    assert figures["ok"]
+
+
+def test_partner_api_rate_runs_5_per_second_per_customer(app_module: ModuleType) -> None:
+    """15 calls for one customer at lock_rate=(5, 1.0): every call runs, never more than 5 in any 1 s window."""
+    figures = partner_api_rate.main(app_module)
+    assert figures["ran"] == figures["sent"] == 18
+    assert figures["acme"] == {"calls": 15, "busiest_window": 5}
     assert figures["ok"]
 
 

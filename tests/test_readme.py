@@ -28,8 +28,12 @@ def test_readme_examples_run(fresh_node: RedisServer) -> None:
     assert charged.get() == f"charged order 7: 4990 cents (idempotency key {charged.id})"
     assert namespace["charge"].lock_key_for(7, 4990) == namespace["charge"].lock_key_for(7, 5990)  # keyed on the order
     namespace["migrate"].apply(args=("orders",)).get()
+    rated = namespace["call_partner_api"]
+    rated.apply(args=(1, {"a": 1})).get()  # counted on the node: one start of customer 1's rate
+    assert rated.lock_rate_key_for(1, {"a": 1}) == rated.lock_rate_key_for(1, {"b": 2})
     client = fresh_node.client()
     # Released: no lock left (done markers are keys of their own), but charge's cooldown, which holds for 600 s.
     (held,) = client.keys("singleton_lock:readme.*")
+    assert client.zcard(rated.lock_rate_key_for(1, {})) == 1  # the rate's log: one start
     assert held.startswith(b"singleton_lock:readme.charge:")
     assert client.hget(held, "state") == b"cooldown"

@@ -1,0 +1,150 @@
+"""The cost of one ``lock_rate`` decision against the ``limits`` library's Redis moving window and a plain sorted-set
+pipeline floor, in ONE interleaved run (benchmarks/harness.py: round-robin slices, the first contender rotating).
+
+One operation is one decision "may this start now?" for one rate key, through each contender's own client:
+
+* ``floor zset 1n``     a redis-py pipeline (no MULTI): ``ZREMRANGEBYSCORE`` out of the window, ``ZCARD``, and for
+                        an allowed start ``ZADD`` + ``PEXPIRE`` (a refusal only reads): the sliding log everyone writes
+                        first (client clock, not atomic: two clients can both pass a full window; the least a
+                        sorted-set log costs, not a correct limiter)
+* ``limits 1n``         ``limits`` ``MovingWindowRateLimiter(RedisStorage).hit(item, key)``: its Lua moving window
+                        (a list of timestamps, one node)
+* ``ours 1n`` / ``ours 3n``  ``policies.rate.take(nodes, key, rate)``: lua/rate.lua on one node / on three at once
+                        (a quorum of the same slot; the nodes' TIME), the verdict parsed
+
+Two scenarios: ``open`` (200 keys in turn at 100 per 1 s: every decision is an allowed start, each log holds a few
+entries) and ``full`` (one key whose window is full: every decision a refusal naming the wait). Figures: p50 over
+every decision pooled, decisions/s and this process's CPU per decision (medians over rounds), and the ratios against
+the floor (medians of per-round paired ratios).
+
+    PYTHONPATH=$PWD python benchmarks/bench_rate.py                 # ~1 min: 12 rounds x 0.25 s x 8 contenders
+    PYTHONPATH=$PWD python benchmarks/bench_rate.py --quick
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _common  # noqa: F401 - benchmarks/_common.py: run as `python benchmarks/<script>.py`
+import harness
+import redis
+from limits import RateLimitItemPerSecond
+from limits.storage import RedisStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.policies.rate import Rate, take
+from celery_singleton_lock.testing import redis_servers
+
+OPEN = Rate(100, 1.0)
+FULL = Rate(10, 3600.0)
+
+
+def floor(client: redis.Redis, keys: Callable[[], str], rate: Rate, *, add: bool) -> Callable[[], Any]:
+    window_ms = int(rate.period * 1000)
+
+    def op() -> Any:
+        key = keys()
+        now = time.time() * 1000
+        pipe = client.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", now - window_ms)
+        pipe.zcard(key)
+        if add:  # an allowed start is logged; a refusal (the full window) only reads
+            pipe.zadd(key, {secrets.token_hex(8): now})
+            pipe.pexpire(key, window_ms + 1000)
+        return pipe.execute()[1] < rate.limit
+
+    return op
+
+
+def ours(nodes: NodeSet, keys: Callable[[], str], rate: Rate) -> Callable[[], Any]:
+    return lambda: take(nodes, keys(), rate)
+
+
+def peer(limiter: MovingWindowRateLimiter, keys: Callable[[], str], rate: Rate) -> Callable[[], Any]:
+    item = RateLimitItemPerSecond(rate.limit, int(rate.period))
+    return lambda: limiter.hit(item, keys())
+
+
+def rotating(prefix: str, count: int) -> Callable[[], str]:
+    cycle = itertools.cycle([f"{prefix}:{i}" for i in range(count)])
+    return lambda: next(cycle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.Cli(__doc__, quick={"seconds": 0.1, "rounds": 1})
+    parser.add_argument("--seconds", type=float, default=0.25, help="time per contender per round (default 0.25)")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
+    parser.add_argument("--max-ops", type=int, default=50_000, help="cap on decisions per slice")
+    args = parser.parse(argv)
+    env = harness.start("lock_rate decision benchmark")
+    with redis_servers(3) as servers:
+        urls = [s.url for s in servers]
+        sfx = secrets.token_hex(4)
+        one, three = NodeSet(urls[0]), NodeSet(urls)
+        client = redis.Redis.from_url(urls[0])
+        limiter = MovingWindowRateLimiter(RedisStorage(urls[0]))
+        ops: dict[str, Callable[[], Any]] = {}
+        for scenario, rate in (("open", OPEN), ("full", FULL)):
+
+            def keys(name: str, scenario: str = scenario) -> Callable[[], str]:
+                return rotating(f"bench:rate:{sfx}:{scenario}:{name}", 200 if scenario == "open" else 1)
+
+            ops[f"floor zset 1n {scenario}"] = floor(client, keys("floor"), rate, add=scenario == "open")
+            ops[f"limits 1n {scenario}"] = peer(limiter, keys("limits"), rate)
+            ops[f"ours 1n {scenario}"] = ours(one, keys("ours1"), rate)
+            ops[f"ours 3n {scenario}"] = ours(three, keys("ours3"), rate)
+        # Fill the full scenario's windows first (each contender's own key).
+        for name, op in ops.items():
+            if name.endswith("full"):
+                for _ in range(FULL.limit + 2):
+                    op()
+        contenders = [harness.Contender(n, op) for n, op in ops.items()]
+
+        def measure(c: harness.Contender, _rnd: int) -> harness.Sample:
+            return harness.timed(c.op, args.seconds, args.max_ops, collect=True)
+
+        results = harness.interleave(contenders, args.rounds, measure, warmup=lambda c: harness.timed(c.op, 0.1, 500))
+        rows = [
+            [c.name, f"{results.median(c.name, 'ops_per_s'):,.0f}", f"{results.median(c.name, 'p50_us'):.1f}",
+             f"{results.median(c.name, 'p99_us'):.1f}", f"{results.median(c.name, 'cpu_us'):.1f}"]
+            for c in contenders
+        ]  # fmt: skip
+        print(harness.markdown(["contender", "decisions/s", "p50 µs", "p99 µs", "client CPU µs"], rows))
+        ratios = []
+        for scenario in ("open", "full"):
+            ref = f"floor zset 1n {scenario}"
+            for name in (f"limits 1n {scenario}", f"ours 1n {scenario}", f"ours 3n {scenario}"):
+                ratios.append(
+                    (
+                        f"{name} / {ref}",
+                        results.paired(name, ref, "cpu_us"),
+                        results.paired(name, ref, "p50_us"),
+                    )
+                )
+            ratios.append(
+                (
+                    f"ours 1n {scenario} / limits 1n {scenario}",
+                    results.paired(f"ours 1n {scenario}", f"limits 1n {scenario}", "cpu_us"),
+                    results.paired(f"ours 1n {scenario}", f"limits 1n {scenario}", "p50_us"),
+                )
+            )
+        print()
+        print(
+            harness.markdown(
+                ["pair", "client CPU ratio", "p50 ratio"], [[n, f"{a:.2f}x", f"{b:.2f}x"] for n, a, b in ratios]
+            )
+        )
+        client.close()
+    harness.save(args, env, results=results.record(), ratios=[list(r) for r in ratios])
+    print("\nmedians over interleaved rounds; ratios are medians of per-round paired ratios", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

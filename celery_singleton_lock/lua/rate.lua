@@ -1,0 +1,43 @@
+-- rate.lua
+-- protocol: count a start, refuse a start (docs/protocol.md, Transitions)
+-- KEYS[1] - rate key: a sorted set, the sliding log of the starts counted in the last window on this node: member
+--           '<slot>:<owner token>', score the start's time by this node's clock (Redis TIME, microseconds)
+-- ARGV[1] - owner token of this attempt (fresh for every attempt)
+-- ARGV[2] - n, the starts allowed in any window
+-- ARGV[3] - the window, microseconds
+-- ARGV[4] - the slot to take if it is free, or '' for the lowest free one
+-- A start holds one of n slots for one window from its start, so n + 1 starts within one window would need n + 1
+-- slots at once: the log never holds more than n starts of any window. Entries that left the window (score <= now -
+-- window) are removed first. With n or more entries (n lowered meanwhile: entries of slots >= n) nothing is free.
+-- returns {1, slot, now} when the start is counted here (now: this node's TIME, microseconds);
+--         {0, microseconds until enough counted starts left the window for one more: the earliest moment here}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n, window = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
+local log = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local count = #log / 2
+if count >= n then
+  -- Full (or fuller, after the rate was lowered): a start fits once all but n - 1 of these left the window.
+  return {0, tonumber(log[2 * (count - n) + 2]) + window - now}
+end
+local taken = {}
+for i = 1, #log, 2 do
+  local slot = tonumber(string.match(log[i], '^(%d+):'))
+  if slot and slot < n then
+    taken[slot] = true
+  end
+end
+local slot = tonumber(ARGV[4])
+if not slot or slot >= n or taken[slot] then
+  slot = nil
+  for s = 0, n - 1 do
+    if not taken[s] then
+      slot = s
+      break
+    end
+  end
+end
+redis.call('ZADD', KEYS[1], string.format('%.0f', now), slot .. ':' .. ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+return {1, slot, now}

@@ -1,0 +1,128 @@
+"""``lock_rate`` tasks for tests/test_rate_workers.py, on ``locked_app``'s app (workers import this module with
+``-I rate_tasks``; locked_app itself is left alone). Every run records ``[key, task_id, pid, node time of the counted
+start, wall start, rate waits, end]`` in the record list ``rate_runs`` (and its start in ``rate_started``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+from locked_app import app, record
+
+from celery_singleton_lock import LockedTask
+
+STORM_RATE = (10, 1.0)
+
+
+def _run(task: Any, key: str, duration: float) -> str:
+    at = task.rate_started_at
+    waits = int(getattr(task.request, "singleton_lock_rate_waits", 0) or 0)
+    start = time.time()
+    row = [key, task.request.id, os.getpid(), at, start, waits]
+    record.rpush("rate_started", json.dumps(row))
+    run = task.request.__dict__.get("_singleton_lock")
+    if run is not None and run.rate_slot is not None:  # the slot and each node's count time (tests check per slot)
+        record.rpush("rate_slots", json.dumps([key, task.request.id, run.rate_slot[0], run.rate_slot[1]]))
+    end_by = time.monotonic() + duration
+    while time.monotonic() < end_by:  # bounded by duration
+        time.sleep(min(0.05, max(0.0, end_by - time.monotonic())))
+    record.rpush("rate_runs", json.dumps([*row, time.time()]))
+    return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_ttl=3, lock_rate=STORM_RATE, lock_rate_on=["key"])
+def rated(self: Any, key: str, n: int, duration: float = 0.0) -> str:
+    """Each call (``n``) a job of its own; calls of one ``key`` share a rate of 10 per 1 s; over it, they wait."""
+    return _run(self, key, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(3, 1.5), lock_rate_on=["key"])
+def rated_unlocked(self: Any, key: str, duration: float = 0.0) -> str:
+    """No lock at all (lock_limit=None): equal calls run side by side, but never more than 3 starts per 1.5 s."""
+    return _run(self, key, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate="2/m", lock_on_rate_limit="skip", lock_rate_on=["key"])
+def rated_skip(self: Any, key: str, n: int) -> str:
+    return _run(self, key, 0.0)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate="2/m", lock_on_rate_limit="fail", lock_rate_on=["key"])
+def rated_fail(self: Any, key: str, n: int) -> str:
+    return _run(self, key, 0.0)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(2, 1.0), lock_rate_on=["key"], lock_unique_on=["key"])
+def rated_dup(self: Any, key: str, duration: float = 0.0) -> str:
+    """One job per key (the lock) and 2 starts per second (the rate): a skipped duplicate uses no share."""
+    return _run(self, key, duration)
+
+
+# -- lock_group: two tasks, one key space (a run of either is a duplicate of the other; one rate for both) ----------
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="mailer", lock_unique_on=["domain"], lock_rate=(3, 1.0))
+def send_welcome(self: Any, domain: str, duration: float = 0.0) -> str:
+    return _run(self, domain, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="mailer", lock_unique_on=["domain"], lock_rate=(3, 1.0))
+def send_digest(self: Any, domain: str, duration: float = 0.0) -> str:
+    return _run(self, domain, duration)
+
+
+# -- lock_limit as a function of the call ----------------------------------------------------------------------
+
+
+def tier_limit(customer: str, duration: float = 0.0, n: int = 0) -> int:
+    """Premium customers 2 at once, others 1."""
+    return 2 if customer.startswith("premium") else 1
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=tier_limit, lock_unique_on=["customer"])
+def per_tier(self: Any, customer: str, duration: float = 0.0, n: int = 0) -> str:
+    return _run(self, customer, duration)
+
+
+# -- checking the record against the window (used by the tests and benchmarks/rate_storm.py) -----------------------
+
+
+def slot_rows(key_or_keys: str | list[str]) -> list[list[Any]]:
+    """``[key, task_id, slot, {node index: count time}]`` of every start of these keys."""
+    keys = {key_or_keys} if isinstance(key_or_keys, str) else set(key_or_keys)
+    return [r for r in (json.loads(x) for x in record.lrange("rate_slots", 0, -1)) if r[0] in keys]
+
+
+def slot_violations(rows: list[list[Any]], period: float) -> list[str]:
+    """What the guarantee rests on, checked exactly: two successive starts of one slot were counted on a common node,
+    and on every node that counted both, the later one at least ``period`` after the earlier (that node's clock)."""
+    out: list[str] = []
+    by_slot: dict[int, list[dict[str, float]]] = {}
+    for r in rows:
+        by_slot.setdefault(r[2], []).append(r[3])
+    for slot, starts in by_slot.items():
+        starts.sort(key=lambda t: min(t.values()))
+        for x, y in itertools.pairwise(starts):
+            common = x.keys() & y.keys()
+            if not common:
+                out.append(f"slot {slot}: {x} and {y} share no node")
+            for n in common:
+                if y[n] - x[n] < period - 1e-6:
+                    out.append(f"slot {slot} node {n}: {y[n] - x[n]:.6f} s apart")
+    return out
+
+
+def busiest_window(rows: list[list[Any]], period: float) -> int:
+    """The most starts any window of ``period`` holds, each start at the earliest node time it was counted at, less
+    twice the largest spread of one start's node times (the nodes read TIME at slightly different moments)."""
+    ats = sorted(min(r[3].values()) for r in rows)
+    slack = 2 * max((max(r[3].values()) - min(r[3].values()) for r in rows), default=0.0) + 1e-6
+    best = j = 0
+    for i, at in enumerate(ats):
+        while ats[j] <= at - (period - slack):
+            j += 1
+        best = max(best, i - j + 1)
+    return best

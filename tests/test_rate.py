@@ -1,0 +1,212 @@
+"""``lock_rate``'s decision (policies/rate.py + lua/rate.lua) on real redis-servers, one node and three: the sliding
+window counted by slots, the quorum, the wait it names, undo, and the option checks.
+Workers: tests/test_rate_workers.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from celery_singleton_lock.errors import ConfigurationError
+from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.policies.rate import Rate, parse_rate, take, undo
+from celery_singleton_lock.testing import RedisServer
+
+
+def _log(server: RedisServer, key: str) -> list[tuple[bytes, float]]:
+    return redis.Redis.from_url(server.url).zrange(key, 0, -1, withscores=True)
+
+
+def test_parse_rate_notation_and_tuples() -> None:
+    assert parse_rate("10/s", "x") == Rate(10, 1.0)
+    assert parse_rate(" 100 / m ", "x") == Rate(100, 60.0)
+    assert parse_rate("5/h", "x") == Rate(5, 3600.0)
+    assert parse_rate((3, 2.5), "x") == Rate(3, 2.5)
+    assert parse_rate([3, 2], "x") == Rate(3, 2.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "0/s",
+        "10/d",
+        "10",
+        "-1/s",
+        "1.5/s",
+        (0, 1.0),
+        (True, 1.0),
+        (1, True),
+        (1, 0),
+        (1, float("nan")),
+        (1, float("inf")),
+        (1, -1),
+        (1, 0.0001),
+        ("1", 1.0),
+        (1, 2, 3),
+        None,
+        10,
+        b"10/s",
+        (10**6, 1.0),
+    ],
+)
+def test_parse_rate_refuses_odd_values_in_one_line(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"^lock_rate of t must be") as info:
+        parse_rate(bad, "lock_rate of t")
+    assert "\n" not in str(info.value)
+
+
+def test_n_starts_per_window_then_a_wait_naming_the_oldest_start(redis_node: RedisServer, name: str) -> None:
+    nodes = NodeSet(redis_node.url)
+    rate = Rate(3, 0.5)
+    verdicts = [take(nodes, name, rate) for _ in range(3)]
+    assert [v.outcome for v in verdicts] == ["granted"] * 3
+    assert sorted(v.slot for v in verdicts) == [0, 1, 2]
+    refused = take(nodes, name, rate)
+    assert refused.outcome == "limited"
+    assert 0.0 < refused.wait <= 0.5
+    # After the wait, exactly one slot is free again (the oldest start left the window), not early.
+    time.sleep(refused.wait + 0.01)
+    assert take(nodes, name, rate).outcome == "granted"
+    log = _log(redis_node, name)
+    assert 1 <= len(log) <= 3  # the starts that left the window are gone from the log
+
+
+def test_undo_uncounts_only_its_own_start(redis_node: RedisServer, name: str) -> None:
+    nodes = NodeSet(redis_node.url)
+    rate = Rate(2, 5.0)
+    a, b = take(nodes, name, rate), take(nodes, name, rate)
+    assert take(nodes, name, rate).outcome == "limited"
+    undo(nodes, name, a.token)
+    undo(nodes, name, a.token)  # twice: a late duplicate of the undo removes nothing else
+    assert [m for m, _ in _log(redis_node, name)] == [f"{b.slot}:{b.token}".encode()]
+    assert take(nodes, name, rate).outcome == "granted"
+
+
+def test_quorum_of_three_counts_on_a_majority_and_survives_one_node_down(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    nodes = NodeSet([s.url for s in fresh_trio], socket_timeout=0.3)
+    rate = Rate(2, 30.0)
+    assert take(nodes, name, rate).outcome == "granted"
+    fresh_trio[0].stop()
+    v = take(nodes, name, rate)
+    assert v.outcome == "granted"  # two of three: a quorum
+    limited = take(nodes, name, rate)
+    assert limited.outcome == "limited" and limited.wait > 20
+    fresh_trio[1].stop()
+    assert take(nodes, name, rate).outcome == "unavailable"
+
+
+def test_a_minority_that_missed_starts_cannot_let_a_third_one_in(fresh_trio: list[RedisServer], name: str) -> None:
+    """The counterexample of counting instead of slots: starts seen by {A,B}, {B,C} -> a third on {A,C} must be
+    refused, since it would share a slot with one of them on a node of both majorities."""
+    nodes = NodeSet([s.url for s in fresh_trio], socket_timeout=0.3)
+    rate = Rate(2, 30.0)
+    ab = NodeSet([fresh_trio[0].url, fresh_trio[1].url])
+    bc = NodeSet([fresh_trio[1].url, fresh_trio[2].url])
+    ac = NodeSet([fresh_trio[0].url, fresh_trio[2].url])
+    # Each two-node set's quorum is both nodes: a start counted on both is a start counted on a majority of three.
+    assert take(ab, name, rate).outcome == "granted"
+    assert take(bc, name, rate).outcome == "granted"
+    third = take(ac, name, rate)
+    granted_total = 2 + (third.outcome == "granted")
+    # Whatever A and C said, the full set never grants past the rate now.
+    assert take(nodes, name, rate).outcome == "limited"
+    if third.outcome == "granted":
+        # A and C had a free slot each (each saw one start): the slots they gave must differ from the ones held on
+        # B, or a majority holds one slot twice. B holds slots 0 and 1, so a third start is never granted a slot
+        # that a quorum of three would accept: the full set refuses above.
+        pytest.fail(f"{granted_total} starts counted for a rate of 2: {third}")
+
+
+def test_contenders_at_the_window_edge_never_exceed_the_rate(redis_trio: list[RedisServer], name: str) -> None:
+    """Many threads deciding at once, for several windows: no window of the nodes' clock holds more than N."""
+    nodes = NodeSet([s.url for s in redis_trio])
+    rate = Rate(5, 0.3)
+    granted: list[float] = []
+    lock = threading.Lock()
+
+    def contend() -> None:
+        end = time.monotonic() + 1.5
+        for _ in range(400):
+            if time.monotonic() > end:
+                return
+            v = take(nodes, name, rate)
+            if v.outcome == "granted":
+                with lock:
+                    granted.append(v.at)  # when the nodes counted it (TIME inside the script)
+            else:
+                time.sleep(min(v.wait, 0.05))
+
+    threads = [threading.Thread(target=contend) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    granted.sort()
+    assert len(granted) >= 5
+    # Every window of 0.3 s holds at most 5 grants (slack: the three nodes' TIME is read in three calls).
+    slack = 0.02
+    for i in range(len(granted) - 5):
+        assert granted[i + 5] - granted[i] >= rate.period - slack, granted[i : i + 6]
+
+
+def test_a_lowered_rate_counts_the_starts_already_in_the_window(redis_node: RedisServer, name: str) -> None:
+    """5 starts at (5, 1 s), ~0.15 s apart, then the rate is lowered to 2: once the oldest left the window, 4 are still
+    in it, so no start fits (the entries of slots 2..4 count too) until the 4th oldest left."""
+    nodes = NodeSet(redis_node.url)
+    ats = []
+    for _ in range(5):
+        v = take(nodes, name, Rate(5, 1.0))
+        assert v.outcome == "granted"
+        ats.append(v.at)
+        time.sleep(0.15)
+    client = redis.Redis.from_url(redis_node.url)
+    for _ in range(200):  # until the oldest left the window by the node's clock (bounded: ~2 s)
+        sec, usec = client.time()
+        if sec + usec / 1e6 > ats[0] + 1.0 + 0.01:
+            break
+        time.sleep(0.01)
+    sec, usec = client.time()
+    if sec + usec / 1e6 < ats[3] + 1.0 - 0.02:  # (a machine so slow that the 4th left too proves nothing)
+        v = take(nodes, name, Rate(2, 1.0))
+        assert v.outcome == "limited", v
+
+
+def test_celery_locks_names_a_rate_log_as_such_not_as_a_foreign_key(redis_trio: list[RedisServer]) -> None:
+    """``celery locks`` lists every key under the prefix: a rate's sliding log is shown as a rate (kind ``rate``),
+    not as ``foreign`` ("not a holder record of celery_singleton_lock"), and is never released."""
+    from celery_singleton_lock.cli import list_locks  # noqa: PLC0415
+    from celery_singleton_lock.config import LockSettings  # noqa: PLC0415
+
+    urls = [s.url for s in redis_trio]
+    prefix = f"p{time.monotonic_ns()}:"
+    key = f"{prefix}rate:reports.send:v2:abc"
+    assert take(NodeSet(urls), key, Rate(3, 30.0)).outcome == "granted"
+    settings = LockSettings(urls=urls, prefix=prefix)
+    (info,) = list_locks(settings).value
+    assert (info.key, info.kind, info.state) == (key, "rate", "rate")
+
+
+def test_an_eager_call_over_the_rate_raises_rate_limited_error(redis_node: RedisServer) -> None:
+    """``task.apply()`` cannot wait: over the rate it raises RateLimitedError naming the rate (whatever the policy)."""
+    from celery import Celery  # noqa: PLC0415
+
+    from celery_singleton_lock import LockedTask, RateLimitedError  # noqa: PLC0415
+    from celery_singleton_lock.testing import use_lock_nodes  # noqa: PLC0415
+
+    app = Celery("rate_eager", broker="memory://", backend="cache+memory://", set_as_current=False)
+
+    @app.task(base=LockedTask, shared=False, lock_rate=(1, 60.0), lock_rate_on=["n"])
+    def once_a_minute(n: int, note: str = "") -> int:
+        return n
+
+    with use_lock_nodes(app, redis_node.url, prefix=f"eager{time.monotonic_ns()}:"):
+        assert once_a_minute.apply(args=(1,)).get() == 1
+        assert once_a_minute.apply(args=(2,)).get() == 2  # another key, another rate
+        with pytest.raises(RateLimitedError, match=r"rate 1 per 60 s of .* reached"):
+            once_a_minute.apply(args=(1, "again")).get()

@@ -1,0 +1,252 @@
+"""``lock_rate`` with real workers: two prefork workers of 3 processes each, three lock nodes (and one), a Redis
+broker. The node time of every counted start is recorded by the run (``rate_tasks``) and checked against the window:
+no window of the period holds more than N starts. Every loop is bounded in count and time; nothing here asserts how
+fast anything was (the rate's throughput is a benchmark's business: benchmarks/bench_rate.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from celery.exceptions import TaskRevokedError
+from worker_cluster import Cluster, cluster, new_key, polling
+
+from celery_singleton_lock import RateLimitedError
+
+pytestmark = pytest.mark.timeout(300)
+#: Node clocks of one machine, read in separate calls: a counted start's time is the earliest TIME of the nodes
+#: that counted it, so two starts sharing a slot may look this much closer than a window.
+SLACK = 0.01
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("rate"), ttl=3.0, env={"CSL_VISIBILITY": "8"}) as cl:
+        cl.app_module()
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def workers(c: Cluster) -> list[Any]:
+    """One pair of workers (2 x 3 processes) on the three nodes for the whole module (a killed one is replaced)."""
+    return [c.worker(name, queues="rate", concurrency=3, extra=["-I", "rate_tasks"]) for name in ("rate-a", "rate-b")]
+
+
+@pytest.fixture(scope="module")
+def tasks(c: Cluster, workers: list[Any]) -> ModuleType:
+    sys.modules.pop("rate_tasks", None)
+    import rate_tasks  # noqa: PLC0415 - imported with the cluster's env, after locked_app
+
+    return rate_tasks
+
+
+def _worker(c: Cluster, name: str, queues: str, **kw: Any) -> Any:
+    return c.worker(name, queues=queues, concurrency=3, extra=["-I", "rate_tasks"], **kw)
+
+
+def _rows(c: Cluster, key: str, what: str = "rate_runs") -> list[list[Any]]:
+    return [r for r in (json.loads(x) for x in c.record.lrange(what, 0, -1)) if r[0] == key]
+
+
+def _busiest_window(ats: list[float], period: float) -> int:
+    """The most starts any window of ``period`` s (less SLACK) holds."""
+    ats = sorted(ats)
+    best = 0
+    j = 0
+    for i, at in enumerate(ats):
+        while ats[j] <= at - (period - SLACK):
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_the_window_checks_are_not_vacuous(tasks: ModuleType) -> None:
+    assert _busiest_window([0.0, 0.5, 0.99, 1.0, 1.5], 1.0) == 3
+    assert _busiest_window([0.0, 1.0, 2.0], 1.0) == 1
+    close = [["k", "a", 0, {"0": 10.0, "1": 10.0}], ["k", "b", 0, {"1": 10.5, "2": 10.5}]]
+    assert tasks.slot_violations(close, 1.0) == ["slot 0 node 1: 0.500000 s apart"]
+    apart = [["k", "a", 0, {"0": 10.0, "1": 10.0}], ["k", "b", 0, {"2": 10.5}]]
+    assert tasks.slot_violations(apart, 1.0) == [f"slot 0: {apart[0][3]} and {apart[1][3]} share no node"]
+    assert not tasks.slot_violations([*close[:1], ["k", "b", 0, {"1": 11.0}]], 1.0)
+    assert tasks.busiest_window([["k", str(i), i, {"0": 10.0 + i / 10}] for i in range(12)], 1.0) == 10
+
+
+def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(
+    c: Cluster, tasks: ModuleType, workers: list[Any]
+) -> None:
+    """60 calls for one key at (10, 1.0) on 2 x 3 processes, one pool child SIGKILLed mid-window (its start was
+    counted; its redelivery counts again), then a whole worker SIGKILLed mid-storm (its waiting and running calls come
+    back by redelivery) and replaced, while another key's calls run beside them without waiting."""
+    busy, quiet = new_key("busy"), new_key("quiet")
+    results = [tasks.rated.apply_async((busy, n, 0.2), queue="rate") for n in range(60)]
+    others = [tasks.rated.apply_async((quiet, n, 0.0), queue="rate") for n in range(5)]
+    # Kill one pool child while its run is in the body (after its start was counted).
+    killed = None
+    for _ in polling(30, 0.02):
+        started = {r[1] for r in _rows(c, busy, "rate_started")} - {r[1] for r in _rows(c, busy)}
+        rows = [r for r in _rows(c, busy, "rate_started") if r[1] in started]
+        if rows:
+            killed = rows[0]
+            os.kill(int(rows[0][2]), signal.SIGKILL)
+            break
+    assert killed is not None, "no run to kill"
+    # Then a whole worker, a moment later, mid-storm; a new one takes its place (the module's later tests use it).
+    for _ in polling(10, 0.05):
+        if len(_rows(c, busy, "rate_started")) >= 15:
+            break
+    workers[1].kill()
+    workers[1] = c.worker("rate-c", queues="rate", concurrency=3, extra=["-I", "rate_tasks"])
+    states = []
+    for r in results + others:
+        r.get(timeout=150, propagate=False)
+        states.append(r.state)
+    assert states.count("SUCCESS") == len(states), states
+    started = _rows(c, busy, "rate_started")
+    ats = [r[3] for r in started]
+    assert None not in ats
+    assert len(started) >= 61  # the killed run started twice (counted twice)
+    rows = tasks.slot_rows(busy)
+    assert len(rows) == len(started)
+    assert not tasks.slot_violations(rows, 1.0)
+    assert tasks.busiest_window(rows, 1.0) <= 10
+    assert _busiest_window(ats, 1.0) >= 9  # the rate is used, not only respected
+    assert sum(1 for r in started if r[5] > 0) >= 20  # many waited: re-sent for the window's moment
+    # The quiet key shared no share with the busy one: none of its calls waited for a window.
+    assert [r[5] for r in _rows(c, quiet)] == [0] * 5
+
+
+def test_a_paused_node_mid_window_keeps_the_rate(c: Cluster, tasks: ModuleType) -> None:
+    """One lock node of three SIGSTOPped mid-storm, then resumed: the other two are a quorum, no window over N."""
+    key = new_key("pause")
+    results = [tasks.rated.apply_async((key, n, 0.0), queue="rate") for n in range(30)]
+    for _ in polling(20, 0.02):
+        if len(_rows(c, key, "rate_started")) >= 5:
+            break
+    c.locks[0].pause()
+    try:
+        for _ in polling(20, 0.05):
+            if len(_rows(c, key, "rate_started")) >= 20:
+                break
+    finally:
+        c.locks[0].resume()
+    for r in results:
+        r.get(timeout=120, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 30
+    rows = tasks.slot_rows(key)
+    assert len(rows) == 30
+    assert not tasks.slot_violations(rows, 1.0)
+    assert tasks.busiest_window(rows, 1.0) <= 10
+
+
+def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster, tasks: ModuleType) -> None:
+    """Over "2/m": skip stores REVOKED, fail stores RateLimitedError; lock_limit=None runs equal calls side by side
+    (no lock) and still never more than 3 starts per 1.5 s; a duplicate skipped by the lock uses no share."""
+    k1, k2, k3, k4 = (new_key(p) for p in ("skip", "fail", "free", "dup"))
+    skips = [tasks.rated_skip.apply_async((k1, n), queue="rate") for n in range(4)]
+    fails = [tasks.rated_fail.apply_async((k2, n), queue="rate") for n in range(4)]
+    for r in skips + fails:
+        r.get(timeout=60, propagate=False)
+    assert sorted(r.state for r in skips) == ["REVOKED", "REVOKED", "SUCCESS", "SUCCESS"]
+    assert sorted(r.state for r in fails) == ["FAILURE", "FAILURE", "SUCCESS", "SUCCESS"]
+    with pytest.raises(TaskRevokedError, match="rate 2 per 60 s of"):
+        next(r for r in skips if r.state == "REVOKED").get(timeout=5)
+    failed = next(r for r in fails if r.state == "FAILURE")
+    with pytest.raises(RateLimitedError, match="rate 2 per 60 s of"):
+        failed.get(timeout=5)
+    # lock_limit=None: 9 equal calls, each 0.4 s long: they overlap (no lock), 3 per 1.5 s.
+    free = [tasks.rated_unlocked.apply_async((k3, 0.4), queue="rate") for _ in range(9)]
+    # A duplicate of a running job (the lock, lock_unique_on=["key"]) is skipped and counts nothing: after it,
+    # the rate of 2 per 1 s still lets 2 starts in at once.
+    holder = tasks.rated_dup.apply_async((k4, 1.5), queue="rate")
+    for _ in polling(20, 0.02):
+        if _rows(c, k4, "rate_started"):
+            break
+    dups = [tasks.rated_dup.apply_async((k4, 0.0), queue="rate") for _ in range(3)]
+    for r in dups:
+        r.get(timeout=30, propagate=False)
+    assert [r.state for r in dups] == ["REVOKED"] * 3
+    assert holder.get(timeout=30) == k4
+    for r in free:
+        assert r.get(timeout=60) == k3
+    runs = _rows(c, k3)
+    assert len(runs) == 9
+    spans = sorted((r[4], r[6]) for r in runs)
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # equal calls overlapped: no lock
+    assert not tasks.slot_violations(tasks.slot_rows(k3), 1.5)
+    assert tasks.busiest_window(tasks.slot_rows(k3), 1.5) <= 3
+    assert len(_rows(c, k4, "rate_started")) == 1
+
+
+def test_one_node(c: Cluster, tasks: ModuleType) -> None:
+    """The same rate on a single lock node (workers told one URL only)."""
+    one = {"CSL_LOCK_URLS": c.lock_urls[2]}
+    _worker(c, "one-a", "rone", env=one)
+    _worker(c, "one-b", "rone", env=one)
+    key = new_key("one")
+    results = [tasks.rated.apply_async((key, n, 0.0), queue="rone") for n in range(25)]
+    for r in results:
+        r.get(timeout=90, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 25
+    rows = tasks.slot_rows(key)
+    assert not tasks.slot_violations(rows, 1.0)
+    assert tasks.busiest_window(rows, 1.0) == 10
+
+
+def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: ModuleType) -> None:
+    """``lock_group="mailer"``: a running send_welcome makes a send_digest of the same domain a duplicate, and the
+    two tasks' starts share one rate of 3 per 1 s."""
+    domain = new_key("dom")
+    assert tasks.send_welcome.lock_key_for(domain) == tasks.send_digest.lock_key_for(domain)
+    holder = tasks.send_welcome.apply_async((domain, 1.5), queue="rate")
+    for _ in polling(20, 0.02):
+        if _rows(c, domain, "rate_started"):
+            break
+    dup = tasks.send_digest.apply_async((domain, 0.0), queue="rate")
+    assert dup.get(timeout=30, propagate=False) is not None or dup.state == "REVOKED"
+    assert dup.state == "REVOKED"
+    assert holder.get(timeout=30) == domain
+    # One rate for the whole group (no lock_rate_on): 9 calls of both tasks over 9 domains (no duplicates among
+    # them) all run, never more than 3 starts per second counted over both tasks.
+    domains = [new_key("d") for _ in range(9)]
+    calls = [
+        (tasks.send_welcome if n % 2 else tasks.send_digest).apply_async((d, 0.0), queue="rate")
+        for n, d in enumerate(domains)
+    ]
+    for r in calls:
+        r.get(timeout=60, propagate=False)
+    assert [r.state for r in calls] == ["SUCCESS"] * 9
+    rows = tasks.slot_rows(domains)
+    assert len(rows) == 9
+    assert not tasks.slot_violations(rows, 1.0)
+    assert tasks.busiest_window(rows, 1.0) == 3
+
+
+def test_a_limit_computed_per_call_is_the_limit_of_that_call_s_key(c: Cluster, tasks: ModuleType) -> None:
+    """``lock_limit=tier_limit``: 3 long calls of a premium customer run 2 at once (the third is skipped, naming the
+    limit); 2 of a basic one run 1 at once."""
+    premium, basic = new_key("premium"), new_key("basic")
+    first = [tasks.per_tier.apply_async((premium, 2.0, n), queue="rate") for n in range(2)]
+    first.append(tasks.per_tier.apply_async((basic, 2.0, 0), queue="rate"))
+    for _ in polling(30, 0.02):
+        if len(_rows(c, premium, "rate_started")) >= 2 and _rows(c, basic, "rate_started"):
+            break
+    late = [
+        tasks.per_tier.apply_async((premium, 0.0, 9), queue="rate"),
+        tasks.per_tier.apply_async((basic, 0.0, 9), queue="rate"),
+    ]
+    for r in late:
+        r.get(timeout=30, propagate=False)
+    assert [r.state for r in late] == ["REVOKED", "REVOKED"]
+    with pytest.raises(TaskRevokedError, match="at its limit of 2 runs"):
+        late[0].get(timeout=5)
+    for r in first:
+        assert r.get(timeout=30) in (premium, basic)
+    assert len(_rows(c, premium, "rate_started")) == 2
