@@ -312,7 +312,7 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         delay = min(options.settings.retry_max_delay, options.settings.retry_delay * 2**attempt)
         resend.defer(task, run, delay * (0.5 + 0.5 * random.random()), "unavailable", {ATTEMPT_HEADER: attempt + 1})  # noqa: S311
         return False
-    task._count("rate_limited")
+    task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
     if options.on_rate_limit == "fail" or request.is_eager:
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)

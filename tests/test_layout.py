@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from sources import parse
 
+from celery_singleton_lock.metrics import OUTCOMES
+
 PACKAGE = Path(__file__).resolve().parent.parent / "celery_singleton_lock"
 #: The package's modules, and its subpackages (``policies``) as one module each.
 MODULES = frozenset(p.stem for p in PACKAGE.glob("*.py")) | frozenset(
@@ -167,3 +169,21 @@ def test_ops_modules_import_nothing_of_the_task_side(name: str) -> None:
     doctor), never through LockedTask's rooms: they run in a web process with no worker in it."""
     ours, _ = _imports(_walk(_source(name)))
     assert not ours & TASK_SIDE, f"{name} imports {sorted(ours & TASK_SIDE)}"
+
+
+def test_every_outcome_counted_is_one_of_the_metrics_vocabulary() -> None:
+    """``LockedTask._count("...")`` names an outcome of ``metrics.OUTCOMES`` everywhere: an unknown name would be
+    counted under a field no stats table, page or /metrics family shows (the rate room once counted "rate_limited")."""
+    counted: set[str] = set()
+    for file in PACKAGE.rglob("*.py"):
+        for node in ast.walk(parse(file)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "_count"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                counted.add(str(node.args[0].value))
+    assert counted, "no _count call found: the test looks in the wrong place"
+    assert counted <= set(OUTCOMES), f"counted but not in OUTCOMES: {sorted(counted - set(OUTCOMES))}"
