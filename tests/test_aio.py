@@ -372,20 +372,34 @@ def test_loss_without_cancel_on_loss_lets_the_block_finish(redis_trio: list[Redi
 
 def test_a_release_inside_the_block_is_no_loss(redis_trio: list[RedisServer], name: str) -> None:
     """A block that releases its lock itself while the renewal waits for its turn (an extend of the block's own in
-    flight) is not cancelled: giving the lease up is no loss."""
+    flight) is not cancelled: giving the lease up is no loss.
+
+    The block holds the mutex only until the renewal is seen waiting for it, with a lease of seconds: the lease must
+    still be valid when released whatever the acquire and the loop's load cost (it used to hold a 0.3 s lease's
+    mutex for a fixed 0.2 s, and on a loaded machine the acquire alone took 0.15 s: the lease ran out first).
+    """
     urls = urls_of(redis_trio)
 
-    async def scenario() -> bool:
-        async with AsyncRedlock(urls, name, ttl=0.3, cancel_on_loss=True) as lock:
-            async with lock._lock():  # what an extend() of the block holds while its round trip is in flight
-                await asyncio.sleep(0.2)  # the renewal wakes (ttl / 3) and waits for the lock
+    async def scenario() -> tuple[bool, bool]:
+        async with AsyncRedlock(urls, name, ttl=3.0, cancel_on_loss=True) as lock:
+            mutex = lock._lock()
+            async with mutex:  # what an extend() of the block holds while its round trip is in flight
+                for _ in range(500):  # the renewal wakes (after ttl / 3) and waits for the mutex
+                    if mutex._waiters:
+                        break
+                    await asyncio.sleep(0.01)
+                assert mutex._waiters, "the renewal never waited for the mutex"
+                assert lock.validity > 0
                 release = asyncio.ensure_future(lock.release())
                 await asyncio.sleep(0)
-            assert await release
-            await asyncio.sleep(0.3)  # the renewal ran and stopped
-            return lock.lost
+            released = await release
+            renewer = lock._renewer
+            assert renewer is not None
+            await asyncio.wait_for(asyncio.shield(renewer), 10.0)  # the renewal ran and stopped by itself
+            return released, lock.lost
 
-    assert arun(scenario, timeout=20.0) is False
+    assert arun(scenario, timeout=30.0) == (True, False)
+    assert keys_on(redis_trio, name) == [False, False, False]
 
 
 def test_a_caller_cancelled_in_release_still_frees_the_lock(fresh_trio: list[RedisServer], name: str) -> None:
