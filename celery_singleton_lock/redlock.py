@@ -39,7 +39,8 @@ from typing import Any, ClassVar, Literal
 import redis
 
 from ._urls import redact_url
-from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
+from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
+from .interrupt import Target, outside_body
 from .nodes import NodeError, NodeSet
 from .record import (
     _brief,
@@ -51,6 +52,7 @@ from .record import (
     sibling_key,
     slot_keys,
 )
+from .renewal import Lease, watchdog
 from .scripts import ACQUIRE as _ACQUIRE
 from .scripts import ACQUIRED, DONE, EXTENDED, LOST, REPAIRED
 from .scripts import EXTEND as _EXTEND
@@ -178,6 +180,16 @@ class Redlock:
     ``ttl`` is the lease in seconds: a holder that stops extending loses the lock after it. ``timeout`` is how long
     ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired.
 
+    ``with Redlock(...)`` renews the lease while the block runs: the process's watchdog (``renewal.py``, one thread,
+    batched with every other lease it renews) extends it every ``ttl / 3``; ``auto_renewal=False`` turns that off
+    (the lease then ends ``ttl`` after the acquire, whatever the block is doing). A renewal that finds the lease
+    lost sets ``lost``, calls ``on_lost(lock)`` (in the watchdog's thread: keep it short) and, with
+    ``interrupt_on_loss=True``, raises :class:`LockLostError` inside the block at its next bytecode (a signal to the
+    main thread, as ``lock_on_lost="interrupt"``; a gevent greenlet gets it thrown in; any other thread is refused
+    at ``with``, before acquiring). Best effort: C code sees it on return, and a block that catches ``Exception``
+    may swallow it; fencing tokens stay the guard against a stale writer. ``acquire()``/``release()`` called
+    directly are never renewed.
+
     The value stored under ``name`` is the *holder record*, a Redis hash: ``owner`` (the owner token), ``fence``
     (this holder's own fencing token), and the string fields of ``record`` (who holds it, in what state). Scripts
     compare fields, never substrings. The owner token is fresh (128 random bits) for every attempt, so a late
@@ -230,6 +242,9 @@ class Redlock:
         fence_key: str | None = None,
         limit: int = 1,
         socket_timeout: float = 0.5,
+        auto_renewal: bool = True,
+        interrupt_on_loss: bool = False,
+        on_lost: Callable[[Redlock], None] | None = None,
         clock: Callable[[], float] = mod_time.monotonic,
         sleep: Callable[[float], None] = mod_time.sleep,
     ) -> None:
@@ -272,6 +287,11 @@ class Redlock:
         self.replaces: str | None = None
         self._fence: int | None = None
         self._last_key = self._slots[0]
+        self.auto_renewal = auto_renewal
+        self.interrupt_on_loss = interrupt_on_loss
+        self.on_lost = on_lost
+        self._renewal: Lease | None = None  # the watchdog's lease while ``with`` runs
+        self._target: Target | None = None  # interrupt_on_loss: the block to interrupt
         # The attempt's findings (split, done, held_by...) start as the class's defaults: none.
 
     #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
@@ -289,6 +309,8 @@ class Redlock:
     #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock), False
     #: when unanswered nodes could have made the difference (the lock state is unknown).
     contended: bool = False
+    #: True once the renewal of a ``with`` block found the lease lost (reset by the next ``with``).
+    lost: bool = False
 
     def _reset_failure(self) -> None:
         """Back to the class's defaults (no finding), whatever an earlier attempt found."""
@@ -622,12 +644,42 @@ class Redlock:
         return _merged(r for r in records if r.get("owner", "") == owner)
 
     def __enter__(self) -> Redlock:
-        if self.acquire(blocking=True, timeout=self.timeout):
-            return self
-        errors = [str(e) for e in self.node_errors]
-        if self.contended or not errors:
-            raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
-        raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+        target: Target | None = None
+        if self.interrupt_on_loss:
+            target = Target()
+            if not target.arm():  # checked before acquiring: nothing is held when this raises
+                raise ConfigurationError(
+                    f"Redlock {self.name!r}: interrupt_on_loss needs the main thread or a gevent greenlet (Python "
+                    "raises in no other thread); use on_lost= or check lock.lost in this thread"
+                )
+        try:
+            acquired = self.acquire(blocking=True, timeout=self.timeout)
+        except BaseException:
+            if target is not None:
+                target.disarm()
+            raise
+        if not acquired:
+            if target is not None:
+                target.disarm()
+            errors = [str(e) for e in self.node_errors]
+            if self.contended or not errors:
+                raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
+            raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+        self.lost = False
+        self._target = target
+        if self.auto_renewal:
+            # The process's watchdog renews it every ttl / 3, batched with every other lease it renews.
+            self._renewal = watchdog().register(self, self.ttl / 3, self._renewal_lost)
+        return self
+
+    def _renewal_lost(self, lease: Lease, reason: str) -> None:
+        """The watchdog found the lease of this ``with`` block lost (in its thread): flag, callback, interrupt."""
+        self.lost = True
+        if self.on_lost is not None:
+            self.on_lost(self)
+        target = self._target
+        if target is not None:
+            target.fire(LockLostError(f"lock {self.name!r} was lost while the block ran: {reason}", key=self.name))
 
     def __exit__(
         self,
@@ -635,5 +687,17 @@ class Redlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Literal[False]:
-        self.release()
+        try:
+            # First: an interrupt arriving from now on must not raise in what follows (the release).
+            target, self._target = self._target, None
+            if target is not None:
+                target.disarm()
+            renewal, self._renewal = self._renewal, None
+            if renewal is not None:
+                watchdog().unregister(renewal)
+        finally:
+            self.release()
         return False
+
+
+outside_body(Redlock.__exit__)  # interrupt_on_loss: a signal handled in __exit__'s own code is not the block's

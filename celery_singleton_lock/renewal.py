@@ -33,10 +33,12 @@ import time as mod_time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from .redlock import NodeSet, Redlock
+if TYPE_CHECKING:  # redlock imports this module (``with Redlock`` is renewed here): no import back at run time
+    from .redlock import NodeSet, Redlock
 
 __all__ = ["Lease", "Watchdog", "flush_stats", "watchdog"]
 
@@ -145,7 +147,7 @@ class Watchdog:
                 batch = group[start : start + BATCH]
                 started = self._clock()
                 try:
-                    results = Redlock.nodes_extend([lease.lock for lease in batch])
+                    results = type(batch[0].lock).nodes_extend([lease.lock for lease in batch])
                 except Exception as exc:  # undecided, like a timeout: the lease stands until its deadline
                     logger.exception("renewal of %d lock(s) failed", len(batch))
                     results = [None] * len(batch)
