@@ -74,6 +74,12 @@ _untyped_sentinel: Any = Sentinel  # untyped in redis-py
 _loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], aioredis.Redis]] = (
     weakref.WeakKeyDictionary()
 )
+# At most a pool's max_connections exchanges at once per client pool and loop: redis.asyncio's pool refuses the
+# ones beyond (MaxConnectionsError, at once; 100 by default since redis-py 7), which would read as a node down
+# when it is only many coroutines of one process acquiring at once. FIFO: a waiter is bounded by the exchanges ahead.
+_gates: weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
 # Background work (a cancelled caller's release, a cancelled attempt's undo) must not be garbage-collected mid-flight.
 _background: set[asyncio.Task[Any]] = set()
 
@@ -207,6 +213,16 @@ class AsyncNodes:
             results[i] = answer
         return results
 
+    @staticmethod
+    def _gate(pool: Any) -> asyncio.Semaphore:
+        """The running loop's semaphore for ``pool``: as many slots as the pool has connections."""
+        loop = asyncio.get_running_loop()
+        gate = _gates.get(pool)
+        if gate is None or gate[0] is not loop:
+            size = getattr(pool, "max_connections", None)
+            gate = _gates[pool] = (loop, asyncio.Semaphore(size if isinstance(size, int) and size > 0 else 2**31))
+        return gate[1]
+
     async def _call(
         self,
         client: aioredis.Redis,
@@ -216,6 +232,19 @@ class AsyncNodes:
         undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
     ) -> Any:
         pool: Any = client.connection_pool  # untyped in redis-py
+        # The wait for a free connection is not the node's time: it is outside the node's deadline.
+        async with self._gate(pool):
+            return await self._call_gated(client, pool, script, keys, args, undo)
+
+    async def _call_gated(
+        self,
+        client: aioredis.Redis,
+        pool: Any,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> Any:
         state: list[Any] = [None, False]  # the connection, and whether the command was sent on it
         try:
             if _timeout is not None:  # Python >= 3.11: a deadline on this task, no task of its own (wait_for's)

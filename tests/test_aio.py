@@ -35,7 +35,7 @@ T = TypeVar("T")
 SLOW = 0.1  # slow_callback_duration: a callback holding the loop longer than this is logged by asyncio
 
 
-def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
+def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0, *, debug: bool = True) -> T:
     """Run ``make()`` on a fresh debug-mode loop, bounded by ``timeout``; the loop's shared clients are closed."""
 
     async def main() -> T:
@@ -45,7 +45,7 @@ def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
         finally:
             await aclose()
 
-    return asyncio.run(main(), debug=True)
+    return asyncio.run(main(), debug=debug)
 
 
 def slow_callbacks(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -628,3 +628,27 @@ def test_async_history_under_faults_mixed_with_sync_clients(fresh_trio: list[Red
     mine = [a for a in history.acquisitions if a.client.startswith("a")]
     assert mine and any(a.client.startswith("s") for a in history.acquisitions)
     assert history.events["attempts"] > 0
+
+
+def test_many_coroutines_on_one_name_are_refused_as_contended_not_unavailable(
+    redis_trio: list[RedisServer], name: str
+) -> None:
+    """150 coroutines of one loop try one name at once on three healthy nodes: one wins, every other is refused as
+    contended, none reports a node error (redis.asyncio's pool refuses more than its max_connections, 100 by default
+    in redis-py 8, at once: the attempts beyond it failed at once with MaxConnectionsError and were reported as
+    unavailable nodes). A generous socket_timeout: what is tested is the pool's limit, not the loaded loop's speed."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        locks = [AsyncRedlock(urls, name, ttl=30.0, socket_timeout=10.0) for _ in range(150)]
+        won = await asyncio.gather(*(lock.acquire(blocking=False) for lock in locks))
+        errors = [str(e) for lock in locks for e in lock.node_errors]
+        contended = sum(1 for lock in locks if lock.contended)
+        for lock, ok in zip(locks, won, strict=True):
+            if ok:
+                await lock.release()
+        return sum(won), contended, errors
+
+    won, contended, errors = arun(scenario, debug=False)  # debug mode's bookkeeping would only slow it down
+    assert errors == []
+    assert won == 1 and contended == 149
