@@ -77,9 +77,8 @@ _loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[s
 # At most a pool's max_connections exchanges at once per client pool and loop: redis.asyncio's pool refuses the
 # ones beyond (MaxConnectionsError, at once; 100 by default since redis-py 7), which would read as a node down
 # when it is only many coroutines of one process acquiring at once. FIFO: a waiter is bounded by the exchanges ahead.
-_gates: weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = (
-    weakref.WeakKeyDictionary()
-)
+# Kept on the pool itself (attribute _GATE: the loop, weakly, and its semaphore), so no global holds a loop.
+_GATE = "_celery_singleton_lock_gate"
 # Background work (a cancelled caller's release, a cancelled attempt's undo) must not be garbage-collected mid-flight.
 _background: set[asyncio.Task[Any]] = set()
 
@@ -217,10 +216,11 @@ class AsyncNodes:
     def _gate(pool: Any) -> asyncio.Semaphore:
         """The running loop's semaphore for ``pool``: as many slots as the pool has connections."""
         loop = asyncio.get_running_loop()
-        gate = _gates.get(pool)
-        if gate is None or gate[0] is not loop:
+        gate: tuple[weakref.ref[asyncio.AbstractEventLoop], asyncio.Semaphore] | None = getattr(pool, _GATE, None)
+        if gate is None or gate[0]() is not loop:
             size = getattr(pool, "max_connections", None)
-            gate = _gates[pool] = (loop, asyncio.Semaphore(size if isinstance(size, int) and size > 0 else 2**31))
+            gate = (weakref.ref(loop), asyncio.Semaphore(size if isinstance(size, int) and size > 0 else 2**31))
+            setattr(pool, _GATE, gate)
         return gate[1]
 
     async def _call(
