@@ -17,24 +17,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import itertools
 import random
-import secrets
 import time as mod_time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
-from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
+from .errors import ConfigurationError, LockLostError, LockNotAcquiredError, LockUnavailableError
 from .nodes import NodeError, _url_options
-from .record import done_key_for, fence_key_for, record_of, slot_keys
-from .redlock import Redlock, _findings, _Lease, _settle, _tally
+from .record import fence_key_for, record_of
+from .redlock import _findings, _Lease, _LeaseSpec, _settle, _tally
 from .scripts import (
     ACQUIRE,
     ACQUIRED,
@@ -291,7 +289,7 @@ class AsyncNodes:
         await pool.release(conn)
 
 
-class AsyncRedlock:
+class AsyncRedlock(_LeaseSpec):
     """A distributed lock on one or N independent Redis masters, for asyncio: :class:`Redlock`'s lease, awaited.
 
     ``async with AsyncRedlock(urls, "invoice:42", ttl=10.0) as lock:`` acquires (waiting ``timeout`` s, ``None``:
@@ -307,21 +305,7 @@ class AsyncRedlock:
     sent again from a background task, bounded by ``socket_timeout``); what it cannot reach expires after ``ttl``.
     """
 
-    DRIFT_FACTOR: ClassVar[float] = Redlock.DRIFT_FACTOR
-    DRIFT_FLOOR: ClassVar[float] = Redlock.DRIFT_FLOOR
-    RETRY_BASE: ClassVar[float] = Redlock.RETRY_BASE
-    RETRY_CAP: ClassVar[float] = Redlock.RETRY_CAP
-
-    #: Findings of the last failed attempt, as :class:`Redlock`'s.
-    split: bool = False
-    done: bool = False
-    held_by: str | None = None
-    holder_record: dict[str, str] | None = None
-    held_for: float | None = None
-    node_errors: tuple[NodeError, ...] = ()
-    contended: bool = False
-    #: True once the renewal of an ``async with`` found the lease lost.
-    lost: bool = False
+    nodes: AsyncNodes
 
     def __init__(
         self,
@@ -341,94 +325,31 @@ class AsyncRedlock:
         cancel_on_loss: bool = False,
         clock: Callable[[], float] = mod_time.monotonic,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
-        if not ttl > 0.01:
-            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
-        if record and ("owner" in record or "fence" in record or "waiting" in record):
-            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+        self._check(name, ttl, timeout, limit, record)
         self.nodes = urls if isinstance(urls, AsyncNodes) else AsyncNodes(urls, socket_timeout=socket_timeout)
-        self.name = name
-        self.fence_key = fence_key or fence_key_for(name)
-        self.ttl = float(ttl)
-        self.timeout = timeout
-        self.job = job
+        self._setup(
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            token=token,
+            record=record,
+            job=job,
+            fencing=fencing,
+            fence_key=fence_key or fence_key_for(name),
+            limit=limit,
+            clock=clock,
+        )
         self.auto_renewal = auto_renewal
         self.cancel_on_loss = cancel_on_loss
-        self._label = f"{token}:" if token else ""
-        fields = dict(record) if record else {}
-        if job is not None:
-            fields["job"] = job
-        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
-        self.limit = limit
-        self._slots = slot_keys(name, limit)
-        self._keys: tuple[str, ...] = (
-            (name, self.fence_key, *self._slots[1:])
-            if job is None
-            else (name, self.fence_key, *self._slots[1:], done_key_for(name, job))
-        )
-        self._limit_arg = str(limit)
-        self._fencing = "1" if fencing else "0"
-        self._clock = clock
-        self._lease: _Lease | None = None
-        self._fence: int | None = None
-        self._last_key = self._slots[0]
         self._mutex: asyncio.Lock | None = None  # made in the loop: orders release against an extend in flight
         self._renewer: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._cancelled_by_us = False
 
-    def __repr__(self) -> str:
-        return f"AsyncRedlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
-
-    @property
-    def key(self) -> str:
-        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
-        return self._lease.key if self._lease else self._last_key
-
-    @property
-    def token(self) -> str | None:
-        """The owner token of the current (or last) lease, None before the first acquire."""
-        return self._lease.token if self._lease else None
-
-    @property
-    def fencing_token(self) -> int:
-        """Greater than every fencing token returned earlier for this name (sync or async); raises before an
-        acquire."""
-        if self._fence is None:
-            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
-        return self._fence
-
-    @property
-    def validity(self) -> float:
-        """Seconds the lease is still ours by the local clock (0 when not held)."""
-        if self._lease is None:
-            return 0.0
-        return max(0.0, self._lease.deadline - self._clock())
-
-    def _drift(self) -> float:
-        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
-
     def _lock(self) -> asyncio.Lock:
         if self._mutex is None:
             self._mutex = asyncio.Lock()
         return self._mutex
-
-    def _reset_failure(self) -> None:
-        self.split = self.done = self.contended = False
-        self.held_by = self.holder_record = self.held_for = None
-        self.node_errors = ()
-
-    def _won(self, lease: _Lease) -> bool:
-        self._lease = lease
-        self._last_key = lease.key
-        self._fence = lease.fence
-        self._reset_failure()
-        return True
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
@@ -454,7 +375,7 @@ class AsyncRedlock:
             attempt += 1
 
     async def _attempt(self) -> bool:
-        token = f"{self._label}{secrets.token_hex(16)}"
+        token = self._new_token()
         try:
             return await self._attempt_with(token)
         except BaseException:
@@ -585,7 +506,7 @@ class AsyncRedlock:
             if lease is None:
                 return False
             start = self._clock()
-            token = f"{self._label}{secrets.token_hex(16)}"
+            token = self._new_token()
             changes = [x for kv in (record or {}).items() for x in kv]
             answers = await self.nodes.run(TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
             current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})

@@ -164,7 +164,146 @@ def _findings(
     return held_by, held_for, holder_record, contended, split
 
 
-class Redlock:
+class _LeaseSpec:
+    """What :class:`Redlock` and :class:`~celery_singleton_lock.aio.AsyncRedlock` share, I/O aside: the arguments'
+    checks, the keys and script arguments built from them (so a sync and an async holder of one name use the same
+    keys, records and fencing counter), the lease held, and the findings of the last failed attempt."""
+
+    DRIFT_FACTOR: ClassVar[float] = 0.01
+    DRIFT_FLOOR: ClassVar[float] = 0.002
+    RETRY_BASE: ClassVar[float] = 0.005
+    RETRY_CAP: ClassVar[float] = 0.2
+
+    nodes: Any
+    name: str
+
+    @staticmethod
+    def _check(name: str, ttl: float, timeout: float | None, limit: int, record: Mapping[str, str] | None) -> None:
+        """Refuse bad arguments in one line each, before anything is built."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
+        if not ttl > 0.01:
+            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
+        if timeout is not None and timeout < 0:
+            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
+        if record and ("owner" in record or "fence" in record or "waiting" in record):
+            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+
+    def _setup(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        token: str | None,
+        record: Mapping[str, str] | None,
+        job: str | None,
+        fencing: bool,
+        fence_key: str,
+        limit: int,
+        clock: Callable[[], float],
+    ) -> None:
+        """The lease's spec from checked arguments (``fence_key`` resolved by the caller, who knows its nodes)."""
+        self.name = name
+        self.fence_key = fence_key
+        self.ttl = float(ttl)
+        self.timeout = timeout
+        self.job = job
+        self._label = f"{token}:" if token else ""
+        fields = dict(record) if record else {}
+        if job is not None:
+            fields["job"] = job
+        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
+        self.limit = limit
+        self._slots = slot_keys(name, limit)
+        self._keys: tuple[str, ...] = (
+            (name, fence_key, *self._slots[1:])
+            if job is None
+            else (name, fence_key, *self._slots[1:], done_key_for(name, job))
+        )
+        self._limit_arg = str(limit)
+        self._fencing = "1" if fencing else "0"
+        self._clock = clock
+        self._lease: _Lease | None = None
+        self._fence: int | None = None
+        self._last_key = self._slots[0]
+        # The attempt's findings (split, done, held_by...) start as the class's defaults: none.
+
+    #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
+    split: bool = False
+    #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
+    done: bool = False
+    #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that a
+    #: decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its remaining
+    #: lease (s).
+    held_by: str | None = None
+    holder_record: dict[str, str] | None = None
+    held_for: float | None = None
+    #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
+    node_errors: tuple[NodeError, ...] = ()
+    #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock), False
+    #: when unanswered nodes could have made the difference (the lock state is unknown).
+    contended: bool = False
+    #: True once the renewal of a ``with`` / ``async with`` block found the lease lost (reset by the next block).
+    lost: bool = False
+
+    def _reset_failure(self) -> None:
+        """Back to the class's defaults (no finding), whatever an earlier attempt found."""
+        self.split = self.done = self.contended = False
+        self.held_by = self.holder_record = self.held_for = None
+        self.node_errors = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
+
+    @property
+    def key(self) -> str:
+        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
+        return self._lease.key if self._lease else self._last_key
+
+    @property
+    def slot(self) -> int:
+        """The slot (0-based) of the current (or last) lease: always 0 without a limit."""
+        return self._slots.index(self.key)
+
+    @property
+    def token(self) -> str | None:
+        """The owner token of the current (or last) lease, None before the first acquire."""
+        return self._lease.token if self._lease else None
+
+    @property
+    def fencing_token(self) -> int:
+        """Greater than every fencing token returned earlier for this name (sync or async); raises before an
+        acquire."""
+        if self._fence is None:
+            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
+        return self._fence
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still ours by the local clock (0 when not held)."""
+        if self._lease is None:
+            return 0.0
+        return max(0.0, self._lease.deadline - self._clock())
+
+    def _drift(self) -> float:
+        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
+
+    def _new_token(self) -> str:
+        return f"{self._label}{secrets.token_hex(16)}"
+
+    def _won(self, lease: _Lease) -> bool:
+        """An attempt took ``lease``: it is this lock's now, and nothing of an earlier attempt's findings stays."""
+        self._lease = lease
+        self._last_key = lease.key
+        self._fence = lease.fence
+        self._reset_failure()
+        return True
+
+
+class Redlock(_LeaseSpec):
     """A distributed lock on one or N independent Redis masters.
 
     >>> lock = Redlock(redis_url, "doctest:invoice:42", ttl=10.0)
@@ -223,10 +362,7 @@ class Redlock:
     the larger N hold the name at once.
     """
 
-    DRIFT_FACTOR: ClassVar[float] = 0.01
-    DRIFT_FLOOR: ClassVar[float] = 0.002
-    RETRY_BASE: ClassVar[float] = 0.005
-    RETRY_CAP: ClassVar[float] = 0.2
+    nodes: NodeSet
 
     def __init__(
         self,
@@ -248,113 +384,30 @@ class Redlock:
         clock: Callable[[], float] = mod_time.monotonic,
         sleep: Callable[[float], None] = mod_time.sleep,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
-        if not ttl > 0.01:
-            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
-        if record and ("owner" in record or "fence" in record or "waiting" in record):
-            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+        self._check(name, ttl, timeout, limit, record)
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
-        self.name = name
         # On a Redis Cluster, a shared counter in another slot than the name is kept per slot (see same_slot).
-        self.fence_key = self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name)
-        self.ttl = float(ttl)
-        self.timeout = timeout
-        self.job = job
-        self._label = f"{token}:" if token else ""
-        fields = dict(record) if record else {}
-        if job is not None:
-            fields["job"] = job
-        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
-        self.limit = limit
-        self._slots = slot_keys(name, limit)
-        self._keys: tuple[str, ...] = (
-            (name, self.fence_key, *self._slots[1:])
-            if job is None
-            else (name, self.fence_key, *self._slots[1:], done_key_for(name, job))
+        self._setup(
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            token=token,
+            record=record,
+            job=job,
+            fencing=fencing,
+            fence_key=self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name),
+            limit=limit,
+            clock=clock,
         )
-        self._limit_arg = str(limit)
-        self._fencing = "1" if fencing else "0"
-        self._clock = clock
         self._sleep = sleep
-        self._lease: _Lease | None = None
         self._mutex = threading.Lock()  # orders release/transfer against the watchdog's extend
         #: An owner token this lock may take over when it finds it holding the key (see ``transfer``).
         self.replaces: str | None = None
-        self._fence: int | None = None
-        self._last_key = self._slots[0]
         self.auto_renewal = auto_renewal
         self.interrupt_on_loss = interrupt_on_loss
         self.on_lost = on_lost
         self._renewal: Lease | None = None  # the watchdog's lease while ``with`` runs
         self._target: Target | None = None  # interrupt_on_loss: the block to interrupt
-        # The attempt's findings (split, done, held_by...) start as the class's defaults: none.
-
-    #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
-    split: bool = False
-    #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
-    done: bool = False
-    #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that a
-    #: decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its remaining
-    #: lease (s).
-    held_by: str | None = None
-    holder_record: dict[str, str] | None = None
-    held_for: float | None = None
-    #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
-    node_errors: tuple[NodeError, ...] = ()
-    #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock), False
-    #: when unanswered nodes could have made the difference (the lock state is unknown).
-    contended: bool = False
-    #: True once the renewal of a ``with`` block found the lease lost (reset by the next ``with``).
-    lost: bool = False
-
-    def _reset_failure(self) -> None:
-        """Back to the class's defaults (no finding), whatever an earlier attempt found."""
-        self.split = self.done = self.contended = False
-        self.held_by = self.holder_record = self.held_for = None
-        self.node_errors = ()
-
-    def __repr__(self) -> str:
-        return f"Redlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
-
-    @property
-    def key(self) -> str:
-        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
-        return self._lease.key if self._lease else self._last_key
-
-    @property
-    def slot(self) -> int:
-        """The slot (0-based) of the current (or last) lease: always 0 without a limit."""
-        return self._slots.index(self.key)
-
-    @property
-    def token(self) -> str | None:
-        """The owner token of the current (or last) lease, None before the first acquire."""
-        return self._lease.token if self._lease else None
-
-    @property
-    def fencing_token(self) -> int:
-        """Greater than every fencing token returned earlier for this name; raises before an acquire."""
-        if self._fence is None:
-            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
-        return self._fence
-
-    @property
-    def validity(self) -> float:
-        """Seconds the lease is still ours by the local clock (0 when not held)."""
-        if self._lease is None:
-            return 0.0
-        return max(0.0, self._lease.deadline - self._clock())
-
-    def _drift(self) -> float:
-        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
-
-    def _new_token(self) -> str:
-        return f"{self._label}{secrets.token_hex(16)}"
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
@@ -435,14 +488,6 @@ class Redlock:
             holders, slot_owners, fences, bool(errors), len(nodes), nodes.quorum, self.limit, self.job
         )
         return False
-
-    def _won(self, lease: _Lease) -> bool:
-        """An attempt took ``lease``: it is this lock's now, and nothing of an earlier attempt's findings stays."""
-        self._lease = lease
-        self._last_key = lease.key
-        self._fence = lease.fence
-        self._reset_failure()
-        return True
 
     def extend(self) -> bool:
         """Reset the lease to ``ttl`` if we still hold it.
