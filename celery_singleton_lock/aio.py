@@ -540,11 +540,17 @@ class AsyncRedlock(_LeaseSpec):
 
     async def _renewal(self) -> None:
         """The lease's watchdog while ``async with`` runs: extend every ttl/3 (sooner after an undecided round, and
-        never later than the lease's deadline); on loss, cancel the block when ``cancel_on_loss``."""
+        never later than the lease's deadline); on loss, cancel the block when ``cancel_on_loss``. With
+        ``auto_renewal=False`` it only waits for the lease's end by our clock: that is its loss."""
         interval = self.ttl / 3
         while True:
             lease = self._lease
             if lease is None:
+                return
+            if not self.auto_renewal:
+                await asyncio.sleep(max(0.0, lease.deadline - self._clock()))
+                if self._lease is lease and lease.renewable:  # neither released nor handed on meanwhile
+                    self._lost()
                 return
             await asyncio.sleep(max(0.0, min(interval, lease.deadline - self._clock())))
             if self._lease is not lease:
@@ -552,13 +558,16 @@ class AsyncRedlock(_LeaseSpec):
             verdict = await self._renew()
             if verdict is False:
                 if lease.renewable:  # not released by us meanwhile: lost
-                    self.lost = True
-                    owner = self._owner
-                    if self.cancel_on_loss and owner is not None and not owner.done():
-                        self._cancelled_by_us = True
-                        owner.cancel()
+                    self._lost()
                 return
             interval = max(0.01, self.ttl / 10) if verdict is None else self.ttl / 3
+
+    def _lost(self) -> None:
+        self.lost = True
+        owner = self._owner
+        if self.cancel_on_loss and owner is not None and not owner.done():
+            self._cancelled_by_us = True
+            owner.cancel()
 
     async def __aenter__(self) -> AsyncRedlock:
         if not await self.acquire(blocking=True, timeout=self.timeout):
@@ -568,8 +577,8 @@ class AsyncRedlock(_LeaseSpec):
             raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
         self.lost = self._cancelled_by_us = False
         self._owner = asyncio.current_task()
-        if self.auto_renewal:
-            self._renewer = asyncio.ensure_future(self._renewal())
+        # Renews the lease (or with auto_renewal=False, only watches for its end: lost, cancel_on_loss).
+        self._renewer = asyncio.ensure_future(self._renewal())
         return self
 
     async def __aexit__(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import random
 import secrets
 import threading
@@ -63,6 +64,8 @@ from .scripts import RELEASE as _RELEASE
 from .scripts import STATUS as _STATUS
 from .scripts import TRANSFER as _TRANSFER
 from .scripts import UNDO as _UNDO
+
+logger = logging.getLogger("celery_singleton_lock.redlock")
 
 __all__ = ["NodeSet", "Redlock", "done_key_for", "fence_key_for", "record_of", "redact_url", "sibling_key", "slot_keys"]
 
@@ -408,6 +411,7 @@ class Redlock(_LeaseSpec):
         self.on_lost = on_lost
         self._renewal: Lease | None = None  # the watchdog's lease while ``with`` runs
         self._target: Target | None = None  # interrupt_on_loss: the block to interrupt
+        self._expiry: threading.Timer | None = None  # auto_renewal=False: the lease's end, told as its loss
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
@@ -715,16 +719,31 @@ class Redlock(_LeaseSpec):
         if self.auto_renewal:
             # The process's watchdog renews it every ttl / 3, batched with every other lease it renews.
             self._renewal = watchdog().register(self, self.ttl / 3, self._renewal_lost)
+        elif (self.on_lost is not None or target is not None) and self._lease is not None:
+            # Not renewed: its end by our clock is its loss, told as a renewal's would be.
+            self._expiry = threading.Timer(self.validity, self._ran_out, (self._lease,))
+            self._expiry.daemon = True
+            self._expiry.start()
         return self
 
-    def _renewal_lost(self, lease: Lease, reason: str) -> None:
+    def _renewal_lost(self, _lease: Lease | None, reason: str) -> None:
         """The watchdog found the lease of this ``with`` block lost (in its thread): flag, callback, interrupt."""
         self.lost = True
-        if self.on_lost is not None:
-            self.on_lost(self)
-        target = self._target
-        if target is not None:
-            target.fire(LockLostError(f"lock {self.name!r} was lost while the block ran: {reason}", key=self.name))
+        try:
+            if self.on_lost is not None:
+                self.on_lost(self)
+        finally:  # a callback that raises must not keep the block from being interrupted
+            target = self._target
+            if target is not None:
+                target.fire(LockLostError(f"lock {self.name!r} was lost while the block ran: {reason}", key=self.name))
+
+    def _ran_out(self, lease: _Lease) -> None:
+        """auto_renewal=False: the lease's end by our clock, in a timer's thread; its loss if still held."""
+        if self._lease is lease and self._expiry is not None:
+            try:
+                self._renewal_lost(None, "its ttl ran out (auto_renewal=False)")
+            except Exception:
+                logger.exception("lock-lost callback for %s raised", self.name)
 
     def __exit__(
         self,
@@ -740,6 +759,9 @@ class Redlock(_LeaseSpec):
             renewal, self._renewal = self._renewal, None
             if renewal is not None:
                 watchdog().unregister(renewal)
+            expiry, self._expiry = self._expiry, None
+            if expiry is not None:
+                expiry.cancel()
         finally:
             self.release()
         return False

@@ -652,3 +652,44 @@ def test_many_coroutines_on_one_name_are_refused_as_contended_not_unavailable(
     won, contended, errors = arun(scenario, debug=False)  # debug mode's bookkeeping would only slow it down
     assert errors == []
     assert won == 1 and contended == 149
+
+
+def test_an_unrenewed_lease_that_runs_out_cancels_the_block(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``auto_renewal=False`` with ``cancel_on_loss``: the validity running out is a loss (the issue's "or the
+    validity runs out"): the block is cancelled and ``async with`` raises LockLostError."""
+    urls = urls_of(redis_trio)
+    reached: list[str] = []
+
+    async def scenario() -> bool:
+        lock = AsyncRedlock(urls, name, ttl=0.5, auto_renewal=False, cancel_on_loss=True)
+        with pytest.raises(LockLostError):  # noqa: PT012 - the block is what is cancelled
+            async with lock:
+                await asyncio.sleep(20)
+                reached.append("after the loss")  # pragma: no cover - must never run
+        return lock.lost
+
+    assert arun(scenario, timeout=30.0)
+    assert reached == []
+
+
+def test_a_loop_ended_with_a_block_holding_the_lock_releases_it(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``asyncio.run`` returns while another task is inside ``async with`` (asyncio.run cancels it): the block's
+    exit releases the lock before the loop closes; the name is free at once, not after the ttl."""
+    urls = urls_of(redis_trio)
+    entered = threading.Event()
+
+    async def holder() -> None:
+        async with AsyncRedlock(urls, name, ttl=60.0):
+            entered.set()
+            await asyncio.sleep(60)
+
+    async def scenario() -> None:
+        asyncio.ensure_future(holder())  # noqa: RUF006 - left running on purpose: asyncio.run cancels it
+        for _ in range(500):
+            if entered.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert entered.is_set()
+    assert keys_on(redis_trio, name) == [False, False, False]

@@ -113,3 +113,47 @@ def test_interrupt_on_loss_outside_the_main_thread_is_refused_before_acquiring(
     assert len(errors) == 1 and isinstance(errors[0], ConfigurationError)
     assert "interrupt_on_loss" in str(errors[0]) and "\n" not in str(errors[0])
     assert Redlock(urls, name).acquire(blocking=False)
+
+
+def test_a_raising_on_lost_callback_still_interrupts_the_block(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``on_lost`` raises; the block is interrupted all the same (the callback ran before the interrupt)."""
+    urls = urls_of(redis_trio)
+    calls: list[str] = []
+
+    def broken(_lock: Redlock) -> None:
+        calls.append("called")
+        raise RuntimeError("a callback's bug")
+
+    with pytest.raises(LockLostError):  # noqa: PT012 - the block is interrupted
+        with Redlock(urls, name, ttl=0.6, interrupt_on_loss=True, on_lost=broken):
+            delete_on(redis_trio, name)
+            for _ in range(int(WAIT / 0.1)):
+                time.sleep(0.1)
+    assert calls == ["called"]
+
+
+def test_an_unrenewed_lease_that_runs_out_interrupts_the_block(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``auto_renewal=False`` with ``interrupt_on_loss``: the lease's end by our clock is its loss; the block
+    is interrupted then and ``on_lost`` told, rather than running on after another holder may have got in."""
+    urls = urls_of(redis_trio)
+    told: list[Redlock] = []
+    with pytest.raises(LockLostError):  # noqa: PT012 - the block is interrupted
+        with Redlock(urls, name, ttl=0.5, auto_renewal=False, interrupt_on_loss=True, on_lost=told.append) as lock:
+            for _ in range(int(WAIT / 0.1)):
+                time.sleep(0.1)
+    assert lock.lost and told == [lock]
+
+
+def test_a_paused_node_while_the_watchdog_renews_keeps_the_lease(fresh_trio: list[RedisServer], name: str) -> None:
+    """Attack: one of three nodes SIGSTOPped for several ttls while the block runs: the two others keep the quorum,
+    the block is not interrupted, and the lease is released at the end."""
+    urls = urls_of(fresh_trio)
+    with Redlock(urls, name, ttl=0.9, socket_timeout=0.2, interrupt_on_loss=True) as lock:
+        fresh_trio[0].pause()
+        try:
+            time.sleep(2.5)
+            assert not lock.lost and lock.validity > 0
+            assert not Redlock(urls, name, socket_timeout=0.2).acquire(blocking=False)
+        finally:
+            fresh_trio[0].resume()
+    assert Redlock(urls, name).acquire(blocking=False)
