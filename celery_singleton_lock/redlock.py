@@ -503,7 +503,8 @@ class Redlock(_LeaseSpec):
 
     @staticmethod
     def nodes_extend(locks: Sequence[Redlock]) -> list[bool | None]:
-        """Extend many locks sharing one NodeSet in one round trip per node (the renewal watchdog's path).
+        """Extend many locks sharing one NodeSet (or NodeSets with equal ``peers``) in one round trip per node (the
+        renewal watchdog's path).
 
         A node where a key is missing (restarted, or unreachable at acquire) gets it back, with its fencing
         counter raised to our token, but only a node that still held our token counts towards the quorum: a
@@ -516,8 +517,8 @@ class Redlock(_LeaseSpec):
         if not locks:
             return []
         nodes = locks[0].nodes
-        if any(lock.nodes is not nodes for lock in locks):
-            raise LockError("nodes_extend: every lock must share one NodeSet")
+        if any(lock.nodes is not nodes and lock.nodes.peers != nodes.peers for lock in locks):
+            raise LockError("nodes_extend: every lock must share one NodeSet (or NodeSets on the same clients)")
         # Hold each lock's mutex across the round trip: a release() racing with this extend could otherwise reach
         # a node first, and the extend would then find the key missing and "repair" a lock just given up.
         with contextlib.ExitStack() as stack:

@@ -139,9 +139,11 @@ class Watchdog:
 
     def renew(self, leases: list[Lease]) -> None:
         """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
-        groups: dict[NodeSet, list[Lease]] = {}
+        # By the nodes they talk to, not by NodeSet object: every ``with Redlock(urls, ...)`` builds a NodeSet of its
+        # own, and renewed one by one a paused node would cost each of them socket_timeout in turn.
+        groups: dict[object, list[Lease]] = {}
         for lease in leases:
-            groups.setdefault(lease.lock.nodes, []).append(lease)
+            groups.setdefault(lease.lock.nodes.peers, []).append(lease)
         for group in groups.values():
             for start in range(0, len(group), BATCH):
                 batch = group[start : start + BATCH]

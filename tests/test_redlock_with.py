@@ -157,3 +157,43 @@ def test_a_paused_node_while_the_watchdog_renews_keeps_the_lease(fresh_trio: lis
         finally:
             fresh_trio[0].resume()
     assert Redlock(urls, name).acquire(blocking=False)
+
+
+def test_many_blocks_on_their_own_locks_are_renewed_in_one_round_trip_with_a_node_paused(
+    fresh_trio: list[RedisServer],
+) -> None:
+    """Attack: 8 threads each in ``with Redlock(urls, own_name, ttl=1.2)`` (each Redlock its own NodeSet on the same
+    URLs) while one node is SIGSTOPped for 3 s. The watchdog renews them together, one round trip per tick (bounded
+    by socket_timeout); renewed one by one, a tick cost 8 x socket_timeout, longer than the leases, and all were
+    lost with a quorum of nodes healthy."""
+    urls = urls_of(fresh_trio)
+    names = [f"many:{i}:{time.monotonic_ns()}" for i in range(8)]
+    entered = threading.Barrier(len(names) + 1, timeout=WAIT)
+    leave = threading.Event()
+    lost: list[str] = []
+    errors: list[BaseException] = []
+
+    def block(name: str) -> None:
+        try:
+            with Redlock(urls, name, ttl=1.2, socket_timeout=0.3) as lock:
+                entered.wait()
+                leave.wait(WAIT)
+                if lock.lost or lock.validity == 0:
+                    lost.append(name)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=block, args=(n,), daemon=True) for n in names]
+    for t in threads:
+        t.start()
+    entered.wait()
+    fresh_trio[0].pause()
+    try:
+        time.sleep(3.0)
+    finally:
+        fresh_trio[0].resume()
+        leave.set()
+        for t in threads:
+            t.join(WAIT)
+    assert errors == []
+    assert lost == []
