@@ -339,6 +339,7 @@ def test_cancel_on_loss_cancels_the_block(redis_trio: list[RedisServer], name: s
                 await asyncio.sleep(10)
                 reached.append("after the loss")  # pragma: no cover - must never run
         assert lock.lost
+        assert not await lock.release()  # after the loss: nothing to give up, no error
         await asyncio.sleep(0.01)  # the task is usable: our cancel was taken back
         task = asyncio.current_task()
         assert task is not None and getattr(task, "cancelling", lambda: 0)() == 0
@@ -693,3 +694,33 @@ def test_a_loop_ended_with_a_block_holding_the_lock_releases_it(redis_trio: list
     asyncio.run(scenario())
     assert entered.is_set()
     assert keys_on(redis_trio, name) == [False, False, False]
+
+
+def test_many_acquires_cancelled_midway_leave_no_key(fresh_trio: list[RedisServer], name: str) -> None:
+    """Attack: 150 coroutines acquire one name while a node is paused (some wait for a connection, some for the
+    paused node) and are all cancelled midway: once the node resumes and the background undos end, no node holds
+    the name."""
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        warm = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=2.0)
+        assert await warm.acquire(blocking=False)  # connections made while every node answers
+        await warm.release()
+        fresh_trio[0].pause()
+        try:
+            tasks = [
+                asyncio.ensure_future(AsyncRedlock(urls, name, ttl=60.0, socket_timeout=2.0).acquire(blocking=False))
+                for _ in range(150)
+            ]
+            await asyncio.sleep(0.3)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            fresh_trio[0].resume()
+        from celery_singleton_lock import aio  # noqa: PLC0415
+
+        await asyncio.wait_for(asyncio.gather(*aio._background, return_exceptions=True), 20.0)
+        assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name) == [False] * 3, 10.0)
+
+    arun(scenario, timeout=60.0, debug=False)
