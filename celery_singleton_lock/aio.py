@@ -549,8 +549,11 @@ class AsyncRedlock(_LeaseSpec):
                 return
             if not self.auto_renewal:
                 await asyncio.sleep(max(0.0, lease.deadline - self._clock()))
-                if self._lease is lease and lease.renewable:  # neither released nor handed on meanwhile
-                    self._lost()
+                if self._lease is not lease or not lease.renewable:
+                    return  # released or handed on meanwhile
+                if lease.deadline > self._clock():
+                    continue  # extended by hand meanwhile: wait for its new end
+                self._lost()
                 return
             await asyncio.sleep(max(0.0, min(interval, lease.deadline - self._clock())))
             if self._lease is not lease:

@@ -741,6 +741,12 @@ class Redlock(_LeaseSpec):
     def _ran_out(self, lease: _Lease) -> None:
         """auto_renewal=False: the lease's end by our clock, in a timer's thread; its loss if still held."""
         if self._lease is lease and self._expiry is not None:
+            left = lease.deadline - self._clock()
+            if left > 0:  # extended by hand meanwhile: wait for its new end
+                self._expiry = threading.Timer(left, self._ran_out, (lease,))
+                self._expiry.daemon = True
+                self._expiry.start()
+                return
             try:
                 self._renewal_lost(None, "its ttl ran out (auto_renewal=False)")
             except Exception:

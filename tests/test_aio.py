@@ -308,8 +308,8 @@ def test_renewal_keeps_the_lease_while_the_block_runs(redis_trio: list[RedisServ
     urls = urls_of(redis_trio)
 
     async def scenario() -> None:
-        async with AsyncRedlock(urls, name, ttl=0.6) as lock:
-            await asyncio.sleep(2.0)  # more than three ttls
+        async with AsyncRedlock(urls, name, ttl=1.5) as lock:  # seconds: a renewal slowed by load still comes in time
+            await asyncio.sleep(3.5)  # more than two ttls
             assert not await AsyncRedlock(urls, name).acquire(blocking=False)
             assert await lock.owned() and not lock.lost
         assert await AsyncRedlock(urls, name).acquire(blocking=False)
@@ -724,3 +724,18 @@ def test_many_acquires_cancelled_midway_leave_no_key(fresh_trio: list[RedisServe
         assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name) == [False] * 3, 10.0)
 
     arun(scenario, timeout=60.0, debug=False)
+
+
+def test_an_unrenewed_lease_extended_by_hand_is_not_taken_for_lost(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``auto_renewal=False`` with ``cancel_on_loss``, the block extending the lease itself: it is not
+    cancelled at the first ttl's end."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> bool:
+        async with AsyncRedlock(urls, name, ttl=0.6, auto_renewal=False, cancel_on_loss=True) as lock:
+            for _ in range(6):  # 1.5 s: more than two ttls
+                await asyncio.sleep(0.25)
+                assert await lock.extend()
+        return lock.lost
+
+    assert arun(scenario, timeout=30.0) is False
