@@ -342,13 +342,18 @@ class AsyncRedlock(_LeaseSpec):
         self.auto_renewal = auto_renewal
         self.cancel_on_loss = cancel_on_loss
         self._mutex: asyncio.Lock | None = None  # made in the loop: orders release against an extend in flight
+        self._mutex_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._cancelled_by_us = False
 
     def _lock(self) -> asyncio.Lock:
-        if self._mutex is None:
+        """The running loop's mutex (an asyncio.Lock that waited once belongs to its loop: one lock used by one
+        ``asyncio.run`` after another gets a new one; the old loop has nothing in flight any more)."""
+        loop = asyncio.get_running_loop()
+        if self._mutex is None or self._mutex_loop is None or self._mutex_loop() is not loop:
             self._mutex = asyncio.Lock()
+            self._mutex_loop = weakref.ref(loop)
         return self._mutex
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002

@@ -739,3 +739,22 @@ def test_an_unrenewed_lease_extended_by_hand_is_not_taken_for_lost(redis_trio: l
         return lock.lost
 
     assert arun(scenario, timeout=30.0) is False
+
+
+def test_one_lock_used_from_two_event_loops_in_turn(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: an AsyncRedlock acquired and extended in one ``asyncio.run`` (an extend and a renewal waiting on each
+    other), then extended and released at once in the next: no "bound to a different event loop" error, and the lock
+    is freed (the mutex that orders them belonged to the first loop)."""
+    urls = urls_of(redis_trio)
+    lock = AsyncRedlock(urls, name, ttl=30.0)
+
+    async def first() -> None:
+        assert await lock.acquire(blocking=False)
+        assert await asyncio.gather(lock.extend(), lock.extend()) == [True, True]
+
+    async def second() -> list[bool]:
+        return list(await asyncio.gather(lock.extend(), lock.release()))
+
+    arun(first)
+    assert arun(second) == [True, True]
+    assert keys_on(redis_trio, name) == [False, False, False]
