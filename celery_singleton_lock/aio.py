@@ -25,13 +25,14 @@ from types import TracebackType
 from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockLostError, LockNotAcquiredError, LockUnavailableError
 from .nodes import NodeError, _url_options
-from .record import fence_key_for, record_of
+from .record import fence_key_for, fence_key_in_slot, record_of
 from .redlock import _findings, _Lease, _LeaseSpec, _settle, _tally
 from .scripts import (
     ACQUIRE,
@@ -69,7 +70,7 @@ _timeout: Any = getattr(asyncio, "timeout", None)
 _untyped_sentinel: Any = Sentinel  # untyped in redis-py
 
 # One client per URL and timeout for each event loop (redis.asyncio connections cannot move between loops).
-_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], aioredis.Redis]] = (
+_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], Any]] = (
     weakref.WeakKeyDictionary()
 )
 # At most a pool's max_connections exchanges at once per client pool and loop: redis.asyncio's pool refuses the
@@ -113,36 +114,54 @@ def _sentinel_master(spec: NodeURL, options: dict[str, Any]) -> aioredis.Redis:
     return cast(aioredis.Redis, sentinel.master_for(spec.service, redis_class=aioredis.Redis, **kwargs))
 
 
+def _cluster_client(spec: NodeURL, options: dict[str, Any]) -> RedisCluster:
+    """A redis.asyncio Cluster client of a ``redis+cluster://`` URL, as ``nodes._cluster_client`` builds the sync one
+    (one logical Redlock node: each script call goes to the master of its keys' slot)."""
+    kwargs = _url_options(spec, options)
+    kwargs.pop("db", None)  # validate_url allows db 0 only, and RedisCluster refuses the argument
+    kwargs.pop("protocol", None)
+    startup = [ClusterNode(host, port) for host, port in spec.hosts]
+    return RedisCluster(startup_nodes=startup, require_full_coverage=False, **kwargs)
+
+
+def _cluster_name(client: RedisCluster) -> str:
+    nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
+    return f"redis+cluster://{','.join(sorted(n.name for n in nodes))}"
+
+
+_Client = aioredis.Redis | RedisCluster
+
+
 class AsyncNodes:
     """The Redis masters of an :class:`AsyncRedlock`: URLs (``redis://``, ``rediss://``, ``unix://``,
-    ``redis+sentinel://``; see docs/nodes.md) or ``redis.asyncio.Redis`` clients (a Sentinel master too:
-    ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``). Not a Redis Cluster yet."""
+    ``redis+sentinel://``, ``redis+cluster://``; see docs/nodes.md) or ``redis.asyncio.Redis`` clients (a Sentinel
+    master too: ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``) and ``redis.asyncio.cluster.RedisCluster``
+    clients (a whole Cluster is ONE node of the Redlock, as for :class:`NodeSet`)."""
 
-    def __init__(
-        self, urls: str | aioredis.Redis | Sequence[str | aioredis.Redis], *, socket_timeout: float = 0.5
-    ) -> None:
+    def __init__(self, urls: str | _Client | Sequence[str | _Client], *, socket_timeout: float = 0.5) -> None:
         if socket_timeout <= 0:
             raise ConfigurationError(f"socket_timeout must be > 0 seconds, got {socket_timeout!r}")
-        items: list[str | aioredis.Redis] = [urls] if isinstance(urls, str | aioredis.Redis) else list(urls)
+        items: list[str | _Client] = [urls] if isinstance(urls, str | aioredis.Redis | RedisCluster) else list(urls)
         if not items:
             raise ConfigurationError("at least one Redis node is needed, e.g. 'redis://127.0.0.1:6379/0'")
         names: list[str] = []
+        cluster = False
         for i, item in enumerate(items):
             if isinstance(item, str):
                 url = validate_url(item)
                 spec = parse_node_url(url)
-                if spec is not None and spec.kind != "sentinel":
-                    raise ConfigurationError(
-                        f"AsyncRedlock takes redis://, rediss://, unix:// and redis+sentinel:// URLs, not "
-                        f"{redact_url(url)!r}: a Redis Cluster is not supported by AsyncRedlock yet"
-                    )
+                cluster = cluster or (spec is not None and spec.kind == "cluster")
                 items[i] = url
                 names.append(redact_url(url))
             elif isinstance(item, aioredis.Redis):
                 names.append(_client_name(item))
+            elif isinstance(item, RedisCluster):
+                cluster = True
+                names.append(_cluster_name(item))
             else:
                 raise ConfigurationError(
-                    f"AsyncRedlock nodes are URLs or redis.asyncio.Redis clients, got {type(item).__name__}"
+                    "AsyncRedlock nodes are URLs, redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster clients, "
+                    f"got {type(item).__name__}"
                 )
         if len(set(names)) < len(names):
             raise ConfigurationError("a Redis node is listed twice: Redlock needs independent nodes")
@@ -150,6 +169,11 @@ class AsyncNodes:
         self.names: tuple[str, ...] = tuple(names)
         self.quorum = len(items) // 2 + 1
         self.socket_timeout = socket_timeout
+        self.cluster = cluster
+
+    def same_slot(self, key: str, name: str) -> str:
+        """``key`` for a lock named ``name``, kept in ``name``'s slot when a node is a Cluster (NodeSet.same_slot)."""
+        return fence_key_in_slot(key, name) if self.cluster else key
 
     def __len__(self) -> int:
         return len(self._items)
@@ -157,10 +181,10 @@ class AsyncNodes:
     def __repr__(self) -> str:
         return f"AsyncNodes({list(self.names)!r}, quorum={self.quorum})"
 
-    def clients(self) -> list[aioredis.Redis]:
+    def clients(self) -> list[_Client]:
         """The clients for the running loop (built from URLs on first use in that loop; nothing connects here)."""
         shared = _loop_clients.setdefault(asyncio.get_running_loop(), {})
-        out: list[aioredis.Redis] = []
+        out: list[_Client] = []
         for item in self._items:
             if not isinstance(item, str):
                 out.append(item)
@@ -176,7 +200,13 @@ class AsyncNodes:
                     **_NO_SETINFO,
                 }
                 spec = parse_node_url(item)
-                client = aioredis.Redis.from_url(item, **options) if spec is None else _sentinel_master(spec, options)
+                client = (
+                    aioredis.Redis.from_url(item, **options)
+                    if spec is None
+                    else _sentinel_master(spec, options)
+                    if spec.kind == "sentinel"
+                    else _cluster_client(spec, options)
+                )
                 shared[(item, self.socket_timeout)] = client
             out.append(client)
         return out
@@ -223,12 +253,15 @@ class AsyncNodes:
 
     async def _call(
         self,
-        client: aioredis.Redis,
+        client: _Client,
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
         undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
     ) -> Any:
+        if isinstance(client, RedisCluster):
+            async with self._gate(client):
+                return await self._call_cluster(client, script, keys, args, undo)
         pool: Any = client.connection_pool  # untyped in redis-py
         # The wait for a free connection is not the node's time: it is outside the node's deadline.
         async with self._gate(pool):
@@ -267,6 +300,43 @@ class AsyncNodes:
             raise
         await pool.release(state[0])
         return answer
+
+    async def _call_cluster(
+        self,
+        client: RedisCluster,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> Any:
+        """One script call on a Cluster node: redis-py routes it to the master of the keys' slot (every key of one
+        lock is in the name's slot). A timed-out call's undo is sent again in the background: on another connection
+        than the call, so a master that was paused (not just slow) may run the undo first and keep the attempt's key
+        until its ttl (the plain nodes' same-connection undo is not available through redis-py's Cluster client)."""
+        untyped: Any = client  # redis-py's async Cluster client is loosely typed
+        try:
+            if _timeout is not None:
+                async with _timeout(self.socket_timeout):
+                    return await self._cluster_exchange(untyped, script, keys, args)
+            return await asyncio.wait_for(  # pragma: no cover - Python 3.10
+                self._cluster_exchange(untyped, script, keys, args), self.socket_timeout
+            )
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            if undo is not None and isinstance(exc, asyncio.TimeoutError):
+                body, undo_keys, undo_args = undo
+                _spawn(self._late_undo(untyped, body, undo_keys, undo_args))
+            return exc
+
+    async def _late_undo(self, client: Any, body: Script, keys: Sequence[str], args: Sequence[str | int]) -> None:
+        with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._cluster_exchange(client, body, keys, args), self.socket_timeout)
+
+    @staticmethod
+    async def _cluster_exchange(client: Any, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(script.body, len(keys), *keys, *args)
 
     @staticmethod
     async def _exchange(
@@ -309,7 +379,7 @@ class AsyncRedlock(_LeaseSpec):
 
     def __init__(
         self,
-        urls: str | aioredis.Redis | Sequence[str | aioredis.Redis] | AsyncNodes,
+        urls: str | _Client | Sequence[str | _Client] | AsyncNodes,
         name: str,
         *,
         ttl: float = 10.0,
@@ -335,7 +405,7 @@ class AsyncRedlock(_LeaseSpec):
             record=record,
             job=job,
             fencing=fencing,
-            fence_key=fence_key or fence_key_for(name),
+            fence_key=self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name),
             limit=limit,
             clock=clock,
         )
