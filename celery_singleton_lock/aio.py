@@ -17,24 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import itertools
 import random
-import secrets
 import time as mod_time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
-from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
+from .errors import ConfigurationError, LockLostError, LockNotAcquiredError, LockUnavailableError
 from .nodes import NodeError, _url_options
-from .record import done_key_for, fence_key_for, record_of, slot_keys
-from .redlock import Redlock, _findings, _Lease, _settle, _tally
+from .record import fence_key_for, fence_key_in_slot, record_of
+from .redlock import _findings, _Lease, _LeaseSpec, _settle, _tally
 from .scripts import (
     ACQUIRE,
     ACQUIRED,
@@ -71,9 +70,14 @@ _timeout: Any = getattr(asyncio, "timeout", None)
 _untyped_sentinel: Any = Sentinel  # untyped in redis-py
 
 # One client per URL and timeout for each event loop (redis.asyncio connections cannot move between loops).
-_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], aioredis.Redis]] = (
+_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], Any]] = (
     weakref.WeakKeyDictionary()
 )
+# At most a pool's max_connections exchanges at once per client pool and loop: redis.asyncio's pool refuses the
+# ones beyond (MaxConnectionsError, at once; 100 by default since redis-py 7), which would read as a node down
+# when it is only many coroutines of one process acquiring at once. FIFO: a waiter is bounded by the exchanges ahead.
+# Kept on the pool itself (attribute _GATE: the loop, weakly, and its semaphore), so no global holds a loop.
+_GATE = "_celery_singleton_lock_gate"
 # Background work (a cancelled caller's release, a cancelled attempt's undo) must not be garbage-collected mid-flight.
 _background: set[asyncio.Task[Any]] = set()
 
@@ -110,36 +114,54 @@ def _sentinel_master(spec: NodeURL, options: dict[str, Any]) -> aioredis.Redis:
     return cast(aioredis.Redis, sentinel.master_for(spec.service, redis_class=aioredis.Redis, **kwargs))
 
 
+def _cluster_client(spec: NodeURL, options: dict[str, Any]) -> RedisCluster:
+    """A redis.asyncio Cluster client of a ``redis+cluster://`` URL, as ``nodes._cluster_client`` builds the sync one
+    (one logical Redlock node: each script call goes to the master of its keys' slot)."""
+    kwargs = _url_options(spec, options)
+    kwargs.pop("db", None)  # validate_url allows db 0 only, and RedisCluster refuses the argument
+    kwargs.pop("protocol", None)
+    startup = [ClusterNode(host, port) for host, port in spec.hosts]
+    return RedisCluster(startup_nodes=startup, require_full_coverage=False, **kwargs)
+
+
+def _cluster_name(client: RedisCluster) -> str:
+    nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
+    return f"redis+cluster://{','.join(sorted(n.name for n in nodes))}"
+
+
+_Client = aioredis.Redis | RedisCluster
+
+
 class AsyncNodes:
     """The Redis masters of an :class:`AsyncRedlock`: URLs (``redis://``, ``rediss://``, ``unix://``,
-    ``redis+sentinel://``; see docs/nodes.md) or ``redis.asyncio.Redis`` clients (a Sentinel master too:
-    ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``). Not a Redis Cluster yet."""
+    ``redis+sentinel://``, ``redis+cluster://``; see docs/nodes.md) or ``redis.asyncio.Redis`` clients (a Sentinel
+    master too: ``redis.asyncio.sentinel.Sentinel(...).master_for(...)``) and ``redis.asyncio.cluster.RedisCluster``
+    clients (a whole Cluster is ONE node of the Redlock, as for :class:`NodeSet`)."""
 
-    def __init__(
-        self, urls: str | aioredis.Redis | Sequence[str | aioredis.Redis], *, socket_timeout: float = 0.5
-    ) -> None:
+    def __init__(self, urls: str | _Client | Sequence[str | _Client], *, socket_timeout: float = 0.5) -> None:
         if socket_timeout <= 0:
             raise ConfigurationError(f"socket_timeout must be > 0 seconds, got {socket_timeout!r}")
-        items: list[str | aioredis.Redis] = [urls] if isinstance(urls, str | aioredis.Redis) else list(urls)
+        items: list[str | _Client] = [urls] if isinstance(urls, str | aioredis.Redis | RedisCluster) else list(urls)
         if not items:
             raise ConfigurationError("at least one Redis node is needed, e.g. 'redis://127.0.0.1:6379/0'")
         names: list[str] = []
+        cluster = False
         for i, item in enumerate(items):
             if isinstance(item, str):
                 url = validate_url(item)
                 spec = parse_node_url(url)
-                if spec is not None and spec.kind != "sentinel":
-                    raise ConfigurationError(
-                        f"AsyncRedlock takes redis://, rediss://, unix:// and redis+sentinel:// URLs, not "
-                        f"{redact_url(url)!r}: a Redis Cluster is not supported by AsyncRedlock yet"
-                    )
+                cluster = cluster or (spec is not None and spec.kind == "cluster")
                 items[i] = url
                 names.append(redact_url(url))
             elif isinstance(item, aioredis.Redis):
                 names.append(_client_name(item))
+            elif isinstance(item, RedisCluster):
+                cluster = True
+                names.append(_cluster_name(item))
             else:
                 raise ConfigurationError(
-                    f"AsyncRedlock nodes are URLs or redis.asyncio.Redis clients, got {type(item).__name__}"
+                    "AsyncRedlock nodes are URLs, redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster clients, "
+                    f"got {type(item).__name__}"
                 )
         if len(set(names)) < len(names):
             raise ConfigurationError("a Redis node is listed twice: Redlock needs independent nodes")
@@ -147,6 +169,11 @@ class AsyncNodes:
         self.names: tuple[str, ...] = tuple(names)
         self.quorum = len(items) // 2 + 1
         self.socket_timeout = socket_timeout
+        self.cluster = cluster
+
+    def same_slot(self, key: str, name: str) -> str:
+        """``key`` for a lock named ``name``, kept in ``name``'s slot when a node is a Cluster (NodeSet.same_slot)."""
+        return fence_key_in_slot(key, name) if self.cluster else key
 
     def __len__(self) -> int:
         return len(self._items)
@@ -154,10 +181,10 @@ class AsyncNodes:
     def __repr__(self) -> str:
         return f"AsyncNodes({list(self.names)!r}, quorum={self.quorum})"
 
-    def clients(self) -> list[aioredis.Redis]:
+    def clients(self) -> list[_Client]:
         """The clients for the running loop (built from URLs on first use in that loop; nothing connects here)."""
         shared = _loop_clients.setdefault(asyncio.get_running_loop(), {})
-        out: list[aioredis.Redis] = []
+        out: list[_Client] = []
         for item in self._items:
             if not isinstance(item, str):
                 out.append(item)
@@ -173,7 +200,13 @@ class AsyncNodes:
                     **_NO_SETINFO,
                 }
                 spec = parse_node_url(item)
-                client = aioredis.Redis.from_url(item, **options) if spec is None else _sentinel_master(spec, options)
+                client = (
+                    aioredis.Redis.from_url(item, **options)
+                    if spec is None
+                    else _sentinel_master(spec, options)
+                    if spec.kind == "sentinel"
+                    else _cluster_client(spec, options)
+                )
                 shared[(item, self.socket_timeout)] = client
             out.append(client)
         return out
@@ -207,15 +240,42 @@ class AsyncNodes:
             results[i] = answer
         return results
 
+    @staticmethod
+    def _gate(pool: Any) -> asyncio.Semaphore:
+        """The running loop's semaphore for ``pool``: as many slots as the pool has connections."""
+        loop = asyncio.get_running_loop()
+        gate: tuple[weakref.ref[asyncio.AbstractEventLoop], asyncio.Semaphore] | None = getattr(pool, _GATE, None)
+        if gate is None or gate[0]() is not loop:
+            size = getattr(pool, "max_connections", None)
+            gate = (weakref.ref(loop), asyncio.Semaphore(size if isinstance(size, int) and size > 0 else 2**31))
+            setattr(pool, _GATE, gate)
+        return gate[1]
+
     async def _call(
         self,
-        client: aioredis.Redis,
+        client: _Client,
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
         undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
     ) -> Any:
+        if isinstance(client, RedisCluster):
+            async with self._gate(client):
+                return await self._call_cluster(client, script, keys, args, undo)
         pool: Any = client.connection_pool  # untyped in redis-py
+        # The wait for a free connection is not the node's time: it is outside the node's deadline.
+        async with self._gate(pool):
+            return await self._call_gated(client, pool, script, keys, args, undo)
+
+    async def _call_gated(
+        self,
+        client: aioredis.Redis,
+        pool: Any,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> Any:
         state: list[Any] = [None, False]  # the connection, and whether the command was sent on it
         try:
             if _timeout is not None:  # Python >= 3.11: a deadline on this task, no task of its own (wait_for's)
@@ -241,6 +301,43 @@ class AsyncNodes:
         await pool.release(state[0])
         return answer
 
+    async def _call_cluster(
+        self,
+        client: RedisCluster,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        undo: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+    ) -> Any:
+        """One script call on a Cluster node: redis-py routes it to the master of the keys' slot (every key of one
+        lock is in the name's slot). A timed-out call's undo is sent again in the background: on another connection
+        than the call, so a master that was paused (not just slow) may run the undo first and keep the attempt's key
+        until its ttl (the plain nodes' same-connection undo is not available through redis-py's Cluster client)."""
+        untyped: Any = client  # redis-py's async Cluster client is loosely typed
+        try:
+            if _timeout is not None:
+                async with _timeout(self.socket_timeout):
+                    return await self._cluster_exchange(untyped, script, keys, args)
+            return await asyncio.wait_for(  # pragma: no cover - Python 3.10
+                self._cluster_exchange(untyped, script, keys, args), self.socket_timeout
+            )
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            if undo is not None and isinstance(exc, asyncio.TimeoutError):
+                body, undo_keys, undo_args = undo
+                _spawn(self._late_undo(untyped, body, undo_keys, undo_args))
+            return exc
+
+    async def _late_undo(self, client: Any, body: Script, keys: Sequence[str], args: Sequence[str | int]) -> None:
+        with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._cluster_exchange(client, body, keys, args), self.socket_timeout)
+
+    @staticmethod
+    async def _cluster_exchange(client: Any, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(script.body, len(keys), *keys, *args)
+
     @staticmethod
     async def _exchange(
         pool: Any, state: list[Any], script: Script, keys: Sequence[str], args: Sequence[str | int]
@@ -262,7 +359,7 @@ class AsyncNodes:
         await pool.release(conn)
 
 
-class AsyncRedlock:
+class AsyncRedlock(_LeaseSpec):
     """A distributed lock on one or N independent Redis masters, for asyncio: :class:`Redlock`'s lease, awaited.
 
     ``async with AsyncRedlock(urls, "invoice:42", ttl=10.0) as lock:`` acquires (waiting ``timeout`` s, ``None``:
@@ -278,25 +375,11 @@ class AsyncRedlock:
     sent again from a background task, bounded by ``socket_timeout``); what it cannot reach expires after ``ttl``.
     """
 
-    DRIFT_FACTOR: ClassVar[float] = Redlock.DRIFT_FACTOR
-    DRIFT_FLOOR: ClassVar[float] = Redlock.DRIFT_FLOOR
-    RETRY_BASE: ClassVar[float] = Redlock.RETRY_BASE
-    RETRY_CAP: ClassVar[float] = Redlock.RETRY_CAP
-
-    #: Findings of the last failed attempt, as :class:`Redlock`'s.
-    split: bool = False
-    done: bool = False
-    held_by: str | None = None
-    holder_record: dict[str, str] | None = None
-    held_for: float | None = None
-    node_errors: tuple[NodeError, ...] = ()
-    contended: bool = False
-    #: True once the renewal of an ``async with`` found the lease lost.
-    lost: bool = False
+    nodes: AsyncNodes
 
     def __init__(
         self,
-        urls: str | aioredis.Redis | Sequence[str | aioredis.Redis] | AsyncNodes,
+        urls: str | _Client | Sequence[str | _Client] | AsyncNodes,
         name: str,
         *,
         ttl: float = 10.0,
@@ -312,94 +395,36 @@ class AsyncRedlock:
         cancel_on_loss: bool = False,
         clock: Callable[[], float] = mod_time.monotonic,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
-        if not ttl > 0.01:
-            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
-        if record and ("owner" in record or "fence" in record or "waiting" in record):
-            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+        self._check(name, ttl, timeout, limit, record)
         self.nodes = urls if isinstance(urls, AsyncNodes) else AsyncNodes(urls, socket_timeout=socket_timeout)
-        self.name = name
-        self.fence_key = fence_key or fence_key_for(name)
-        self.ttl = float(ttl)
-        self.timeout = timeout
-        self.job = job
+        self._setup(
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            token=token,
+            record=record,
+            job=job,
+            fencing=fencing,
+            fence_key=self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name),
+            limit=limit,
+            clock=clock,
+        )
         self.auto_renewal = auto_renewal
         self.cancel_on_loss = cancel_on_loss
-        self._label = f"{token}:" if token else ""
-        fields = dict(record) if record else {}
-        if job is not None:
-            fields["job"] = job
-        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
-        self.limit = limit
-        self._slots = slot_keys(name, limit)
-        self._keys: tuple[str, ...] = (
-            (name, self.fence_key, *self._slots[1:])
-            if job is None
-            else (name, self.fence_key, *self._slots[1:], done_key_for(name, job))
-        )
-        self._limit_arg = str(limit)
-        self._fencing = "1" if fencing else "0"
-        self._clock = clock
-        self._lease: _Lease | None = None
-        self._fence: int | None = None
-        self._last_key = self._slots[0]
         self._mutex: asyncio.Lock | None = None  # made in the loop: orders release against an extend in flight
+        self._mutex_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._cancelled_by_us = False
 
-    def __repr__(self) -> str:
-        return f"AsyncRedlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
-
-    @property
-    def key(self) -> str:
-        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
-        return self._lease.key if self._lease else self._last_key
-
-    @property
-    def token(self) -> str | None:
-        """The owner token of the current (or last) lease, None before the first acquire."""
-        return self._lease.token if self._lease else None
-
-    @property
-    def fencing_token(self) -> int:
-        """Greater than every fencing token returned earlier for this name (sync or async); raises before an
-        acquire."""
-        if self._fence is None:
-            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
-        return self._fence
-
-    @property
-    def validity(self) -> float:
-        """Seconds the lease is still ours by the local clock (0 when not held)."""
-        if self._lease is None:
-            return 0.0
-        return max(0.0, self._lease.deadline - self._clock())
-
-    def _drift(self) -> float:
-        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
-
     def _lock(self) -> asyncio.Lock:
-        if self._mutex is None:
+        """The running loop's mutex (an asyncio.Lock that waited once belongs to its loop: one lock used by one
+        ``asyncio.run`` after another gets a new one; the old loop has nothing in flight any more)."""
+        loop = asyncio.get_running_loop()
+        if self._mutex is None or self._mutex_loop is None or self._mutex_loop() is not loop:
             self._mutex = asyncio.Lock()
+            self._mutex_loop = weakref.ref(loop)
         return self._mutex
-
-    def _reset_failure(self) -> None:
-        self.split = self.done = self.contended = False
-        self.held_by = self.holder_record = self.held_for = None
-        self.node_errors = ()
-
-    def _won(self, lease: _Lease) -> bool:
-        self._lease = lease
-        self._last_key = lease.key
-        self._fence = lease.fence
-        self._reset_failure()
-        return True
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
@@ -425,7 +450,7 @@ class AsyncRedlock:
             attempt += 1
 
     async def _attempt(self) -> bool:
-        token = f"{self._label}{secrets.token_hex(16)}"
+        token = self._new_token()
         try:
             return await self._attempt_with(token)
         except BaseException:
@@ -556,7 +581,7 @@ class AsyncRedlock:
             if lease is None:
                 return False
             start = self._clock()
-            token = f"{self._label}{secrets.token_hex(16)}"
+            token = self._new_token()
             changes = [x for kv in (record or {}).items() for x in kv]
             answers = await self.nodes.run(TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
             current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
@@ -590,11 +615,20 @@ class AsyncRedlock:
 
     async def _renewal(self) -> None:
         """The lease's watchdog while ``async with`` runs: extend every ttl/3 (sooner after an undecided round, and
-        never later than the lease's deadline); on loss, cancel the block when ``cancel_on_loss``."""
+        never later than the lease's deadline); on loss, cancel the block when ``cancel_on_loss``. With
+        ``auto_renewal=False`` it only waits for the lease's end by our clock: that is its loss."""
         interval = self.ttl / 3
         while True:
             lease = self._lease
             if lease is None:
+                return
+            if not self.auto_renewal:
+                await asyncio.sleep(max(0.0, lease.deadline - self._clock()))
+                if self._lease is not lease or not lease.renewable:
+                    return  # released or handed on meanwhile
+                if lease.deadline > self._clock():
+                    continue  # extended by hand meanwhile: wait for its new end
+                self._lost()
                 return
             await asyncio.sleep(max(0.0, min(interval, lease.deadline - self._clock())))
             if self._lease is not lease:
@@ -602,13 +636,16 @@ class AsyncRedlock:
             verdict = await self._renew()
             if verdict is False:
                 if lease.renewable:  # not released by us meanwhile: lost
-                    self.lost = True
-                    owner = self._owner
-                    if self.cancel_on_loss and owner is not None and not owner.done():
-                        self._cancelled_by_us = True
-                        owner.cancel()
+                    self._lost()
                 return
             interval = max(0.01, self.ttl / 10) if verdict is None else self.ttl / 3
+
+    def _lost(self) -> None:
+        self.lost = True
+        owner = self._owner
+        if self.cancel_on_loss and owner is not None and not owner.done():
+            self._cancelled_by_us = True
+            owner.cancel()
 
     async def __aenter__(self) -> AsyncRedlock:
         if not await self.acquire(blocking=True, timeout=self.timeout):
@@ -618,8 +655,8 @@ class AsyncRedlock:
             raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
         self.lost = self._cancelled_by_us = False
         self._owner = asyncio.current_task()
-        if self.auto_renewal:
-            self._renewer = asyncio.ensure_future(self._renewal())
+        # Renews the lease (or with auto_renewal=False, only watches for its end: lost, cancel_on_loss).
+        self._renewer = asyncio.ensure_future(self._renewal())
         return self
 
     async def __aexit__(

@@ -385,6 +385,9 @@ class NodeSet:
             for item, c in zip(items, clients, strict=True)
         )
         self.names: tuple[str, ...] = tuple(names)
+        #: NodeSets with equal ``peers`` talk to the same nodes through the same clients (clients built from URLs are
+        #: shared per process): the watchdog renews their leases together, one round trip per node.
+        self.peers: tuple[tuple[int, ...], float] = (tuple(id(c) for c in clients), socket_timeout)
         self.quorum = len(clients) // 2 + 1
         self.socket_timeout = socket_timeout
         self.cluster = any(c is not None for c in self._clusters)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import random
 import secrets
 import threading
@@ -39,7 +40,8 @@ from typing import Any, ClassVar, Literal
 import redis
 
 from ._urls import redact_url
-from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
+from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
+from .interrupt import Target, outside_body
 from .nodes import NodeError, NodeSet
 from .record import (
     _brief,
@@ -51,6 +53,7 @@ from .record import (
     sibling_key,
     slot_keys,
 )
+from .renewal import Lease, watchdog
 from .scripts import ACQUIRE as _ACQUIRE
 from .scripts import ACQUIRED, DONE, EXTENDED, LOST, REPAIRED
 from .scripts import EXTEND as _EXTEND
@@ -61,6 +64,8 @@ from .scripts import RELEASE as _RELEASE
 from .scripts import STATUS as _STATUS
 from .scripts import TRANSFER as _TRANSFER
 from .scripts import UNDO as _UNDO
+
+logger = logging.getLogger("celery_singleton_lock.redlock")
 
 __all__ = ["NodeSet", "Redlock", "done_key_for", "fence_key_for", "record_of", "redact_url", "sibling_key", "slot_keys"]
 
@@ -162,7 +167,146 @@ def _findings(
     return held_by, held_for, holder_record, contended, split
 
 
-class Redlock:
+class _LeaseSpec:
+    """What :class:`Redlock` and :class:`~celery_singleton_lock.aio.AsyncRedlock` share, I/O aside: the arguments'
+    checks, the keys and script arguments built from them (so a sync and an async holder of one name use the same
+    keys, records and fencing counter), the lease held, and the findings of the last failed attempt."""
+
+    DRIFT_FACTOR: ClassVar[float] = 0.01
+    DRIFT_FLOOR: ClassVar[float] = 0.002
+    RETRY_BASE: ClassVar[float] = 0.005
+    RETRY_CAP: ClassVar[float] = 0.2
+
+    nodes: Any
+    name: str
+
+    @staticmethod
+    def _check(name: str, ttl: float, timeout: float | None, limit: int, record: Mapping[str, str] | None) -> None:
+        """Refuse bad arguments in one line each, before anything is built."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
+        if not ttl > 0.01:
+            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
+        if timeout is not None and timeout < 0:
+            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
+        if record and ("owner" in record or "fence" in record or "waiting" in record):
+            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+
+    def _setup(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        token: str | None,
+        record: Mapping[str, str] | None,
+        job: str | None,
+        fencing: bool,
+        fence_key: str,
+        limit: int,
+        clock: Callable[[], float],
+    ) -> None:
+        """The lease's spec from checked arguments (``fence_key`` resolved by the caller, who knows its nodes)."""
+        self.name = name
+        self.fence_key = fence_key
+        self.ttl = float(ttl)
+        self.timeout = timeout
+        self.job = job
+        self._label = f"{token}:" if token else ""
+        fields = dict(record) if record else {}
+        if job is not None:
+            fields["job"] = job
+        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
+        self.limit = limit
+        self._slots = slot_keys(name, limit)
+        self._keys: tuple[str, ...] = (
+            (name, fence_key, *self._slots[1:])
+            if job is None
+            else (name, fence_key, *self._slots[1:], done_key_for(name, job))
+        )
+        self._limit_arg = str(limit)
+        self._fencing = "1" if fencing else "0"
+        self._clock = clock
+        self._lease: _Lease | None = None
+        self._fence: int | None = None
+        self._last_key = self._slots[0]
+        # The attempt's findings (split, done, held_by...) start as the class's defaults: none.
+
+    #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
+    split: bool = False
+    #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
+    done: bool = False
+    #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that a
+    #: decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its remaining
+    #: lease (s).
+    held_by: str | None = None
+    holder_record: dict[str, str] | None = None
+    held_for: float | None = None
+    #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
+    node_errors: tuple[NodeError, ...] = ()
+    #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock), False
+    #: when unanswered nodes could have made the difference (the lock state is unknown).
+    contended: bool = False
+    #: True once the renewal of a ``with`` / ``async with`` block found the lease lost (reset by the next block).
+    lost: bool = False
+
+    def _reset_failure(self) -> None:
+        """Back to the class's defaults (no finding), whatever an earlier attempt found."""
+        self.split = self.done = self.contended = False
+        self.held_by = self.holder_record = self.held_for = None
+        self.node_errors = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
+
+    @property
+    def key(self) -> str:
+        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
+        return self._lease.key if self._lease else self._last_key
+
+    @property
+    def slot(self) -> int:
+        """The slot (0-based) of the current (or last) lease: always 0 without a limit."""
+        return self._slots.index(self.key)
+
+    @property
+    def token(self) -> str | None:
+        """The owner token of the current (or last) lease, None before the first acquire."""
+        return self._lease.token if self._lease else None
+
+    @property
+    def fencing_token(self) -> int:
+        """Greater than every fencing token returned earlier for this name (sync or async); raises before an
+        acquire."""
+        if self._fence is None:
+            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
+        return self._fence
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still ours by the local clock (0 when not held)."""
+        if self._lease is None:
+            return 0.0
+        return max(0.0, self._lease.deadline - self._clock())
+
+    def _drift(self) -> float:
+        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
+
+    def _new_token(self) -> str:
+        return f"{self._label}{secrets.token_hex(16)}"
+
+    def _won(self, lease: _Lease) -> bool:
+        """An attempt took ``lease``: it is this lock's now, and nothing of an earlier attempt's findings stays."""
+        self._lease = lease
+        self._last_key = lease.key
+        self._fence = lease.fence
+        self._reset_failure()
+        return True
+
+
+class Redlock(_LeaseSpec):
     """A distributed lock on one or N independent Redis masters.
 
     >>> lock = Redlock(redis_url, "doctest:invoice:42", ttl=10.0)
@@ -177,6 +321,16 @@ class Redlock:
 
     ``ttl`` is the lease in seconds: a holder that stops extending loses the lock after it. ``timeout`` is how long
     ``with`` (and ``acquire()`` without an explicit timeout) waits; ``None`` waits until acquired.
+
+    ``with Redlock(...)`` renews the lease while the block runs: the process's watchdog (``renewal.py``, one thread,
+    batched with every other lease it renews) extends it every ``ttl / 3``; ``auto_renewal=False`` turns that off
+    (the lease then ends ``ttl`` after the acquire, whatever the block is doing). A renewal that finds the lease
+    lost sets ``lost``, calls ``on_lost(lock)`` (in the watchdog's thread: keep it short) and, with
+    ``interrupt_on_loss=True``, raises :class:`LockLostError` inside the block at its next bytecode (a signal to the
+    main thread, as ``lock_on_lost="interrupt"``; a gevent greenlet gets it thrown in; any other thread is refused
+    at ``with``, before acquiring). Best effort: C code sees it on return, and a block that catches ``Exception``
+    may swallow it; fencing tokens stay the guard against a stale writer. ``acquire()``/``release()`` called
+    directly are never renewed.
 
     The value stored under ``name`` is the *holder record*, a Redis hash: ``owner`` (the owner token), ``fence``
     (this holder's own fencing token), and the string fields of ``record`` (who holds it, in what state). Scripts
@@ -211,10 +365,7 @@ class Redlock:
     the larger N hold the name at once.
     """
 
-    DRIFT_FACTOR: ClassVar[float] = 0.01
-    DRIFT_FLOOR: ClassVar[float] = 0.002
-    RETRY_BASE: ClassVar[float] = 0.005
-    RETRY_CAP: ClassVar[float] = 0.2
+    nodes: NodeSet
 
     def __init__(
         self,
@@ -230,109 +381,37 @@ class Redlock:
         fence_key: str | None = None,
         limit: int = 1,
         socket_timeout: float = 0.5,
+        auto_renewal: bool = True,
+        interrupt_on_loss: bool = False,
+        on_lost: Callable[[Redlock], None] | None = None,
         clock: Callable[[], float] = mod_time.monotonic,
         sleep: Callable[[float], None] = mod_time.sleep,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"the lock name must be a non-empty string, got {name!r}")
-        if not ttl > 0.01:
-            raise ConfigurationError(f"ttl must be more than 0.01 seconds, got {ttl!r}")
-        if timeout is not None and timeout < 0:
-            raise ConfigurationError(f"timeout must be >= 0 or None, got {timeout!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigurationError(f"limit must be a whole number >= 1, got {limit!r}")
-        if record and ("owner" in record or "fence" in record or "waiting" in record):
-            raise ConfigurationError("record fields 'owner', 'fence' and 'waiting' are the lock's own")
+        self._check(name, ttl, timeout, limit, record)
         self.nodes = urls if isinstance(urls, NodeSet) else NodeSet(urls, socket_timeout=socket_timeout)
-        self.name = name
         # On a Redis Cluster, a shared counter in another slot than the name is kept per slot (see same_slot).
-        self.fence_key = self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name)
-        self.ttl = float(ttl)
-        self.timeout = timeout
-        self.job = job
-        self._label = f"{token}:" if token else ""
-        fields = dict(record) if record else {}
-        if job is not None:
-            fields["job"] = job
-        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
-        self.limit = limit
-        self._slots = slot_keys(name, limit)
-        self._keys: tuple[str, ...] = (
-            (name, self.fence_key, *self._slots[1:])
-            if job is None
-            else (name, self.fence_key, *self._slots[1:], done_key_for(name, job))
+        self._setup(
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            token=token,
+            record=record,
+            job=job,
+            fencing=fencing,
+            fence_key=self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name),
+            limit=limit,
+            clock=clock,
         )
-        self._limit_arg = str(limit)
-        self._fencing = "1" if fencing else "0"
-        self._clock = clock
         self._sleep = sleep
-        self._lease: _Lease | None = None
         self._mutex = threading.Lock()  # orders release/transfer against the watchdog's extend
         #: An owner token this lock may take over when it finds it holding the key (see ``transfer``).
         self.replaces: str | None = None
-        self._fence: int | None = None
-        self._last_key = self._slots[0]
-        # The attempt's findings (split, done, held_by...) start as the class's defaults: none.
-
-    #: After a failed attempt: no single holder had a quorum either (simultaneous contenders split the vote).
-    split: bool = False
-    #: After a failed attempt: a node said this lock's ``job`` is done (its done marker exists).
-    done: bool = False
-    #: After a failed attempt: the owner token of the holder most nodes reported, the fields of its record that a
-    #: decision needs (owner, job, state, try, worker; ``holder()`` reads the whole record), and its remaining
-    #: lease (s).
-    held_by: str | None = None
-    holder_record: dict[str, str] | None = None
-    held_for: float | None = None
-    #: After a failed attempt: the nodes that did not answer (redacted), empty when all answered.
-    node_errors: tuple[NodeError, ...] = ()
-    #: After a failed attempt: True when the refusals alone denied the quorum (someone else holds the lock), False
-    #: when unanswered nodes could have made the difference (the lock state is unknown).
-    contended: bool = False
-
-    def _reset_failure(self) -> None:
-        """Back to the class's defaults (no finding), whatever an earlier attempt found."""
-        self.split = self.done = self.contended = False
-        self.held_by = self.holder_record = self.held_for = None
-        self.node_errors = ()
-
-    def __repr__(self) -> str:
-        return f"Redlock({self.name!r}, nodes={len(self.nodes)}, ttl={self.ttl})"
-
-    @property
-    def key(self) -> str:
-        """The key holding the current (or last) lease's record: the name, or with a limit the slot's key."""
-        return self._lease.key if self._lease else self._last_key
-
-    @property
-    def slot(self) -> int:
-        """The slot (0-based) of the current (or last) lease: always 0 without a limit."""
-        return self._slots.index(self.key)
-
-    @property
-    def token(self) -> str | None:
-        """The owner token of the current (or last) lease, None before the first acquire."""
-        return self._lease.token if self._lease else None
-
-    @property
-    def fencing_token(self) -> int:
-        """Greater than every fencing token returned earlier for this name; raises before an acquire."""
-        if self._fence is None:
-            raise LockError(f"lock {self.name!r} has no fencing token: it was never acquired", key=self.name)
-        return self._fence
-
-    @property
-    def validity(self) -> float:
-        """Seconds the lease is still ours by the local clock (0 when not held)."""
-        if self._lease is None:
-            return 0.0
-        return max(0.0, self._lease.deadline - self._clock())
-
-    def _drift(self) -> float:
-        return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
-
-    def _new_token(self) -> str:
-        return f"{self._label}{secrets.token_hex(16)}"
+        self.auto_renewal = auto_renewal
+        self.interrupt_on_loss = interrupt_on_loss
+        self.on_lost = on_lost
+        self._renewal: Lease | None = None  # the watchdog's lease while ``with`` runs
+        self._target: Target | None = None  # interrupt_on_loss: the block to interrupt
+        self._expiry: threading.Timer | None = None  # auto_renewal=False: the lease's end, told as its loss
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:  # noqa: FBT001, FBT002
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
@@ -414,14 +493,6 @@ class Redlock:
         )
         return False
 
-    def _won(self, lease: _Lease) -> bool:
-        """An attempt took ``lease``: it is this lock's now, and nothing of an earlier attempt's findings stays."""
-        self._lease = lease
-        self._last_key = lease.key
-        self._fence = lease.fence
-        self._reset_failure()
-        return True
-
     def extend(self) -> bool:
         """Reset the lease to ``ttl`` if we still hold it.
 
@@ -432,7 +503,8 @@ class Redlock:
 
     @staticmethod
     def nodes_extend(locks: Sequence[Redlock]) -> list[bool | None]:
-        """Extend many locks sharing one NodeSet in one round trip per node (the renewal watchdog's path).
+        """Extend many locks sharing one NodeSet (or NodeSets with equal ``peers``) in one round trip per node (the
+        renewal watchdog's path).
 
         A node where a key is missing (restarted, or unreachable at acquire) gets it back, with its fencing
         counter raised to our token, but only a node that still held our token counts towards the quorum: a
@@ -445,8 +517,8 @@ class Redlock:
         if not locks:
             return []
         nodes = locks[0].nodes
-        if any(lock.nodes is not nodes for lock in locks):
-            raise LockError("nodes_extend: every lock must share one NodeSet")
+        if any(lock.nodes is not nodes and lock.nodes.peers != nodes.peers for lock in locks):
+            raise LockError("nodes_extend: every lock must share one NodeSet (or NodeSets on the same clients)")
         # Hold each lock's mutex across the round trip: a release() racing with this extend could otherwise reach
         # a node first, and the extend would then find the key missing and "repair" a lock just given up.
         with contextlib.ExitStack() as stack:
@@ -622,12 +694,63 @@ class Redlock:
         return _merged(r for r in records if r.get("owner", "") == owner)
 
     def __enter__(self) -> Redlock:
-        if self.acquire(blocking=True, timeout=self.timeout):
-            return self
-        errors = [str(e) for e in self.node_errors]
-        if self.contended or not errors:
-            raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
-        raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+        target: Target | None = None
+        if self.interrupt_on_loss:
+            target = Target()
+            if not target.arm():  # checked before acquiring: nothing is held when this raises
+                raise ConfigurationError(
+                    f"Redlock {self.name!r}: interrupt_on_loss needs the main thread or a gevent greenlet (Python "
+                    "raises in no other thread); use on_lost= or check lock.lost in this thread"
+                )
+        try:
+            acquired = self.acquire(blocking=True, timeout=self.timeout)
+        except BaseException:
+            if target is not None:
+                target.disarm()
+            raise
+        if not acquired:
+            if target is not None:
+                target.disarm()
+            errors = [str(e) for e in self.node_errors]
+            if self.contended or not errors:
+                raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
+            raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+        self.lost = False
+        self._target = target
+        if self.auto_renewal:
+            # The process's watchdog renews it every ttl / 3, batched with every other lease it renews.
+            self._renewal = watchdog().register(self, self.ttl / 3, self._renewal_lost)
+        elif (self.on_lost is not None or target is not None) and self._lease is not None:
+            # Not renewed: its end by our clock is its loss, told as a renewal's would be.
+            self._expiry = threading.Timer(self.validity, self._ran_out, (self._lease,))
+            self._expiry.daemon = True
+            self._expiry.start()
+        return self
+
+    def _renewal_lost(self, _lease: Lease | None, reason: str) -> None:
+        """The watchdog found the lease of this ``with`` block lost (in its thread): flag, callback, interrupt."""
+        self.lost = True
+        try:
+            if self.on_lost is not None:
+                self.on_lost(self)
+        finally:  # a callback that raises must not keep the block from being interrupted
+            target = self._target
+            if target is not None:
+                target.fire(LockLostError(f"lock {self.name!r} was lost while the block ran: {reason}", key=self.name))
+
+    def _ran_out(self, lease: _Lease) -> None:
+        """auto_renewal=False: the lease's end by our clock, in a timer's thread; its loss if still held."""
+        if self._lease is lease and self._expiry is not None:
+            left = lease.deadline - self._clock()
+            if left > 0:  # extended by hand meanwhile: wait for its new end
+                self._expiry = threading.Timer(left, self._ran_out, (lease,))
+                self._expiry.daemon = True
+                self._expiry.start()
+                return
+            try:
+                self._renewal_lost(None, "its ttl ran out (auto_renewal=False)")
+            except Exception:
+                logger.exception("lock-lost callback for %s raised", self.name)
 
     def __exit__(
         self,
@@ -635,5 +758,20 @@ class Redlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Literal[False]:
-        self.release()
+        try:
+            # First: an interrupt arriving from now on must not raise in what follows (the release).
+            target, self._target = self._target, None
+            if target is not None:
+                target.disarm()
+            renewal, self._renewal = self._renewal, None
+            if renewal is not None:
+                watchdog().unregister(renewal)
+            expiry, self._expiry = self._expiry, None
+            if expiry is not None:
+                expiry.cancel()
+        finally:
+            self.release()
         return False
+
+
+outside_body(Redlock.__exit__)  # interrupt_on_loss: a signal handled in __exit__'s own code is not the block's

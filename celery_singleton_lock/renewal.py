@@ -33,11 +33,14 @@ import time as mod_time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
 from . import metrics
-from .redlock import NodeSet, Redlock
+
+if TYPE_CHECKING:  # redlock imports this module (``with Redlock`` is renewed here): no import back at run time
+    from .redlock import NodeSet, Redlock
 
 __all__ = ["Lease", "Watchdog", "flush_stats", "watchdog"]
 
@@ -158,15 +161,17 @@ class Watchdog:
 
     def renew(self, leases: list[Lease]) -> None:
         """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
-        groups: dict[NodeSet, list[Lease]] = {}
+        # By the nodes they talk to, not by NodeSet object: every ``with Redlock(urls, ...)`` builds a NodeSet of its
+        # own, and renewed one by one a paused node would cost each of them socket_timeout in turn.
+        groups: dict[object, list[Lease]] = {}
         for lease in leases:
-            groups.setdefault(lease.lock.nodes, []).append(lease)
+            groups.setdefault(lease.lock.nodes.peers, []).append(lease)
         for group in groups.values():
             for start in range(0, len(group), BATCH):
                 batch = group[start : start + BATCH]
                 started = self._clock()
                 try:
-                    results = Redlock.nodes_extend([lease.lock for lease in batch])
+                    results = type(batch[0].lock).nodes_extend([lease.lock for lease in batch])
                 except Exception as exc:  # undecided, like a timeout: the lease stands until its deadline
                     logger.exception("renewal of %d lock(s) failed", len(batch))
                     results = [None] * len(batch)

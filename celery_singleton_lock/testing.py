@@ -63,6 +63,7 @@ __all__ = [
     "in_process_worker",
     "redis_servers",
     "run_lock_client",
+    "spawn",
     "use_lock_nodes",
     "wait_for",
 ]
@@ -141,6 +142,12 @@ class _Spawner:
 
 
 _spawner = _Spawner()
+
+
+def spawn(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(args, **kwargs)`` for a child that dies with this process on Linux (see above): the
+    examples' and tests' own processes (a leader-election instance, a web server)."""
+    return _spawner.popen(args, **kwargs)
 
 
 class _Reapable(Protocol):

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
-from topologies import SentinelSet
+from topologies import Cluster, SentinelSet
 
 from celery_singleton_lock import AsyncRedlock, LockLostError, LockUnavailableError, Redlock
 from celery_singleton_lock.aio import aclose
@@ -35,7 +35,7 @@ T = TypeVar("T")
 SLOW = 0.1  # slow_callback_duration: a callback holding the loop longer than this is logged by asyncio
 
 
-def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
+def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0, *, debug: bool = True) -> T:
     """Run ``make()`` on a fresh debug-mode loop, bounded by ``timeout``; the loop's shared clients are closed."""
 
     async def main() -> T:
@@ -45,7 +45,7 @@ def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
         finally:
             await aclose()
 
-    return asyncio.run(main(), debug=True)
+    return asyncio.run(main(), debug=debug)
 
 
 def slow_callbacks(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -308,8 +308,8 @@ def test_renewal_keeps_the_lease_while_the_block_runs(redis_trio: list[RedisServ
     urls = urls_of(redis_trio)
 
     async def scenario() -> None:
-        async with AsyncRedlock(urls, name, ttl=0.6) as lock:
-            await asyncio.sleep(2.0)  # more than three ttls
+        async with AsyncRedlock(urls, name, ttl=1.5) as lock:  # seconds: a renewal slowed by load still comes in time
+            await asyncio.sleep(3.5)  # more than two ttls
             assert not await AsyncRedlock(urls, name).acquire(blocking=False)
             assert await lock.owned() and not lock.lost
         assert await AsyncRedlock(urls, name).acquire(blocking=False)
@@ -339,6 +339,7 @@ def test_cancel_on_loss_cancels_the_block(redis_trio: list[RedisServer], name: s
                 await asyncio.sleep(10)
                 reached.append("after the loss")  # pragma: no cover - must never run
         assert lock.lost
+        assert not await lock.release()  # after the loss: nothing to give up, no error
         await asyncio.sleep(0.01)  # the task is usable: our cancel was taken back
         task = asyncio.current_task()
         assert task is not None and getattr(task, "cancelling", lambda: 0)() == 0
@@ -372,20 +373,34 @@ def test_loss_without_cancel_on_loss_lets_the_block_finish(redis_trio: list[Redi
 
 def test_a_release_inside_the_block_is_no_loss(redis_trio: list[RedisServer], name: str) -> None:
     """A block that releases its lock itself while the renewal waits for its turn (an extend of the block's own in
-    flight) is not cancelled: giving the lease up is no loss."""
+    flight) is not cancelled: giving the lease up is no loss.
+
+    The block holds the mutex only until the renewal is seen waiting for it, with a lease of seconds: the lease must
+    still be valid when released whatever the acquire and the loop's load cost (it used to hold a 0.3 s lease's
+    mutex for a fixed 0.2 s, and on a loaded machine the acquire alone took 0.15 s: the lease ran out first).
+    """
     urls = urls_of(redis_trio)
 
-    async def scenario() -> bool:
-        async with AsyncRedlock(urls, name, ttl=0.3, cancel_on_loss=True) as lock:
-            async with lock._lock():  # what an extend() of the block holds while its round trip is in flight
-                await asyncio.sleep(0.2)  # the renewal wakes (ttl / 3) and waits for the lock
+    async def scenario() -> tuple[bool, bool]:
+        async with AsyncRedlock(urls, name, ttl=3.0, cancel_on_loss=True) as lock:
+            mutex = lock._lock()
+            async with mutex:  # what an extend() of the block holds while its round trip is in flight
+                for _ in range(500):  # the renewal wakes (after ttl / 3) and waits for the mutex
+                    if mutex._waiters:
+                        break
+                    await asyncio.sleep(0.01)
+                assert mutex._waiters, "the renewal never waited for the mutex"
+                assert lock.validity > 0
                 release = asyncio.ensure_future(lock.release())
                 await asyncio.sleep(0)
-            assert await release
-            await asyncio.sleep(0.3)  # the renewal ran and stopped
-            return lock.lost
+            released = await release
+            renewer = lock._renewer
+            assert renewer is not None
+            await asyncio.wait_for(asyncio.shield(renewer), 10.0)  # the renewal ran and stopped by itself
+            return released, lock.lost
 
-    assert arun(scenario, timeout=20.0) is False
+    assert arun(scenario, timeout=30.0) == (True, False)
+    assert keys_on(redis_trio, name) == [False, False, False]
 
 
 def test_a_caller_cancelled_in_release_still_frees_the_lock(fresh_trio: list[RedisServer], name: str) -> None:
@@ -492,10 +507,44 @@ def test_a_sentinel_url_reaches_the_master_and_excludes_a_sync_holder(name: str)
         arun(scenario, timeout=30.0)
 
 
+def test_a_cluster_url_is_one_node_shared_with_the_sync_lock(redis_node: RedisServer, name: str) -> None:
+    """A ``redis+cluster://`` URL is ONE node of the Redlock, as for the sync lock: an async holder on a real 3-master
+    Cluster (with a plain node beside it: a 2-node Redlock) refuses a sync Redlock on the same URLs and back, the
+    fencing tokens grow across both, and a shared ``fence_key`` in another slot is kept in the name's slot."""
+    with Cluster() as cluster:
+        urls = [cluster.url(), redis_node.url]
+        shared = f"{name}:fence-shared"
+
+        async def scenario() -> list[int]:
+            tokens = []
+            lock = AsyncRedlock(urls, name, ttl=10.0, fence_key=shared, socket_timeout=2.0)
+            assert lock.fence_key != shared  # kept per slot on a Cluster, as Redlock does
+            # Blocking: the Cluster client's first call also reads the slot map, which a loaded machine can make
+            # take longer than socket_timeout.
+            assert await lock.acquire(blocking=True, timeout=20.0)
+            tokens.append(lock.fencing_token)
+            sync = Redlock(urls, name, ttl=10.0, fence_key=shared)
+            assert sync.fence_key == lock.fence_key
+            assert not await asyncio.to_thread(sync.acquire, blocking=False)
+            assert sync.held_by == lock.token
+            assert await lock.extend() and await lock.owned()
+            assert await lock.release()
+            assert await asyncio.to_thread(sync.acquire, blocking=False)
+            tokens.append(sync.fencing_token)
+            assert not await AsyncRedlock(urls, name, fence_key=shared).acquire(blocking=False)
+            await asyncio.to_thread(sync.release)
+            again = AsyncRedlock(urls, name, ttl=10.0, fence_key=shared)
+            assert await again.acquire(blocking=False)
+            tokens.append(again.fencing_token)
+            assert await again.release()
+            return tokens
+
+        tokens = arun(scenario, timeout=60.0)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+
+
 def test_configuration_errors_say_what_to_change() -> None:
-    """Cluster URLs and bad arguments are refused with one line naming the fix."""
-    with pytest.raises(ConfigurationError, match="Cluster"):
-        AsyncRedlock("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "n")
+    """Bad arguments are refused with one line naming the fix."""
     with pytest.raises(ConfigurationError, match="ttl"):
         AsyncRedlock("redis://127.0.0.1:6379/0", "n", ttl=0)
     with pytest.raises(ConfigurationError, match="twice"):
@@ -614,3 +663,165 @@ def test_async_history_under_faults_mixed_with_sync_clients(fresh_trio: list[Red
     mine = [a for a in history.acquisitions if a.client.startswith("a")]
     assert mine and any(a.client.startswith("s") for a in history.acquisitions)
     assert history.events["attempts"] > 0
+
+
+def test_many_coroutines_on_one_name_are_refused_as_contended_not_unavailable(
+    redis_trio: list[RedisServer], name: str
+) -> None:
+    """150 coroutines of one loop try one name at once on three healthy nodes: one wins, every other is refused as
+    contended, none reports a node error (redis.asyncio's pool refuses more than its max_connections, 100 by default
+    in redis-py 8, at once: the attempts beyond it failed at once with MaxConnectionsError and were reported as
+    unavailable nodes). A generous socket_timeout: what is tested is the pool's limit, not the loaded loop's speed."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        locks = [AsyncRedlock(urls, name, ttl=30.0, socket_timeout=10.0) for _ in range(150)]
+        won = await asyncio.gather(*(lock.acquire(blocking=False) for lock in locks))
+        errors = [str(e) for lock in locks for e in lock.node_errors]
+        contended = sum(1 for lock in locks if lock.contended)
+        for lock, ok in zip(locks, won, strict=True):
+            if ok:
+                await lock.release()
+        return sum(won), contended, errors
+
+    won, contended, errors = arun(scenario, debug=False)  # debug mode's bookkeeping would only slow it down
+    assert errors == []
+    assert won == 1 and contended == 149
+
+
+def test_an_unrenewed_lease_that_runs_out_cancels_the_block(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``auto_renewal=False`` with ``cancel_on_loss``: the validity running out is a loss (the issue's "or the
+    validity runs out"): the block is cancelled and ``async with`` raises LockLostError."""
+    urls = urls_of(redis_trio)
+    reached: list[str] = []
+
+    async def scenario() -> bool:
+        lock = AsyncRedlock(urls, name, ttl=0.5, auto_renewal=False, cancel_on_loss=True)
+        with pytest.raises(LockLostError):  # noqa: PT012 - the block is what is cancelled
+            async with lock:
+                await asyncio.sleep(20)
+                reached.append("after the loss")  # pragma: no cover - must never run
+        return lock.lost
+
+    assert arun(scenario, timeout=30.0)
+    assert reached == []
+
+
+def test_a_loop_ended_with_a_block_holding_the_lock_releases_it(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``asyncio.run`` returns while another task is inside ``async with`` (asyncio.run cancels it): the block's
+    exit releases the lock before the loop closes; the name is free at once, not after the ttl."""
+    urls = urls_of(redis_trio)
+    entered = threading.Event()
+
+    async def holder() -> None:
+        async with AsyncRedlock(urls, name, ttl=60.0):
+            entered.set()
+            await asyncio.sleep(60)
+
+    async def scenario() -> None:
+        asyncio.ensure_future(holder())  # noqa: RUF006 - left running on purpose: asyncio.run cancels it
+        for _ in range(500):
+            if entered.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert entered.is_set()
+    assert keys_on(redis_trio, name) == [False, False, False]
+
+
+def test_many_acquires_cancelled_midway_leave_no_key(fresh_trio: list[RedisServer], name: str) -> None:
+    """Attack: 150 coroutines acquire one name while a node is paused (some wait for a connection, some for the
+    paused node) and are all cancelled midway: once the node resumes and the background undos end, no node holds
+    the name."""
+    urls = urls_of(fresh_trio)
+
+    async def scenario() -> None:
+        warm = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=2.0)
+        assert await warm.acquire(blocking=False)  # connections made while every node answers
+        await warm.release()
+        fresh_trio[0].pause()
+        try:
+            tasks = [
+                asyncio.ensure_future(AsyncRedlock(urls, name, ttl=60.0, socket_timeout=2.0).acquire(blocking=False))
+                for _ in range(150)
+            ]
+            await asyncio.sleep(0.3)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            fresh_trio[0].resume()
+        from celery_singleton_lock import aio  # noqa: PLC0415
+
+        await asyncio.wait_for(asyncio.gather(*aio._background, return_exceptions=True), 20.0)
+        assert await asyncio.to_thread(wait_for, lambda: keys_on(fresh_trio, name) == [False] * 3, 10.0)
+
+    arun(scenario, timeout=60.0, debug=False)
+
+
+def test_an_unrenewed_lease_extended_by_hand_is_not_taken_for_lost(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: ``auto_renewal=False`` with ``cancel_on_loss``, the block extending the lease itself: it is not
+    cancelled at the first ttl's end."""
+    urls = urls_of(redis_trio)
+
+    async def scenario() -> bool:
+        async with AsyncRedlock(urls, name, ttl=0.6, auto_renewal=False, cancel_on_loss=True) as lock:
+            for _ in range(6):  # 1.5 s: more than two ttls
+                await asyncio.sleep(0.25)
+                assert await lock.extend()
+        return lock.lost
+
+    assert arun(scenario, timeout=30.0) is False
+
+
+def test_one_lock_used_from_two_event_loops_in_turn(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: an AsyncRedlock acquired and extended in one ``asyncio.run`` (an extend and a renewal waiting on each
+    other), then extended and released at once in the next: no "bound to a different event loop" error, and the lock
+    is freed (the mutex that orders them belonged to the first loop)."""
+    urls = urls_of(redis_trio)
+    lock = AsyncRedlock(urls, name, ttl=30.0)
+
+    async def first() -> None:
+        assert await lock.acquire(blocking=False)
+        assert await asyncio.gather(lock.extend(), lock.extend()) == [True, True]
+
+    async def second() -> list[bool]:
+        return list(await asyncio.gather(lock.extend(), lock.release()))
+
+    arun(first)
+    assert arun(second) == [True, True]
+    assert keys_on(redis_trio, name) == [False, False, False]
+
+
+def test_a_paused_cluster_master_is_a_node_that_does_not_answer(fresh_trio: list[RedisServer], name: str) -> None:
+    """A Cluster node (its master for the name's slot SIGSTOPped) beside two plain nodes: the acquire is won on the
+    two others within socket_timeout, the loop is never held, and once the master resumes the attempt's key there is
+    taken back or expires (redis-py's Cluster client gives no same-connection undo: see _call_cluster)."""
+    from celery_singleton_lock.record import _key_slot  # noqa: PLC0415
+
+    with Cluster() as cluster:
+        urls = [cluster.url(), fresh_trio[0].url, fresh_trio[1].url]
+        master = cluster.master_of(_key_slot(name))
+
+        async def scenario() -> tuple[bool, bool]:
+            lock = AsyncRedlock(urls, name, ttl=3.0, socket_timeout=0.5)
+            assert await lock.acquire(blocking=True, timeout=20.0)  # connections and the slot map made while all answer
+            assert await lock.release()
+            master.pause()
+            try:
+                won = await lock.acquire(blocking=False)
+                errors = [str(e) for e in lock.node_errors]
+            finally:
+                master.resume()
+            released = await lock.release()
+            assert errors == [] or all("cluster" in e for e in errors)
+            return won, released
+
+        won, released = arun(scenario, timeout=60.0)
+        assert won and released
+        c = master.client(socket_timeout=5)
+        try:
+            assert wait_for(lambda: not c.exists(name), 10.0)  # undone, or expired after the 3 s ttl at the latest
+        finally:
+            c.close()

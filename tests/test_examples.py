@@ -19,6 +19,7 @@ from celery.signals import after_task_publish
 from examples import (
     bounded_line,
     cache_rebuild_storm,
+    leader_election,
     long_report,
     nightly_job,
     partner_api_rate,
@@ -173,3 +174,16 @@ def test_the_examples_receivers_leave_their_app_unconfigured_when_another_app_si
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "untouched", out.stdout
+
+
+def test_leader_election_fails_over_and_fences_the_paused_leader() -> None:
+    """Three instances (real processes) on ``with Redlock(..., interrupt_on_loss=True)``: one leads; a SIGKILLed
+    leader and a leader SIGSTOPped past its lease are each replaced by another instance; the resumed one loses its
+    lease (interrupted) and never writes after its successor; the store's accepted tokens only grow, one instance
+    per token. No Celery worker: the lock alone."""
+    figures = leader_election.main()
+    assert len(set(figures["leaders"])) == 3
+    assert figures["tokens_grow"] and figures["one_leader_per_token"]
+    assert not figures["paused_leader_wrote_after_successor"]
+    assert figures["lost_events"] + sum(figures["refused"].values()) >= 1  # the resumed leader learnt of its loss
+    assert figures["ok"]

@@ -19,8 +19,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "celery_singleton_lock"
 MODULES = frozenset(p.stem for p in PACKAGE.glob("*.py")) | frozenset(
     p.parent.name for p in PACKAGE.glob("*/__init__.py")
 )
-#: The lock core: scripts, the holder record, nodes and fan-out, the lease (sync and async), and what they stand on.
-CORE = frozenset({"scripts", "record", "nodes", "redlock", "aio", "_resp", "_urls", "errors"})
+#: The lock core: scripts, the holder record, nodes and fan-out, the lease (sync and async), its renewal and interrupt
+#: on loss (``with Redlock``), and what they stand on.
+CORE = frozenset({"scripts", "record", "nodes", "redlock", "aio", "renewal", "interrupt", "_resp", "_urls", "errors"})
 CELERY_SIDE = ("celery", "kombu", "billiard", "click")
 
 
