@@ -8,12 +8,14 @@ run-time check (the delivery room) stays the guard of both.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from celery.signals import task_revoked
 from celery.utils import uuid
@@ -22,9 +24,9 @@ from . import _debounced as debounced
 from . import signals
 from ._handover import ending_lease
 from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
-from .aio import AsyncRedlock
+from .aio import AsyncNodes, AsyncRedlock, _spawn
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
-from .errors import DuplicateTaskError
+from .errors import ConfigurationError, DuplicateTaskError
 from .redlock import Redlock
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_QUEUE_TTL",
     "SENDING_WAIT",
+    "areserve",
+    "asend",
     "free_reservation",
     "reserve",
     "revoke_queued",
@@ -71,45 +75,24 @@ def send(
     """
     if task.lock_debounce:
         return debounced.send(task, publish, args, kwargs, task_id, options, linked=linked, delay=_delay_of(options))
-    if (
-        task.lock_scope == "queue"
-        and not task.app.conf.task_always_eager
-        and not _GROUPED.intersection(options)
-        # A re-send of the delivery running here (self.retry(), a deferred copy): it is the job already.
-        and not (task_id is not None and task_id == task.request.id)
-    ):
+    if _reserves(task, task_id, options):
         own_id = task_id is not None
         task_id = task_id or uuid()
-        existing, lock, lease, stand_in = reserve(task, args or (), kwargs or {}, task_id, options, own_id=own_id)
-        if existing is not None:
-            return existing
-        if stand_in is not None:
-            # Another call's publish of this job is still under way (slow), or its producer died after it: its
-            # message may exist or never will. This call sends a copy of THAT job (its task id, marked as a
-            # copy): whichever arrives first runs it; the other finds the job held or done by its own id and
-            # stops (one run). Never a second job: that is what ran a job twice.
-            headers = {**(options.pop("headers", None) or {}), REDELIVERY_HEADER: 1}
-            # Not this caller's expiry: an expired copy gets its task id revoked in the worker, and that id is the
-            # job's own (its original message would be discarded with it, and the job lost).
-            options.pop("expires", None)
-            sent = publish(args, kwargs, task_id=stand_in, headers=headers, **options)
-            if task._options().policy.raises:  # the job exists now, for sure: this call was its duplicate
-                key = task.lock_key_for(*(args or ()), **(kwargs or {}))
-                raise DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
-            return sent
-        if lock is not None:
-            # Reserved: a delivery of this message that finds its reservation gone (its job ran as another call's
-            # copy, or the reservation ran out) asks the result backend before it runs (see decide).
-            options["headers"] = {**(options.get("headers") or {}), RESERVED_HEADER: 1}
+        reservation = reserve(task, args or (), kwargs or {}, task_id, options, own_id=own_id)
+        plan = _plan(task, args, kwargs, task_id, options, reservation)
+        if plan.existing is not None:
+            return plan.existing
         try:
-            sent = publish(args, kwargs, task_id=task_id, **options)
+            sent = publish(args, kwargs, task_id=plan.task_id, **plan.options)
         except BaseException:
-            if lock is not None:  # nothing was sent: nothing may stay reserved
-                lock.release()
+            if plan.lock is not None:  # nothing was sent: nothing may stay reserved
+                plan.lock.release()
             raise
-        if lock is not None:
+        if plan.duplicate is not None:  # the job exists now, for sure: this call was its duplicate
+            raise plan.duplicate
+        if plan.lock is not None:
             # Sent: now a duplicate may be told to wait on it. (Refused when a worker took it over already.)
-            lock.transfer(lease, {"state": QUEUED})
+            plan.lock.transfer(plan.lease, {"state": QUEUED})
         return sent
     if task.lock_enqueue_check and not (
         linked or task.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
@@ -118,6 +101,61 @@ def send(
         if running is not None:
             return running
     return publish(args, kwargs, task_id=task_id, **options)
+
+
+def _reserves(task: LockedTask, task_id: str | None, options: dict[str, Any]) -> bool:
+    """Whether this call reserves its job before it is published (queue scope, see :func:`reserve`)."""
+    return (
+        task.lock_scope == "queue"
+        and not task.app.conf.task_always_eager
+        and not _GROUPED.intersection(options)
+        # A re-send of the delivery running here (self.retry(), a deferred copy): it is the job already.
+        and not (task_id is not None and task_id == task.request.id)
+    )
+
+
+class _Plan(NamedTuple):
+    """What a queue-scope call does after its reservation (the steps :func:`send` and :func:`asend` share)."""
+
+    existing: Any  # the job's AsyncResult: nothing is published
+    task_id: str  # the id the message is published under
+    options: dict[str, Any]  # the publish's options
+    lock: Redlock | AsyncRedlock | None  # the reservation: freed if the publish fails, marked queued once it is sent
+    lease: float
+    duplicate: DuplicateTaskError | None  # raised once the stand-in's publish is done
+
+
+def _plan(
+    task: LockedTask,
+    args: Any,
+    kwargs: Any,
+    task_id: str,
+    options: dict[str, Any],
+    reservation: tuple[Any, Redlock | AsyncRedlock | None, float, str | None],
+) -> _Plan:
+    """The publish a reservation's outcome asks for (``reservation``: what :func:`reserve` returned)."""
+    existing, lock, lease, stand_in = reservation
+    if existing is not None:
+        return _Plan(existing, "", options, None, 0.0, None)
+    if stand_in is not None:
+        # Another call's publish of this job is still under way (slow), or its producer died after it: its
+        # message may exist or never will. This call sends a copy of THAT job (its task id, marked as a
+        # copy): whichever arrives first runs it; the other finds the job held or done by its own id and
+        # stops (one run). Never a second job: that is what ran a job twice.
+        headers = {**(options.pop("headers", None) or {}), REDELIVERY_HEADER: 1}
+        # Not this caller's expiry: an expired copy gets its task id revoked in the worker, and that id is the
+        # job's own (its original message would be discarded with it, and the job lost).
+        options.pop("expires", None)
+        duplicate = None
+        if task._options().policy.raises:
+            key = task.lock_key_for(*(args or ()), **(kwargs or {}))
+            duplicate = DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
+        return _Plan(None, stand_in, {**options, "headers": headers}, None, 0.0, duplicate)
+    if lock is not None:
+        # Reserved: a delivery of this message that finds its reservation gone (its job ran as another call's
+        # copy, or the reservation ran out) asks the result backend before it runs (see decide).
+        options["headers"] = {**(options.get("headers") or {}), RESERVED_HEADER: 1}
+    return _Plan(None, task_id, options, lock, lease, None)
 
 
 def reserve(
@@ -143,24 +181,155 @@ def reserve(
     # the stand-in above) runs the job under the reservation's id.
     lock = Redlock(task._options().settings.nodes, key, ttl=lease, fencing=False, job=task_id, record=record)
     try:
-        splits, deadline = 0, time.monotonic() + SENDING_WAIT
-        for _ in range(int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2):  # bounded in count and in time
+        pacing = _Pacing()
+        for _ in range(_ATTEMPTS):  # bounded in count and in time
             if lock.acquire(blocking=False):
                 return None, lock, lease, None
-            if lock.split and splits < SPLIT_RETRIES:
-                # Contenders that split the nodes try again after a jittered pause.
-                splits += 1
-                time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
-                continue
-            sending = (lock.holder_record or {}).get("state") == SENDING
-            if not (lock.contended and sending) or time.monotonic() >= deadline:
+            pause = pacing.next(lock)
+            if pause is None:
                 break
-            # Another call of the job is publishing right now (a double click): wait the few ms until its message
-            # is sent (then this call gets it) or its publish failed (then this call reserves the job itself).
-            time.sleep(0.005)
+            time.sleep(pause)
     except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
         logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
         return None, None, 0.0, None
+    return _verdict(task, lock, key, task_id, own_id=own_id)
+
+
+_ATTEMPTS = int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2
+
+
+class _Pacing:
+    """The waits between a reservation's attempts (one for :func:`reserve` and :func:`areserve`)."""
+
+    def __init__(self) -> None:
+        self.splits, self.deadline = 0, time.monotonic() + SENDING_WAIT
+
+    def next(self, lock: Redlock | AsyncRedlock) -> float | None:
+        """Seconds to wait before the next attempt after a refused one, or None: the verdict is due."""
+        if lock.split and self.splits < SPLIT_RETRIES:
+            # Contenders that split the nodes try again after a jittered pause.
+            self.splits += 1
+            return random.uniform(0.005, 0.05)  # noqa: S311 - jitter
+        sending = (lock.holder_record or {}).get("state") == SENDING
+        if not (lock.contended and sending) or time.monotonic() >= self.deadline:
+            return None
+        # Another call of the job is publishing right now (a double click): wait the few ms until its message is
+        # sent (then this call gets it) or its publish failed (then this call reserves the job itself).
+        return 0.005
+
+
+# -- the async producer (aapply_async) -------------------------------------------------------------------------
+
+
+async def asend(
+    task: LockedTask,
+    publish: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    *,
+    linked: bool,
+) -> Any:
+    """:func:`send` for ``aapply_async``: the queue scope's reservation on AsyncRedlock (its round trips on the
+    loop), the publish in a worker thread (kombu has no asyncio publish), then the same steps (:func:`_plan`).
+
+    Everything else runs :func:`send` whole in a worker thread: run scope (a publish only), the enqueue check,
+    debounce (its one round trip to the nodes, sync in that thread: the same burst as ``delay``), and lock nodes
+    AsyncRedlock cannot reach (``redis.Redis`` clients).
+
+    A caller cancelled while its reservation is being taken leaves none (AsyncRedlock undoes a cancelled
+    attempt); once its publish started, the publish and the reservation's settling (queued, or freed if the
+    publish failed) run on without it. A loop closed before the publish ended leaves the reservation "sending"
+    until its lease ends: a duplicate sends a copy of its job (see :func:`reserve`), never a second job.
+    """
+    nodes = _async_nodes_cache.get(task.__dict__.get(_NODES_KEY, ()), _UNKNOWN)
+    if nodes is _UNKNOWN:  # a task's first call: its settings resolved (Celery's app finalized) off the loop
+        nodes = await asyncio.to_thread(_async_nodes, task)
+    if task.lock_debounce or not isinstance(nodes, AsyncNodes) or not _reserves(task, task_id, options):
+        return await asyncio.to_thread(send, task, publish, args, kwargs, task_id, options, linked=linked)
+    own_id = task_id is not None
+    task_id = task_id or uuid()
+    reservation = await areserve(task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id)
+    plan = _plan(task, args, kwargs, task_id, options, reservation)
+    if plan.existing is not None:
+        return plan.existing
+    lock = plan.lock if isinstance(plan.lock, AsyncRedlock) else None  # areserve's: an AsyncRedlock or None
+    # Shielded: a cancelled caller does not cancel the publish (its thread runs on) nor the settling after it.
+    publishing = _spawn(_apublish(publish, args, kwargs, plan, lock))
+    try:
+        return await asyncio.shield(publishing)
+    except asyncio.CancelledError:
+        publishing.add_done_callback(_retrieved)  # its outcome has no caller left: not "never retrieved"
+        raise
+
+
+def _retrieved(done: asyncio.Task[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        logger.debug("a cancelled caller's publish failed", exc_info=done.exception())
+
+
+async def _apublish(publish: Callable[..., Any], args: Any, kwargs: Any, plan: _Plan, lock: AsyncRedlock | None) -> Any:
+    """:func:`send`'s publish and settling, for :func:`asend`: the publish in a worker thread."""
+    try:
+        sent = await asyncio.to_thread(publish, args, kwargs, task_id=plan.task_id, **plan.options)
+    except asyncio.CancelledError:
+        raise  # the loop is closing: the publish may still succeed, so the reservation stays (see asend)
+    except BaseException:
+        if lock is not None:  # nothing was sent: nothing may stay reserved
+            await lock.release()
+        raise
+    if plan.duplicate is not None:
+        raise plan.duplicate
+    if lock is not None:
+        await lock.transfer(plan.lease, {"state": QUEUED})
+    return sent
+
+
+_async_nodes_cache: dict[tuple[Any, ...], AsyncNodes | None] = {}
+_async_nodes_lock = threading.Lock()
+_NODES_KEY = "_celery_singleton_lock_async_nodes"  # on a task: its key in _async_nodes_cache
+_UNKNOWN: Any = object()
+
+
+def _async_nodes(task: LockedTask) -> AsyncNodes | None:
+    """The task's lock nodes for AsyncRedlock, or None when they are not all URLs (a ``redis.Redis`` client)."""
+    settings = task._options().settings
+    cache_key = (settings.urls, settings.socket_timeout)
+    task.__dict__[_NODES_KEY] = cache_key
+    with _async_nodes_lock:
+        if cache_key not in _async_nodes_cache:
+            nodes: AsyncNodes | None = None
+            if all(isinstance(u, str) for u in settings.urls):
+                try:
+                    nodes = AsyncNodes([str(u) for u in settings.urls], socket_timeout=settings.socket_timeout)
+                except ConfigurationError:
+                    nodes = None
+            _async_nodes_cache[cache_key] = nodes
+        return _async_nodes_cache[cache_key]
+
+
+async def areserve(
+    task: LockedTask, nodes: AsyncNodes, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
+) -> tuple[Any, AsyncRedlock | None, float, str | None]:
+    """:func:`reserve` on AsyncRedlock: the same attempts, waits and verdict, awaited."""
+    key = task.lock_key_for(*args, **kwargs)
+    lease, record = _reservation(task, options)
+    lock = AsyncRedlock(nodes, key, ttl=lease, fencing=False, job=task_id, record=record, auto_renewal=False)
+    try:
+        pacing = _Pacing()
+        for _ in range(_ATTEMPTS):  # bounded in count and in time
+            if await lock.acquire(blocking=False):
+                return None, lock, lease, None
+            pause = pacing.next(lock)
+            if pause is None:
+                break
+            await asyncio.sleep(pause)
+    except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
+        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
+        return None, None, 0.0, None
+    if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
+        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id)
     return _verdict(task, lock, key, task_id, own_id=own_id)
 
 

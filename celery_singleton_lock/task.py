@@ -298,6 +298,36 @@ class LockedTask(Task):  # type: ignore[misc]
 
         return enqueue.send(self, publish_as, args, kwargs, task_id, options, linked=bool(link or link_error))
 
+    async def aapply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """``apply_async`` for ``async def`` callers: the same call and result, never blocking the event loop.
+
+        With ``lock_scope="queue"`` the reservation is taken on AsyncRedlock (its round trips awaited) and the
+        publish runs in a worker thread (kombu has no asyncio publish); a caller cancelled after its publish
+        started does not cancel it, and its reservation is settled when it ends. Anything else (run scope,
+        ``lock_enqueue_check``, ``lock_debounce``, lock nodes given as ``redis.Redis`` clients) runs the sync
+        ``apply_async`` whole in a worker thread. See :func:`celery_singleton_lock._enqueue.asend`.
+        """
+        publish = super().apply_async
+
+        def publish_as(args_: Any, kwargs_: Any, **more: Any) -> Any:
+            return publish(args_, kwargs_, producer=producer, link=link, link_error=link_error, shadow=shadow, **more)
+
+        return await enqueue.asend(self, publish_as, args, kwargs, task_id, options, linked=bool(link or link_error))
+
+    async def adelay(self, *args: Any, **kwargs: Any) -> Any:
+        """``delay`` for ``async def`` callers: ``await charge.adelay(7)`` (see :meth:`aapply_async`)."""
+        return await self.aapply_async(args, kwargs)
+
     def revoke_queued(self, task_id: str, *args: Any, **kwargs: Any) -> bool:
         """Revoke a queue-scope job's message and free its reservation now (``args``/``kwargs``: the call's).
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import re
 import threading
 import time
 import traceback
@@ -22,9 +24,12 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
+import worker_cluster as wc
+from celery.signals import before_task_publish
 from topologies import Cluster, SentinelSet
 
 from celery_singleton_lock import AsyncRedlock, LockLostError, LockUnavailableError, Redlock
+from celery_singleton_lock import _enqueue as enqueue
 from celery_singleton_lock.aio import aclose
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.faults import FaultProxy
@@ -825,3 +830,223 @@ def test_a_paused_cluster_master_is_a_node_that_does_not_answer(fresh_trio: list
             assert wait_for(lambda: not c.exists(name), 10.0)  # undone, or expired after the 3 s ttl at the latest
         finally:
             c.close()
+
+
+# -- the async producers: aapply_async / adelay on real workers ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[wc.Cluster]:
+    """One worker (tests/apps/locked_app.py) on a Redis broker and three lock nodes, shared by the adelay tests."""
+    with wc.cluster(tmp_path_factory.mktemp("aio-producers"), ttl=3.0) as c:
+        c.worker("w1")
+        c.app_module()
+        yield c
+
+
+@contextlib.contextmanager
+def publish_held(task_name: str, release: threading.Event) -> Iterator[list[bool]]:
+    """Every publish of ``task_name`` waits (in its publishing thread, bounded 20 s) until ``release`` is set; the
+    list gets, per publish, whether it was released (False: it waited in vain, e.g. it held the loop itself)."""
+    seen: list[bool] = []
+
+    def hold(sender: Any = None, **_: Any) -> None:
+        if sender == task_name:
+            seen.append(release.wait(20))
+
+    before_task_publish.connect(hold, weak=False)
+    try:
+        yield seen
+    finally:
+        before_task_publish.disconnect(hold)
+
+
+def consume(c: wc.Cluster, queue: str) -> None:
+    """Let the worker consume ``queue`` (the tests' jobs wait unconsumed there until their calls were counted)."""
+    mod = c.app_module()
+    replies = mod.app.control.add_consumer(queue, destination=[f"w1@{os.uname().nodename}"], reply=True, timeout=5)
+    assert replies, f"w1 did not start consuming {queue}"
+
+
+def held_longer_than(caplog: pytest.LogCaptureFixture, seconds: float) -> list[str]:
+    """asyncio's slow-callback reports of callbacks that held the loop longer than ``seconds`` (a paused node's
+    socket timeout: far beyond what a busy machine's scheduling adds)."""
+    found = re.compile(r"took (\d+\.\d+) seconds")
+    return [m for m in slow_callbacks(caplog) if (hit := found.search(m)) and float(hit.group(1)) > seconds]
+
+
+def reservation(c: wc.Cluster, key: str) -> list[bytes | None]:
+    """The reservation's state on each lock node (None where the key is absent)."""
+    return c.holder_states(key)
+
+
+@pytest.mark.slow
+def test_adelay_under_queue_scope_publishes_one_message_for_concurrent_calls(
+    c: wc.Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ten concurrent ``await q_work.aapply_async(...)`` calls, sent to a queue the worker consumes only afterwards:
+    one message (one reservation), every caller gets that job's AsyncResult, the sync call gets it too, the job
+    runs once, and the loop is never held for a lock node's timeout."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    mod, k = c.app_module(), wc.new_key()
+    queue = "aio-" + k
+    published: list[str] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if sender == mod.q_work.name:
+            published.append(sender)
+
+    before_task_publish.connect(count, weak=False)
+    try:
+        results = arun(lambda: asyncio.gather(*(mod.q_work.aapply_async((k,), queue=queue) for _ in range(10))))
+        again = mod.q_work.apply_async((k,), queue=queue)
+    finally:
+        before_task_publish.disconnect(count)
+    assert {r.id for r in results} == {again.id}
+    assert len(published) == 1
+    consume(c, queue)
+    assert results[3].get(timeout=30) == k
+    assert [r[1] for r in c.wait_runs(k, 1, 10)] == [again.id]
+    assert held_longer_than(caplog, 0.4) == []
+
+
+@pytest.mark.slow
+def test_adelay_with_a_lock_node_paused_gets_one_job_without_blocking_the_loop(
+    c: wc.Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's trial: one of three lock nodes paused, a double click of ``adelay``: the reservation's round
+    trips are awaited (the loop is never held by the paused node), both calls get one job, which runs once."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    mod, k = c.app_module(), wc.new_key()
+    assert enqueue._async_nodes(mod.q_work) is not None  # the reservation takes the AsyncRedlock path
+    c.locks[0].pause()
+    try:
+        results = arun(lambda: asyncio.gather(mod.q_work.adelay(k), mod.q_work.adelay(k)))
+        assert len({r.id for r in results}) == 1
+        assert results[0].get(timeout=30) == k
+    finally:
+        c.locks[0].resume()
+    assert len(c.wait_runs(k, 1, 10)) == 1
+    assert held_longer_than(caplog, 0.4) == []
+
+
+@pytest.mark.slow
+def test_a_caller_cancelled_mid_publish_leaves_its_reservation_settled(c: wc.Cluster) -> None:
+    """The caller is cancelled while its publish is under way (held in its thread): the publish goes on, and when
+    it ends the reservation is marked queued, so a later ``delay`` gets that job, which runs once."""
+    mod, k = c.app_module(), wc.new_key()
+    key, queue = mod.q_work.lock_key_for(k), "aio-" + k
+    release = threading.Event()
+
+    async def scenario() -> None:
+        caller = asyncio.ensure_future(mod.q_work.aapply_async((k,), queue=queue))
+        for _ in range(400):  # bounded: until the reservation says "sending" on every node
+            if await asyncio.to_thread(reservation, c, key) == [b"sending"] * 3:
+                break
+            await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        release.set()  # now the publish may end; its settling runs without a caller
+        for _ in range(400):
+            if await asyncio.to_thread(reservation, c, key) != [b"sending"] * 3:
+                break
+            await asyncio.sleep(0.01)
+
+    with publish_held(mod.q_work.name, release) as seen:
+        arun(scenario)
+    assert seen == [True]
+    assert c.wait_holder_state(key, "queued"), reservation(c, key)
+    again = mod.q_work.apply_async((k,), queue=queue)  # the cancelled caller's job, queued: this call gets it
+    consume(c, queue)
+    assert again.get(timeout=30) == k
+    runs = c.wait_runs(k, 1, 10)
+    assert [r[1] for r in runs] == [again.id]
+
+
+@pytest.mark.slow
+def test_a_caller_cancelled_mid_reserve_leaves_no_reservation(c: wc.Cluster) -> None:
+    """A lock node paused makes the reservation's round trip last the socket timeout; the caller is cancelled
+    meanwhile: no key is left on any node, nothing was published, and the next call reserves the job anew."""
+    mod, k = c.app_module(), wc.new_key()
+    key = mod.q_work.lock_key_for(k)
+    published: list[str] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if sender == mod.q_work.name:
+            published.append(sender)
+
+    async def scenario() -> None:
+        caller = asyncio.ensure_future(mod.q_work.adelay(k))
+        await asyncio.sleep(0.1)  # the paused node's reply is awaited for up to the socket timeout
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+
+    before_task_publish.connect(count, weak=False)
+    c.locks[0].pause()
+    try:
+        arun(scenario)
+    finally:
+        c.locks[0].resume()
+        before_task_publish.disconnect(count)
+    assert published == []
+    assert wait_for(lambda: c.lock_free(key), 10), reservation(c, key)
+    fresh = mod.q_work.delay(k)
+    assert fresh.get(timeout=30) == k
+
+
+@pytest.mark.slow
+def test_a_failed_publish_frees_the_reservation(c: wc.Cluster) -> None:
+    """A publish that raises: the caller gets the error, and nothing stays reserved."""
+    mod, k = c.app_module(), wc.new_key()
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise OSError("broker gone")
+
+    with pytest.raises(OSError, match="broker gone"):
+        arun(lambda: enqueue.asend(mod.q_work, broken, (k,), {}, None, {}, linked=False))
+    assert c.lock_free(mod.q_work.lock_key_for(k))
+
+
+@pytest.mark.slow
+def test_run_scope_adelay_publishes_while_the_loop_keeps_running(
+    c: wc.Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Run scope: ``adelay`` only publishes, in a worker thread. The publish waits until a coroutine on the loop
+    lets it go: it could not if the publish held the loop. The job runs, once."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    mod, k = c.app_module(), wc.new_key()
+    release = threading.Event()
+
+    async def scenario() -> Any:
+        sending = asyncio.ensure_future(mod.work.adelay(k))
+        await asyncio.sleep(0.05)
+        release.set()  # runs on the loop while the publish waits for it
+        return await sending
+
+    with publish_held(mod.work.name, release) as seen:
+        result = arun(scenario)
+    assert seen == [True]
+    assert result.get(timeout=30) == k
+    assert [r[1] for r in c.wait_runs(k, 1, 10)] == [result.id]
+    assert slow_callbacks(caplog) == []
+
+
+@pytest.mark.slow
+def test_a_debounced_task_s_adelay_joins_the_burst_as_delay_does(c: wc.Cluster) -> None:
+    """``lock_debounce``: concurrent ``adelay`` calls and a sync ``delay`` of one key are one burst (one task id),
+    which runs once with the last call's arguments (the async call runs the sync one in a worker thread)."""
+    mod, k = c.app_module(), wc.new_key()
+
+    async def scenario() -> list[Any]:
+        first = await mod.debounced.adelay(k, 0)
+        rest = await asyncio.gather(*(mod.debounced.adelay(k, i) for i in range(1, 4)))
+        return [first, *rest]
+
+    results = arun(scenario)
+    last = mod.debounced.delay(k, 9)
+    assert {r.id for r in results} == {last.id}
+    assert last.get(timeout=30) == [k, 9]
+    runs = [(r[1], r[2]) for r in c.records("debounced") if r[0] == k]
+    assert runs == [(last.id, 9)]
