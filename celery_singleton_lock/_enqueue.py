@@ -362,6 +362,14 @@ def _verdict(
     policy = options_.policy
     if not lock.contended or holder is None or state in (ENDING, None):
         # Not a job that exists for sure (a run being ended, a record of no job): sent.
+        logger.debug(
+            "%s sent: lock %s not held for sure (contended=%s split=%s node errors=%d)",
+            task.name,
+            key,
+            lock.contended,
+            lock.split,
+            len(lock.node_errors),
+        )
         return None, None, 0.0, None
     if state == SENDING and policy.waits_in_line:
         return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker

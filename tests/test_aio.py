@@ -917,12 +917,14 @@ def test_adelay_with_a_lock_node_paused_gets_one_job_without_blocking_the_loop(
     """The issue's trial: one of three lock nodes paused, a double click of ``adelay``: the reservation's round
     trips are awaited (the loop is never held by the paused node), both calls get one job, which runs once."""
     caplog.set_level(logging.WARNING, logger="asyncio")
+    caplog.set_level(logging.DEBUG, logger="celery_singleton_lock.task")
     mod, k = c.app_module(), wc.new_key()
     assert enqueue._async_nodes(mod.q_work) is not None  # the reservation takes the AsyncRedlock path
     c.locks[0].pause()
     try:
         results = arun(lambda: asyncio.gather(mod.q_work.adelay(k), mod.q_work.adelay(k)))
-        assert len({r.id for r in results}) == 1
+        verdicts = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.task"]
+        assert len({r.id for r in results}) == 1, verdicts
         assert results[0].get(timeout=30) == k
     finally:
         c.locks[0].resume()
