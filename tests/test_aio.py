@@ -861,6 +861,22 @@ def publish_held(task_name: str, release: threading.Event) -> Iterator[list[bool
         before_task_publish.disconnect(hold)
 
 
+@contextlib.contextmanager
+def publishes(task_name: str) -> Iterator[list[str]]:
+    """The messages of ``task_name`` published meanwhile (their task ids), as Celery's producer sees them."""
+    seen: list[str] = []
+
+    def count(sender: Any = None, headers: Any = None, **_: Any) -> None:
+        if sender == task_name:
+            seen.append((headers or {}).get("id", ""))
+
+    before_task_publish.connect(count, weak=False)
+    try:
+        yield seen
+    finally:
+        before_task_publish.disconnect(count)
+
+
 def consume(c: wc.Cluster, queue: str) -> None:
     """Let the worker consume ``queue`` (the tests' jobs wait unconsumed there until their calls were counted)."""
     mod = c.app_module()
@@ -890,20 +906,11 @@ def test_adelay_under_queue_scope_publishes_one_message_for_concurrent_calls(
     caplog.set_level(logging.WARNING, logger="asyncio")
     mod, k = c.app_module(), wc.new_key()
     queue = "aio-" + k
-    published: list[str] = []
-
-    def count(sender: Any = None, **_: Any) -> None:
-        if sender == mod.q_work.name:
-            published.append(sender)
-
-    before_task_publish.connect(count, weak=False)
-    try:
+    with publishes(mod.q_work.name) as published:
         results = arun(lambda: asyncio.gather(*(mod.q_work.aapply_async((k,), queue=queue) for _ in range(10))))
         again = mod.q_work.apply_async((k,), queue=queue)
-    finally:
-        before_task_publish.disconnect(count)
     assert {r.id for r in results} == {again.id}
-    assert len(published) == 1
+    assert published == [again.id]
     consume(c, queue)
     assert results[3].get(timeout=30) == k
     assert [r[1] for r in c.wait_runs(k, 1, 10)] == [again.id]
@@ -972,11 +979,6 @@ def test_a_caller_cancelled_mid_reserve_leaves_no_reservation(c: wc.Cluster) -> 
     meanwhile: no key is left on any node, nothing was published, and the next call reserves the job anew."""
     mod, k = c.app_module(), wc.new_key()
     key = mod.q_work.lock_key_for(k)
-    published: list[str] = []
-
-    def count(sender: Any = None, **_: Any) -> None:
-        if sender == mod.q_work.name:
-            published.append(sender)
 
     async def scenario() -> None:
         caller = asyncio.ensure_future(mod.q_work.adelay(k))
@@ -985,13 +987,12 @@ def test_a_caller_cancelled_mid_reserve_leaves_no_reservation(c: wc.Cluster) -> 
         with pytest.raises(asyncio.CancelledError):
             await caller
 
-    before_task_publish.connect(count, weak=False)
-    c.locks[0].pause()
-    try:
-        arun(scenario)
-    finally:
-        c.locks[0].resume()
-        before_task_publish.disconnect(count)
+    with publishes(mod.q_work.name) as published:
+        c.locks[0].pause()
+        try:
+            arun(scenario)
+        finally:
+            c.locks[0].resume()
     assert published == []
     assert wait_for(lambda: c.lock_free(key), 10), reservation(c, key)
     fresh = mod.q_work.delay(k)
