@@ -14,6 +14,7 @@ import redis
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.nodes import NodeSet
 from celery_singleton_lock.policies.rate import Rate, parse_rate, take, undo
+from celery_singleton_lock.scripts import RATE, RATE_RESTAMP, RATE_UNDO
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -210,3 +211,42 @@ def test_an_eager_call_over_the_rate_raises_rate_limited_error(redis_node: Redis
         assert once_a_minute.apply(args=(2,)).get() == 2  # another key, another rate
         with pytest.raises(RateLimitedError, match=r"rate 1 per 60 s of .* reached"):
             once_a_minute.apply(args=(1, "again")).get()
+
+
+def test_a_grant_whose_reply_came_back_late_never_starts_within_a_window_of_the_next(
+    redis_node: RedisServer, name: str
+) -> None:
+    """1 start per 0.5 s. The first decision's reply is held 0.6 s on its way back (FaultProxy): the node counted it
+    at t0, its caller would start at t0 + 0.6. A second caller, asking on its own connection, is granted at t0 + 0.5:
+    two starts about 0.1 s apart, in one window (the bodies; the node's log was right). Review of issue 22: a grant
+    whose answers took longer than policies.rate.LATE is restamped at the nodes' time now (or uncounted), so its
+    slot's next start comes a window after its body could begin."""
+    from celery_singleton_lock.faults import FaultProxy  # noqa: PLC0415
+
+    rate = Rate(1, 0.5)
+    with FaultProxy(redis_node.port) as proxy:
+        late_nodes = NodeSet(proxy.url, socket_timeout=5.0)
+        assert take(late_nodes, f"{name}:warm", rate).outcome == "granted"  # connected
+        for script in (RATE, RATE_UNDO, RATE_RESTAMP):  # loaded: no NOSCRIPT round trip through the delay
+            redis.Redis.from_url(redis_node.url).script_load(script.body)
+        slow = proxy.delay(0.6, direction="downstream")
+        first: list[tuple[str, float]] = []
+        t = threading.Thread(target=lambda: first.append((take(late_nodes, name, rate).outcome, time.monotonic())))
+        t.start()
+        direct = NodeSet(redis_node.url)
+        for _ in range(200):  # bounded: until the node counted the first start (its reply is still on its way)
+            if _log(redis_node, name):
+                break
+            time.sleep(0.005)
+        second: tuple[str, float] | None = None
+        for _ in range(200):  # bounded: about 4 s
+            v = take(direct, name, rate)
+            if v.outcome == "granted":
+                second = (v.outcome, time.monotonic())
+                break
+            time.sleep(0.02)
+        slow.stop()  # what is on its way keeps its delay; the rest goes at once
+        t.join(30)
+    assert first and second
+    starts = sorted(at for outcome, at in (first[0], second) if outcome == "granted")
+    assert len(starts) < 2 or starts[1] - starts[0] >= rate.period - 0.05, starts

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigurationError
 from ..nodes import NodeSet
-from ..scripts import RATE, RATE_UNDO
+from ..scripts import RATE, RATE_RESTAMP, RATE_UNDO
 
 __all__ = ["ON_RATE_LIMIT", "Rate", "RateLimitPolicy", "Verdict", "parse_rate", "take", "undo"]
 
@@ -47,6 +47,10 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _NOTATION = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
 #: Attempts of one decision when contenders split the free slots between the nodes.
 _SPLIT_ATTEMPTS = 3
+#: Seconds a decision may take before its grant is restamped (lua/rate_restamp.lua): a body begins when the quorum's
+#: answers are back, so a start whose answers came back late (a slow reply, a paused node waited for) would begin that
+#: much later than the nodes counted it, and may then begin within a window of its slot's next start.
+LATE = 0.05
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
     verdict = Verdict("limited", wait=0.0)
     for attempt in range(_SPLIT_ATTEMPTS):
         token = secrets.token_hex(16)
+        began = time.monotonic()
         answers = nodes.run(
             RATE, [key], [token, rate.limit, rate.window_us, preferred], undo_on_timeout=(RATE_UNDO, [key], [token])
         )
@@ -130,7 +135,14 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
             if strays:
                 undo(nodes, key, token, strays)
             times = {i: moments[i] for i, s in granted.items() if s == slot}
-            return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+            if time.monotonic() - began <= LATE:
+                return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+            restamped = _restamp(nodes, key, rate, token, slot, times)
+            if restamped is not None:
+                return restamped
+            # Late again: uncounted. Ask afresh; after the last attempt the nodes are too slow to tell.
+            verdict = Verdict("unavailable", errors=[f"the nodes answered later than {LATE:g} s, {attempt + 1} times"])
+            continue
         if granted:
             undo(nodes, key, token, granted)
         answered = len(nodes) - len(errors)
@@ -148,6 +160,31 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
         if attempt + 1 < _SPLIT_ATTEMPTS:
             time.sleep(verdict.wait * random.random())  # noqa: S311 - jitter
     return verdict
+
+
+def _restamp(nodes: NodeSet, key: str, rate: Rate, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
+    """A grant whose answers came back later than :data:`LATE`: move its entry to the nodes' time now on the nodes
+    that hold it (no waiting for the others), so the slot's next start comes a window after this moment. Counted
+    when a quorum moved it within :data:`LATE`; otherwise uncounted (None), and the caller asks again."""
+    member = f"{slot}:{token}"
+    for _ in range(2):
+        began = time.monotonic()
+        try:
+            answers = nodes.run(RATE_RESTAMP, [key], [member, rate.window_us], nodes=list(times))
+        except Exception:
+            break
+        moved = {
+            i: int(answers[i][1]) / 1_000_000
+            for i in times
+            if not isinstance(answers[i], BaseException) and answers[i] and int(answers[i][0]) == 1
+        }
+        if len(moved) < nodes.quorum:
+            break
+        times = moved
+        if time.monotonic() - began <= LATE:
+            return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+    undo(nodes, key, token)
+    return None
 
 
 def undo(nodes: NodeSet, key: str, token: str, on: Any = None) -> None:
