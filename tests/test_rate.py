@@ -250,3 +250,34 @@ def test_a_grant_whose_reply_came_back_late_never_starts_within_a_window_of_the_
     assert first and second
     starts = sorted(at for outcome, at in (first[0], second) if outcome == "granted")
     assert len(starts) < 2 or starts[1] - starts[0] >= rate.period - 0.05, starts
+
+
+def test_a_full_window_whose_starts_hold_different_majorities_names_its_real_wait(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    """(2, 30 s) on 3 nodes: X counted on {A, C} (slot 0), Y on {B, C} (slot 1): the window is full. A third start
+    gets A: slot 1, B: slot 0, C: refused; no slot can gain a quorum until X leaves the window, 30 s on. Review of
+    issue 22: take() answered a 5-50 ms jitter (a contenders' split), so a waiting call was re-sent every few ms for
+    the whole window; the nodes now say when each slot is free there, and the wait is when one is on a quorum."""
+    rate = Rate(2, 30.0)
+    a, b, c = (s.url for s in fresh_trio)
+    assert take(NodeSet([a, c]), name, rate).outcome == "granted"
+    # Y asks B and C for slot 1 (as take's second attempt does, after a split)
+    y = NodeSet([b, c]).run(RATE, [name], ["y" * 32, rate.limit, rate.window_us, "1", ""])
+    assert [list(map(int, answer[:2])) for answer in y] == [[1, 1], [1, 1]]
+    third = take(NodeSet([a, b, c]), name, rate)
+    assert third.outcome == "limited"
+    assert third.wait > 20, third
+
+
+def test_two_nodes_whose_lowest_free_slots_differ_agree_on_a_slot_free_on_both(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    """Review of issue 22: on nodes B (all free) and C (slot 0 taken), B gives slot 0 and C slot 1; asking again for
+    the slot most nodes gave (a tie: 0) split again, three times, and the start was refused with slot 1 free on both.
+    The nodes' free slots pick slot 1."""
+    rate = Rate(2, 30.0)
+    b, c = fresh_trio[1].url, fresh_trio[2].url
+    assert take(NodeSet(c), name, rate).slot == 0
+    second = take(NodeSet([b, c]), name, rate)
+    assert second.outcome == "granted" and second.slot == 1, second

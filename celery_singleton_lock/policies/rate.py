@@ -114,21 +114,31 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
     for attempt in range(_SPLIT_ATTEMPTS):
         token = secrets.token_hex(16)
         began = time.monotonic()
+        # After a split, the nodes also say when each slot is free there: the next attempt asks for a slot free on
+        # a quorum, or the wait is the moment one is.
+        detail = "1" if attempt else ""
         answers = nodes.run(
-            RATE, [key], [token, rate.limit, rate.window_us, preferred], undo_on_timeout=(RATE_UNDO, [key], [token])
+            RATE,
+            [key],
+            [token, rate.limit, rate.window_us, preferred, detail],
+            undo_on_timeout=(RATE_UNDO, [key], [token]),
         )
         granted: dict[int, int] = {}
         moments: dict[int, float] = {}
         waits: list[float] = []
         errors: list[str] = []
+        slot_frees: list[list[float]] = []
         for i, answer in enumerate(answers):
             if isinstance(answer, BaseException):
                 errors.append(str(nodes.error(i, answer)))
-            elif int(answer[0]) == 1:
+                continue
+            if int(answer[0]) == 1:
                 granted[i] = int(answer[1])
                 moments[i] = int(answer[2]) / 1_000_000
             else:
                 waits.append(max(0, int(answer[1])) / 1_000_000)
+            if detail and len(answer) == 3 + rate.limit:
+                slot_frees.append([max(0, int(x)) / 1_000_000 for x in answer[3:]])
         slot, count = Counter(granted.values()).most_common(1)[0] if granted else (-1, 0)
         if count >= nodes.quorum:
             strays = [i for i, s in granted.items() if s != slot]
@@ -154,7 +164,19 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
             # oldest start leaves the window.
             frees = sorted([0.0] * len(granted) + waits)
             return Verdict("limited", wait=frees[nodes.quorum - 1])
-        # Contenders split the free slots between the nodes: ask again, for the slot most nodes gave.
+        if len(slot_frees) == answered:
+            # Per slot, the moment a quorum of the answering nodes has it free; the earliest slot decides.
+            best, at = min(
+                ((s, sorted(f[s] for f in slot_frees)[nodes.quorum - 1]) for s in range(rate.limit)),
+                key=lambda pair: pair[1],
+            )
+            if at > 0:
+                # No slot is free on a quorum: the free slots are split between the nodes (starts that hold
+                # different majorities), not taken by contenders that undo them: wait for that moment, no polling.
+                return Verdict("limited", wait=at)
+            slot = best
+        # Contenders split the free slots between the nodes: ask again, for the slot most nodes gave (or one free
+        # on a quorum, as the nodes said).
         preferred = str(slot)
         verdict = Verdict("limited", wait=0.005 + 0.045 * random.random())  # noqa: S311 - jitter
         if attempt + 1 < _SPLIT_ATTEMPTS:
