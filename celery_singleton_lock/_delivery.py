@@ -315,9 +315,12 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         return False
     task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
-    if options.on_rate_limit == "fail" or request.is_eager:
+    # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
+    # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
+    contended = verdict.contended and not request.is_eager
+    if not contended and (options.on_rate_limit == "fail" or request.is_eager):
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
-    if options.on_rate_limit == "skip":
+    if not contended and options.on_rate_limit == "skip":
         reason = f"{task.name} skipped: {said}"
         if not (task.ignore_result or request.ignore_result):
             task.backend.mark_as_revoked(task_id, reason, request=None)

@@ -104,6 +104,9 @@ class Verdict:
     #: granted: when each node that holds it counted it (node index -> Unix seconds, by that node's clock)
     times: dict[int, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  #: the nodes that failed, redacted
+    #: limited: not over the rate, as far as the nodes said, but contenders kept splitting the free slots between the
+    #: nodes: ask again shortly (never skip or fail a call for it)
+    contended: bool = False
 
 
 def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
@@ -178,7 +181,7 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
         # Contenders split the free slots between the nodes: ask again, for the slot most nodes gave (or one free
         # on a quorum, as the nodes said).
         preferred = str(slot)
-        verdict = Verdict("limited", wait=0.005 + 0.045 * random.random())  # noqa: S311 - jitter
+        verdict = Verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
         if attempt + 1 < _SPLIT_ATTEMPTS:
             time.sleep(verdict.wait * random.random())  # noqa: S311 - jitter
     return verdict
