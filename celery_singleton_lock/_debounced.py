@@ -183,6 +183,11 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
         wait(task, run, options, request, due, int(newest[2]), text(newest[3]))
         return False
     if started:
+        if later:
+            # A quorum claimed the burst, but on a minority it is still pending (a call joined it there just
+            # before the claim, or a node answered late): end it there too, or it would split the next bursts'
+            # quorum until it expires (each call then sent on its own once a node is down).
+            drop(task, run.key, run.task_id)
         newest = max(started, key=lambda a: int(a[1]))
         loaded = kombu_json.loads(text(newest[2]))  # type: ignore[no-untyped-call]
         run.debounced = (tuple(loaded[0]), dict(loaded[1]))

@@ -297,6 +297,30 @@ def test_a_call_that_started_a_burst_on_a_minority_of_the_nodes_leaves_none_ther
     nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, other)], ["drop", other])
 
 
+def test_a_burst_left_pending_on_a_minority_when_its_job_ran_does_not_split_the_next_bursts(c: Cluster) -> None:
+    """Review: a call joined job J's burst on node 3 just before J's claim reached it (or node 3 answered late): J
+    runs on the claim of nodes 1 and 2, and J's burst must not stay pending on node 3 (for its due time plus the done
+    window). Else, with node 1 paused (SIGSTOP), every later call finds J on node 3 and its own new burst on node 2:
+    no quorum, so each call of the next burst is sent and runs on its own."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    first = mod.debounced.delay(k, 1)
+    with contextlib.closing(c.lock_client(c.locks[2])) as client:
+        client.hincrby(burst, "due", 60_000)  # the late join on node 3: due a minute later there only
+    assert first.get(timeout=30) == [k, 1]
+    c.locks[0].pause()
+    try:
+        results = [mod.debounced.delay(k, i) for i in (2, 3, 4)]
+    finally:
+        c.locks[0].resume()
+    assert len({r.id for r in results}) == 1, "the next burst split: each call was sent on its own"
+    assert results[0].get(timeout=30) == [k, 4]
+    assert [v for _, v in debounced_runs(c, k)] == [1, 4]
+
+
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
     mod = c.app_module()
     k = new_key()
