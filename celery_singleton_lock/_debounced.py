@@ -117,6 +117,11 @@ def send(
     job, agreed = found
     due = max(int(a[2]) for a in agreed) / 1000.0
     seq = max(int(a[3]) for a in agreed)
+    # A burst on a minority of the nodes that is not the quorum's: this call's own start (nobody publishes it), or
+    # a burst whose job ran while that node missed its claim (paused, late): left, it would split the next
+    # bursts' quorum until it expires. It can win no quorum while the quorum's burst is pending: end it there.
+    for other in {text(a[1]) for a in answers if not isinstance(a, BaseException) and a is not None} - {job}:
+        drop(task, key, other)
     if job == task_id:  # this call started the burst: its message is the job's
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq}
         try:
@@ -129,8 +134,6 @@ def send(
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
         return sent
-    if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
-        drop(task, key, task_id)  # a burst this call started on a minority of the nodes: nobody publishes it
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
     if any(int(a[0]) == JOIN_STANDIN for a in agreed):
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):

@@ -321,6 +321,35 @@ def test_a_burst_left_pending_on_a_minority_when_its_job_ran_does_not_split_the_
     assert [v for _, v in debounced_runs(c, k)] == [1, 4]
 
 
+def test_a_stale_burst_on_a_node_that_missed_its_claim_is_dropped_by_the_next_call(c: Cluster) -> None:
+    """Review: node 3 was paused while job J claimed its burst, so J's burst stays pending there (for its due time
+    plus the done window) after J ran. The next call that sees a quorum agree on another burst drops J's there;
+    else, once node 1 is paused, every call of the bursts after finds J on node 3: no quorum, each runs alone."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    stale = "stale-" + new_key()
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(DEBOUNCE_JOIN, [burst], [stale, 60_000, 0, blob, 600_000, "x", 60_000, 60_000], nodes=[2])
+    first = mod.debounced.delay(k, 1)
+    assert first.id != stale
+    assert first.get(timeout=30) == [k, 1]
+    c.locks[0].pause()
+    try:
+        results = [mod.debounced.delay(k, i) for i in (2, 3, 4)]
+    finally:
+        c.locks[0].resume()
+    assert len({r.id for r in results}) == 1, "the next burst split: each call was sent on its own"
+    assert results[0].get(timeout=30) == [k, 4]
+    assert [v for _, v in debounced_runs(c, k)] == [1, 4]
+
+
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
     mod = c.app_module()
     k = new_key()
