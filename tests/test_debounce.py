@@ -107,6 +107,30 @@ def test_a_waiting_job_s_own_copies_never_count_against_the_cap(c: Cluster) -> N
         assert client.zcard(line) == 3
 
 
+def test_a_duplicate_that_waited_while_the_line_was_unreachable_is_never_refused_by_its_own_copy(c: Cluster) -> None:
+    """Review: the line's node (node 1) is paused while 4 duplicates arrive (cap 2): none can park, so each waits
+    uncapped with its fallback copy. The node is back when the copies arrive: a waiting call's own re-send is never
+    a new duplicate, so none of them is REVOKED as "line full": the holder and all 4 run, one at a time."""
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.capped.delay(k, 6.0)
+    c.wait_started(k)
+    c.locks[0].pause()
+    try:
+        dups = [mod.capped.delay(k, 0.1) for _ in range(4)]
+        for _ in polling(20, 0.1):  # each one's first delivery deferred (its park timed out on the paused node)
+            logs = "".join(w.log() for w in c.workers)
+            if all(f"capped[{d.id}] deferred" in logs for d in dups):
+                break
+    finally:
+        c.locks[0].resume()
+    for r in [holder, *dups]:
+        assert r.get(timeout=60) == k, r.state
+    runs = c.wait_runs(k, 5, 15)
+    assert len(runs) == 5
+    assert not overlapping(runs)
+
+
 # -- lock_debounce ------------------------------------------------------------------------------------------------
 
 
