@@ -135,9 +135,10 @@ def send(
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
         return sent
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
-    if any(int(a[0]) == JOIN_STANDIN for a in agreed):
+    if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
+        # A quorum must say so: a node that missed the 'sent' mark (paused, a lost reply) alone is no reason.
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, REDELIVERY_HEADER: 1}
         options.pop("expires", None)
         publish(args, kwargs, task_id=job, countdown=_countdown(opts, due), headers=headers, **options)

@@ -374,6 +374,38 @@ def test_a_stale_burst_on_a_node_that_missed_its_claim_is_dropped_by_the_next_ca
     assert [v for _, v in debounced_runs(c, k)] == [1, 4]
 
 
+def test_a_burst_marked_sent_on_a_quorum_gets_no_stand_in_from_one_node_that_missed_the_mark(c: Cluster) -> None:
+    """Review: the starter published the job's message and marked the burst sent, but the mark missed node 3 (paused,
+    a lost reply). A call joining more than 2 s later must not publish a stand-in copy on node 3's word alone: a
+    quorum says the message was sent. One message published for the burst, one run with the last arguments."""
+    from celery.signals import before_task_publish  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    published: list[str] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if sender == mod.debounced.name:
+            published.append(sender)
+
+    before_task_publish.connect(count, weak=False)
+    try:
+        first = mod.debounced.apply_async((k, 1), countdown=3)  # due in 4 s
+        with contextlib.closing(c.lock_client(c.locks[2])) as client:
+            client.hset(burst, "sent", 0)  # the 'sent' mark never reached node 3
+        time.sleep(2.2)
+        joined = mod.debounced.delay(k, 2)
+    finally:
+        before_task_publish.disconnect(count)
+    assert joined.id == first.id
+    assert len(published) == 1, "a stand-in copy was published on one node's word"
+    assert joined.get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(first.id, 2)]
+
+
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
     mod = c.app_module()
     k = new_key()
