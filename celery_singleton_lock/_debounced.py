@@ -34,14 +34,18 @@ from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["CLAIM_SLACK", "STANDIN_AFTER", "claim", "drop", "send"]
+__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "send"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
 #: How early (s) a job may claim its burst: a timer's and the nodes' clocks' slack.
 CLAIM_SLACK = 0.1
-#: After how long (s) a burst whose message was never marked sent gets a stand-in publish from a later call.
-STANDIN_AFTER = 2.0
+#: After how long (s) a burst whose message was never marked sent gets a stand-in publish from a later call: at once,
+#: since a call that joined it must not depend on a call after it (its starter may have died before publishing, or
+#: its publish raised after this call joined); at most one copy per burst, racing a live starter's publish.
+STANDIN_AFTER = 0.0
+#: An overdue burst (its job has not claimed it) gets a stand-in after a lease, at least this long (s).
+OVERDUE_AFTER = 2.0
 # apply_async options under which a call is not debounced: sent as a call of its own, guarded at the worker.
 _STANDS_ASIDE = frozenset({"chord", "group_id", "chain"})
 
@@ -100,7 +104,7 @@ def send(
                 int(STANDIN_AFTER * 1000),
                 # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
                 # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
-                int(max(STANDIN_AFTER, opts.ttl) * 1000),
+                int(max(OVERDUE_AFTER, opts.ttl) * 1000),
             ],
         )
     except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard
