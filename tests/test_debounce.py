@@ -428,6 +428,23 @@ def test_a_burst_marked_sent_on_a_quorum_gets_no_stand_in_from_one_node_that_mis
     assert debounced_runs(c, k) == [(first.id, 2)]
 
 
+def test_a_debounced_run_that_retries_retries_with_the_burst_s_last_arguments(c: Cluster) -> None:
+    """self.retry() inside a debounced run: the retry (same task id) runs with the burst's last arguments, not its
+    message's first ones; a call made during the retry's countdown starts a new burst, which runs after it."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced_retrying.delay(k, i) for i in range(3)]
+    for _ in polling(15, 0.02):
+        if any(r[0] == k for r in c.records("debounced")):
+            break
+    later = mod.debounced_retrying.delay(k, 9)
+    assert results[0].get(timeout=30) == [k, 2]
+    assert later.get(timeout=30) == [k, 9]
+    tries = [(r[1], r[2], r[3]) for r in c.records("debounced") if r[0] == k]
+    job, new = results[0].id, later.id
+    assert tries == [(job, 2, 0), (job, 2, 1), (new, 9, 0), (new, 9, 1)]
+
+
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:
     mod = c.app_module()
     k = new_key()
