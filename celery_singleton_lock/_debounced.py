@@ -121,10 +121,16 @@ def send(
     job, agreed = found
     due = max(int(a[2]) for a in agreed) / 1000.0
     seq = max(int(a[3]) for a in agreed)
-    # A burst on a minority of the nodes that is not the quorum's: this call's own start (nobody publishes it), or
-    # a burst whose job ran while that node missed its claim (paused, late): left, it would split the next
-    # bursts' quorum until it expires. It can win no quorum while the quorum's burst is pending: end it there.
-    for other in {text(a[1]) for a in answers if not isinstance(a, BaseException) and a is not None} - {job}:
+    # A burst on a minority of the nodes that is not the quorum's: this call's own start (nobody publishes it), or,
+    # past its due time there, a burst whose job ran while that node missed its claim (paused, late): left, it
+    # would split the next bursts' quorum until it expires. End it there. (One still due later may be a live job's
+    # that lost the other nodes' copies in a restart: its claim reads its newest arguments there.)
+    stale = {
+        text(a[1])
+        for a in answers
+        if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) > 0)
+    }
+    for other in stale - {job}:
         drop(task, key, other)
     if job == task_id:  # this call started the burst: its message is the job's
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq}
