@@ -25,10 +25,11 @@ from .policies.debounce import (
     CLAIM_GONE,
     CLAIM_LATER,
     CLAIM_START,
+    CLAIM_SUPERSEDED,
     JOIN_STANDIN,
     majority,
 )
-from .record import burst_key_for, claimed_key_for
+from .record import burst_key_for, claimed_key_for, newest_claim_key_for
 from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
     last arguments) if the burst gave them. False: not due yet: it was re-sent for its due time (with the newest
     arguments) and stops here; the caller gives the lock back."""
     nodes = options.settings.nodes
-    keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id)]
+    keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id), newest_claim_key_for(run.key)]
     try:
         answers = nodes.run(
             DEBOUNCE_CLAIM,
@@ -189,6 +190,17 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
         logger.warning("could not claim the burst of %s[%s]; running", task.name, run.task_id, exc_info=True)
         return True
     ok = [a for a in answers if not isinstance(a, BaseException) and a]
+    if sum(1 for a in ok if int(a[0]) == CLAIM_SUPERSEDED) >= nodes.quorum:
+        # A copy of a job whose run was cut short (a SIGKILLed run's redelivery) arriving after a newer burst's job
+        # claimed and ran: running it now would run older arguments last. Its callers are told.
+        reason = (
+            f"debounced: {task.name}[{run.task_id}] of lock {run.key} is superseded: a newer burst's run claimed the "
+            "lock after this run was cut short; its older arguments do not run again"
+        )
+        if not (request.is_eager or task.ignore_result or request.ignore_result):
+            task.backend.mark_as_revoked(run.task_id, reason, request=None)
+        resend.skip_quietly(task, run, Skipped(reason, run.key, run.task_id))
+        return False
     later = [a for a in ok if int(a[0]) == CLAIM_LATER]
     started = [a for a in ok if int(a[0]) == CLAIM_START]
     if later and len(started) < nodes.quorum:

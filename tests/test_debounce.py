@@ -252,18 +252,13 @@ def test_a_run_sigkilled_while_it_runs_is_redelivered_and_runs_once_more_with_th
     assert len(c.wait_runs(k, 1, 10)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a SIGKILLed debounced run's redelivery, arriving after the next burst ran (with newer arguments), "
-    "runs the older arguments again, last; a fix needs a per-key record of the newest claimed burst (or the "
-    "redelivery waiting ahead of the next burst), which is more than a review's change",
-)
 def test_a_sigkilled_run_redelivered_after_the_next_burst_ran_does_not_run_its_older_arguments_last(
     c: Cluster,
 ) -> None:
     """Review: job J (version 1) is SIGKILLed mid-run; a call made during J's run started burst K (version 2). J's
     message goes back to a queue nobody consumes for a while (its consumer was cancelled), so K runs first once J's
-    dead lease ends. When J's redelivery then arrives, the last run of the key must not be J's older version."""
+    dead lease ends. When J's redelivery then arrives, the last run of the key must not be J's older version: J's
+    callers get REVOKED, saying a newer burst's run superseded it."""
     mod = c.app_module()
     k, queue = new_key(), "late-" + new_key()
     w1 = f"w1@{os.uname().nodename}"
@@ -280,6 +275,8 @@ def test_a_sigkilled_run_redelivered_after_the_next_burst_ran_does_not_run_its_o
             break
     mod.app.control.cancel_consumer(queue, destination=[w1], reply=True, timeout=5)
     assert [v for _, v in debounced_runs(c, k)][-1] == 2
+    assert job.state == "REVOKED"
+    assert "superseded" in str(job.result)
 
 
 def test_a_producer_dead_between_its_join_and_its_publish_leaves_no_call_hanging(c: Cluster) -> None:
