@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import task_revoked
+from celery.states import READY_STATES
 from celery.utils import uuid
 from kombu.utils import json as kombu_json
 
@@ -198,7 +199,11 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
             "lock after this run was cut short; its older arguments do not run again"
         )
         if not (request.is_eager or task.ignore_result or request.ignore_result):
-            task.backend.mark_as_revoked(run.task_id, reason, request=None)
+            try:  # a copy of a job that did end (its done marker gone) keeps its stored result
+                if task.backend.get_state(run.task_id) not in READY_STATES:
+                    task.backend.mark_as_revoked(run.task_id, reason, request=None)
+            except Exception:
+                logger.debug("could not store the superseded state of %s", run.task_id, exc_info=True)
         resend.skip_quietly(task, run, Skipped(reason, run.key, run.task_id))
         return False
     later = [a for a in ok if int(a[0]) == CLAIM_LATER]
