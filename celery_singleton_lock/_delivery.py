@@ -436,7 +436,11 @@ class _Duplicate:
         # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
         # lease must have ended (a live holder's renewals keep it ~ttl away).
         run = self.run
-        headers = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
+        headers: dict[str, Any] = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
+        if not run.parked and self.task._options().max_waiting is not None:
+            # lock_max_waiting: a call that could not park (its line's node unreachable) waits uncapped; its own
+            # copy is never a new duplicate when the line is back (the cap refuses calls, not waiting ones).
+            headers[PARKED_HEADER] = 1
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.task, run, countdown, "duplicate", headers, detail, self.holder_id)
 
