@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import metrics
 from .redlock import NodeSet, Redlock
@@ -213,7 +214,11 @@ class Watchdog:
 
     def flush_stats(self) -> None:
         """Add the counters up in Redis on the first node that answers (:func:`metrics.write`, one pipeline); keep
-        them if none does."""
+        them if none does.
+
+        A timeout is not "none answered": a paused or slow node still runs the pipeline it was sent when it resumes,
+        so writing the batch again (later, or to the next node) would count it twice. After a timeout the batch
+        counts as written (at most once: a batch lost to a timeout while connecting is the lesser error)."""
         with self._mutex:
             pending = {k: c for k, c in self._stats.items() if c}
             self._stats = {k: Counter() for k in self._stats}
@@ -223,6 +228,9 @@ class Watchdog:
                     pipe = client.pipeline(transaction=False)
                     metrics.write(pipe, prefix, counter)
                     pipe.execute()
+                    break
+                except (RedisTimeoutError, TimeoutError):
+                    logger.debug("lock watchdog: a stats flush timed out; not written again (it may have landed)")
                     break
                 except (RedisError, OSError):
                     continue
