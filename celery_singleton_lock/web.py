@@ -456,8 +456,10 @@ def render(
     nonce: str,
     prefix: str,
     message: str = "",
+    reload_to: str | None = None,
 ) -> str:
-    """The page's HTML (every value escaped)."""
+    """The page's HTML (every value escaped); its refresh loads ``reload_to`` (the page's URL, when this answers a
+    POST) or reloads itself."""
     counts = {name: n for name, (n, _) in snap.sections.items()}
     held, reserved, cooling, done, foreign = (
         snap.sections[name][1] for name in ("held", "reserved", "cooldown", "done", "foreign")
@@ -563,10 +565,15 @@ def render(
         if rows:
             parts.append(_table(["level", "subject", "check", "finding"], rows, "doctor"))
     if refresh:
-        # Reload unless the operator is typing a secret (a reload would lose it).
+        # Reload unless the operator is typing a secret (a reload would lose it). The answer to a release (a POST)
+        # loads the page instead: reloading it would send the form, and the release, again at every refresh.
+        again = "location.reload()"
+        if reload_to is not None:
+            target = json.dumps(reload_to).replace("<", "\\u003c")  # no "</script>" can end the script
+            again = f"location.replace({target})"
         parts.append(
             f'<script nonce="{nonce}">setInterval(function(){{var a=document.activeElement;'
-            f"if(!a||a.tagName!=='INPUT')location.reload()}},{int(refresh * 1000)});</script>"
+            f"if(!a||a.tagName!=='INPUT'){again}}},{int(refresh * 1000)});</script>"
         )
     parts.append("</body></html>")
     return "".join(parts)
@@ -674,17 +681,19 @@ def make_app(
         snap = snapshot(current, number)
         span, per_task, _ = read_minutes(current.nodes, current.prefix, 60)
         nonce = secrets.token_urlsafe(16)
+        base = environ.get("SCRIPT_NAME", "").rstrip("/")
         body = render(
             snap,
             page=number,
             series=(span, per_task),
             findings=findings(),
-            base=environ.get("SCRIPT_NAME", "").rstrip("/"),
+            base=base,
             release=secret is not None,
             refresh=refresh,
             nonce=nonce,
             prefix=current.prefix,
             message=message,
+            reload_to=f"{base}/" if environ.get("REQUEST_METHOD") == "POST" else None,
         )
         return _respond(start, status, body, nonce=nonce)
 

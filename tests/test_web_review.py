@@ -5,6 +5,10 @@ One real redis-server for the module; the watchdog and the page run in this proc
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +17,10 @@ from celery import Celery
 
 from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.renewal import Watchdog
 from celery_singleton_lock.testing import RedisServer, wait_for
+from celery_singleton_lock.web import make_app, serve
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +58,72 @@ def test_a_flush_that_timed_out_on_a_paused_node_is_not_counted_twice(server: Re
     assert wait_for(lambda: acquired() >= 10, timeout=15, interval=0.05)
     watchdog.flush_stats()
     assert acquired() == 10
+
+
+# -- the page in a real browser -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from cdp import Browser, find_chromium  # noqa: PLC0415
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("no chromium on PATH: `apt-get install -y chromium` (Debian) runs the browser tests")
+    b = Browser(binary)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@contextlib.contextmanager
+def served(wsgi: Any) -> Iterator[str]:
+    server = serve(wsgi, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def hold(app: Any, name: str) -> str:
+    """A lock held now by a real acquire (as a worker's run takes it), for a minute; its key."""
+    settings = settings_for(app)
+    lock = Redlock(settings.nodes, f"{settings.prefix}{name}:v2:{uuid.uuid4().hex}", ttl=60.0)
+    assert lock.acquire(blocking=False)
+    return lock.name
+
+
+def test_the_page_shown_after_a_release_refreshes_to_the_page_not_to_the_form(
+    server: RedisServer, browser: Any
+) -> None:
+    """After a release (a POST), the page's refresh loads the page again: it must not re-send the form (a reload of
+    a POST's answer does), which repeated the release every few seconds, each a forced release or a refusal logged."""
+    app = app_on(server, "reposted")
+    key = hold(app, "app.task")
+    posts: list[str] = []
+    page = make_app(app, secret="s" * 20, refresh=1, doctor=False)
+
+    def counting(environ: dict[str, Any], start: Any) -> Any:
+        if environ.get("REQUEST_METHOD") == "POST":
+            posts.append(environ.get("PATH_INFO", ""))
+        return page(environ, start)
+
+    with served(counting) as url:
+        browser.open(url + "/")
+        clicked = browser.evaluate(
+            "(() => { const f = [...document.querySelectorAll('form.release')].find("
+            f"f => f.key.value === {json.dumps(key)}); if (!f) return false;"
+            f" f.secret.value = {json.dumps('s' * 20)}; f.querySelector('button').click(); return true; }})()"
+        )
+        assert clicked
+        said = browser.wait_for("document.getElementById('message') && document.getElementById('message').innerText")
+        assert "released" in str(said)
+        browser.evaluate("document.activeElement && document.activeElement.blur()")
+        back = browser.wait_for("location.pathname === '/' && document.readyState === 'complete'", 15)
+    assert back
+    assert posts == ["/release"]
