@@ -50,7 +50,7 @@ from .inventory import (
     scan_keys,
     show_lock,
 )
-from .metrics import OUTCOMES, read_metrics, read_minutes
+from .metrics import OUTCOMES, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
 from .record import sibling_key
 from .scripts import BRIEF as _BRIEF
@@ -311,9 +311,15 @@ def exposition(settings: LockSettings) -> str:
     every worker and host), ``celery_lock_wait_seconds{task}`` (summary: sum and count of the time runs waited
     before taking their lock), ``celery_lock_held{task}`` and ``celery_lock_waiting{task}`` (gauges: locks held and
     jobs waiting in a line now), ``celery_lock_nodes_up`` (gauge: lock nodes that answered). Labels are ``task`` and
-    ``outcome`` only, never a key or a task id.
+    ``outcome`` only, never a key or a task id. While a node does not answer, the counter and summary samples are
+    left out (the sum would be short, and a counter must not go down).
     """
     found = read_metrics(settings.nodes, settings.prefix)
+    # Counts live on whichever node answered each flush: with a node down the sum is short, and a counter that goes
+    # down reads as a reset (its whole total counted again when the node is back). Such a scrape leaves the
+    # counters out (a gap); celery_lock_nodes_up says why.
+    if found.errors:
+        found = MetricsReport({}, {}, found.errors)
     snap = snapshot(settings, page=0)
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",

@@ -20,7 +20,7 @@ from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.renewal import Watchdog
 from celery_singleton_lock.testing import RedisServer, wait_for
-from celery_singleton_lock.web import make_app, serve
+from celery_singleton_lock.web import exposition, make_app, serve
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +127,35 @@ def test_the_page_shown_after_a_release_refreshes_to_the_page_not_to_the_form(
         back = browser.wait_for("location.pathname === '/' && document.readyState === 'complete'", 15)
     assert back
     assert posts == ["/release"]
+
+
+# -- /metrics -------------------------------------------------------------------------------------------------------
+
+
+def test_a_counter_never_goes_down_while_a_node_holding_some_of_its_counts_is_down(server: RedisServer) -> None:
+    """Counts are written to the first node that answers and read summed over the nodes: with a node down, the
+    sum is short. A counter must not then be exposed lower than before (Prometheus reads a decrease as a reset and
+    counts the whole total again when the node is back): its samples are left out of that scrape."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    other = RedisServer().start()
+    try:
+        app = Celery("countdown", broker="memory://", set_as_current=False)
+        app.conf.singleton_lock_urls = [server.url, other.url]
+        app.conf.singleton_lock_prefix = "countdown:"
+        settings = settings_for(app)
+        for client, n in ((server.client(), 3), (other.client(), 4)):  # flushes that went to either node
+            pipe = client.pipeline(transaction=False)
+            metrics.write(pipe, settings.prefix, {("app.t", "acquired"): n})
+            pipe.execute()
+
+        def scraped() -> list[float]:
+            text = exposition(settings)
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            return [s.value for s in families["celery_lock_events"].samples if s.labels.get("task") == "app.t"]
+
+        assert scraped() == [7.0]
+        other.stop()
+        assert all(v >= 7.0 for v in scraped())
+    finally:
+        other.close()
