@@ -50,7 +50,7 @@ from .inventory import (
     scan_keys,
     show_lock,
 )
-from .metrics import OUTCOMES, MetricsReport, read_metrics, read_minutes
+from .metrics import OUTCOMES, WAIT_MS, WAITS, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
 from .record import sibling_key
 from .scripts import BRIEF as _BRIEF
@@ -311,15 +311,10 @@ def exposition(settings: LockSettings) -> str:
     every worker and host), ``celery_lock_wait_seconds{task}`` (summary: sum and count of the time runs waited
     before taking their lock), ``celery_lock_held{task}`` and ``celery_lock_waiting{task}`` (gauges: locks held and
     jobs waiting in a line now), ``celery_lock_nodes_up`` (gauge: lock nodes that answered). Labels are ``task`` and
-    ``outcome`` only, never a key or a task id. While a node does not answer, the counter and summary samples are
-    left out (the sum would be short, and a counter must not go down).
+    ``outcome`` only, never a key or a task id. A counter never goes down from one scrape to the next while a node
+    holding some of its counts does not answer (:func:`_never_lower`).
     """
-    found = read_metrics(settings.nodes, settings.prefix)
-    # Counts live on whichever node answered each flush: with a node down the sum is short, and a counter that goes
-    # down reads as a reset (its whole total counted again when the node is back). Such a scrape leaves the
-    # counters out (a gap); celery_lock_nodes_up says why.
-    if found.errors:
-        found = MetricsReport({}, {}, found.errors)
+    found = _never_lower(settings, read_metrics(settings.nodes, settings.prefix))
     snap = snapshot(settings, page=0)
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
@@ -351,6 +346,40 @@ def exposition(settings: LockSettings) -> str:
         f"celery_lock_nodes_up {snap.answered}",
     ]
     return "\n".join(out) + "\n"
+
+
+#: The highest count this process exposed per series, per (nodes, prefix): see :func:`_never_lower`.
+_EXPOSED: dict[tuple[tuple[str, ...], str], dict[tuple[str, str], int]] = {}
+_EXPOSED_LOCK = threading.Lock()
+
+
+def _never_lower(settings: LockSettings, found: MetricsReport) -> MetricsReport:
+    """``found`` with each count raised to the highest this process exposed before.
+
+    Counts live on whichever node answered each flush, and are read summed over the nodes that answer: with a node
+    down the sum is short. A counter that goes down reads as a reset in Prometheus (its whole total counted again
+    when the node is back), so a scrape never shows less than an earlier one did (bounded: one entry a series).
+    """
+    with _EXPOSED_LOCK:
+        seen = _EXPOSED.setdefault((settings.nodes.names, settings.prefix), {})
+        for task, counts in found.tasks.items():
+            for outcome, n in counts.items():
+                seen[(task, outcome)] = max(seen.get((task, outcome), 0), n)
+        for task, (ms, n) in found.waits.items():
+            for field, value in ((WAIT_MS, ms), (WAITS, n)):
+                seen[(task, field)] = max(seen.get((task, field), 0), value)
+        tasks: dict[str, dict[str, int]] = {}
+        waits: dict[str, tuple[int, int]] = {}
+        for (task, outcome), n in sorted(seen.items()):
+            if outcome in (WAIT_MS, WAITS):
+                waits[task] = (seen.get((task, WAIT_MS), 0), seen.get((task, WAITS), 0))
+            else:
+                tasks.setdefault(task, {})[outcome] = n
+    order = {o: i for i, o in enumerate(OUTCOMES)}
+    ordered = {
+        t: dict(sorted(c.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))) for t, c in tasks.items()
+    }
+    return MetricsReport(ordered, waits, found.errors)
 
 
 # --- the page ------------------------------------------------------------------------------------------------------
