@@ -145,10 +145,12 @@ def _glob(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def scan_lines(settings: LockSettings) -> Report[list[Line]]:
+def scan_lines(settings: LockSettings, *, skip: Iterable[int] = ()) -> Report[list[Line]]:
     """Every waiting line under the prefix: SCAN on the first node (where lines live), then ZCARD and the oldest
-    waiters of each, ``BATCH`` lines per pipeline."""
+    waiters of each, ``BATCH`` lines per pipeline. None when the first node is in ``skip`` (found down already)."""
     nodes = settings.nodes
+    if 0 in set(skip):
+        return Report([], (), 1, 1)
     client = nodes.clients[0]
     base = _glob(settings.prefix)
     patterns = [base + "*:waiters", "\\{*" + base + "*:waiters"]
@@ -287,7 +289,7 @@ def snapshot(settings: LockSettings, page: int = 1) -> Snapshot:
     sections = {
         name: (len(keys), [i for k in keys if (i := infos.get(k)) is not None]) for name, keys in groups.items()
     }
-    lines = scan_lines(settings)
+    lines = scan_lines(settings, skip=down)
     errors = scanned.errors + tuple(
         x for x in read.errors + lines.errors if x.node not in {e.node for e in scanned.errors}
     )
@@ -295,6 +297,12 @@ def snapshot(settings: LockSettings, page: int = 1) -> Snapshot:
     return Snapshot(
         time.time(), briefs.value, sections, lines.value, errors, answered, len(settings.nodes), settings.nodes.quorum
     )
+
+
+def _down(settings: LockSettings, snap: Snapshot) -> list[int]:
+    """The nodes a snapshot found down: the request's later reads skip them (each would wait its timeout again)."""
+    failed = {x.node for x in snap.errors}
+    return [i for i, name in enumerate(settings.nodes.names) if name in failed]
 
 
 # --- Prometheus ----------------------------------------------------------------------------------------------------
@@ -314,8 +322,8 @@ def exposition(settings: LockSettings) -> str:
     ``outcome`` only, never a key or a task id. A counter never goes down from one scrape to the next while a node
     holding some of its counts does not answer (:func:`_never_lower`).
     """
-    found = _never_lower(settings, read_metrics(settings.nodes, settings.prefix))
     snap = snapshot(settings, page=0)
+    found = _never_lower(settings, read_metrics(settings.nodes, settings.prefix, skip=_down(settings, snap)))
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
         "# TYPE celery_lock_events_total counter",
@@ -714,7 +722,7 @@ def make_app(
             number = 1
         current = settings()
         snap = snapshot(current, number)
-        span, per_task, _ = read_minutes(current.nodes, current.prefix, 60)
+        span, per_task, _ = read_minutes(current.nodes, current.prefix, 60, skip=_down(current, snap))
         nonce = secrets.token_urlsafe(16)
         base = environ.get("SCRIPT_NAME", "").rstrip("/")
         body = render(

@@ -6,6 +6,7 @@ One real redis-server for the module; the watchdog and the page run in this proc
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import threading
 import uuid
@@ -17,6 +18,7 @@ from celery import Celery
 
 from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.renewal import Watchdog
 from celery_singleton_lock.testing import RedisServer, wait_for
@@ -165,3 +167,26 @@ def test_a_counter_never_goes_down_while_a_node_holding_some_of_its_counts_is_do
         assert scraped() == [8.0]
     finally:
         other.close()
+
+
+def test_a_stalled_node_costs_one_socket_timeout_per_request_not_one_per_read(server: RedisServer) -> None:
+    """A node that holds every command (a stalled node, in front: it holds the lines) is found out once per page
+    and per scrape: the reads that follow skip it instead of each waiting its socket timeout again (the page read
+    it 3 times, /metrics 3 times: 1.5 s each with the default 0.5 s, 15 s with a 5 s timeout). Counted as the
+    connections the stalled node was sent (each timeout drops its connection), not timed."""
+    with FaultProxy(server.port) as proxy:
+        app = Celery("stalled", broker="memory://", set_as_current=False)
+        app.conf.singleton_lock_urls = [proxy.url, server.url]
+        app.conf.singleton_lock_prefix = "stalled:"
+        hold(app, "app.task")  # before the stall: a lock for the page to show
+        page = make_app(app, refresh=0, doctor=False)
+        proxy.hold()
+        for path in ("/", "/metrics"):
+            before = proxy.accepted
+            statuses: list[str] = []
+            environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO(), "QUERY_STRING": ""}
+            body = b"".join(page(environ, lambda status, _h, out=statuses: out.append(status))).decode()
+            assert statuses == ["200 OK"], path
+            assert ("did not answer" in body) if path == "/" else ("celery_lock_nodes_up 1" in body)
+            assert proxy.accepted - before <= 1, path
+        proxy.clear()
