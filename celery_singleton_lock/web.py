@@ -411,22 +411,23 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
     return f'<table class="{cls}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _pages(items: Sequence[Any], page: int) -> tuple[Sequence[Any], str]:
+def _pages(items: Sequence[Any], page: int, base: str) -> tuple[Sequence[Any], str]:
     start = (max(page, 1) - 1) * PAGE_SIZE
-    return items[start : start + PAGE_SIZE], _nav(len(items), page)
+    return items[start : start + PAGE_SIZE], _nav(len(items), page, base)
 
 
-def _nav(total: int, page: int) -> str:
-    """Links to the previous and next page, when there is more than one."""
+def _nav(total: int, page: int, base: str = "") -> str:
+    """Links to the previous and next page, when there is more than one: to the page's path (``base/``), never
+    relative (from the answer to a release, ``?page=2`` would be ``GET /release?page=2``)."""
     pages = max(1, -(-total // PAGE_SIZE))
     page = max(page, 1)
     if pages == 1:
         return ""
     links = []
     if page > 1:
-        links.append(f'<a href="?page={page - 1}">previous</a>')
+        links.append(f'<a href="{e(base)}/?page={page - 1}">previous</a>')
     if page < pages:
-        links.append(f'<a href="?page={page + 1}">next</a>')
+        links.append(f'<a href="{e(base)}/?page={page + 1}">next</a>')
     return f'<p class="muted">{total} in all; page {page} of {pages} {" ".join(links)}</p>'
 
 
@@ -525,7 +526,7 @@ def render(
         parts.append(f'<p class="err">node {e(error.node)} did not answer: {e(error.error)}</p>')
     if message:
         parts.append(f'<p class="warn" id="message">{e(message)}</p>')
-    shown, nav = held, _nav(counts["held"], page)
+    shown, nav = held, _nav(counts["held"], page, base)
     head = ["key", "state", "task", "holder task id", "worker", "age", "time left", "fencing token", "nodes"]
     parts += [
         "<h2>Held</h2>",
@@ -535,7 +536,7 @@ def render(
     if not release:
         parts.append('<p class="muted">Read-only: start with a secret to release locks here.</p>')
     parts.append("<h2>Lines (waiting duplicates, oldest first)</h2>")
-    shown_lines, nav = _pages(snap.lines, page)
+    shown_lines, nav = _pages(snap.lines, page, base)
     rows = []
     for line in shown_lines:
         who = "<br>".join(
@@ -553,7 +554,7 @@ def render(
         ("Queue-scope reservations", reserved, "reserved", counts["reserved"]),
         ("Cooldowns", cooling, "cooldowns", counts["cooldown"]),
     ):
-        shown, nav = items, _nav(count, page)
+        shown, nav = items, _nav(count, page, base)
         rows = [
             [
                 f"<code>{e(i.key)}</code>",
@@ -565,14 +566,14 @@ def render(
             for i in shown
         ]
         parts += [f"<h2>{e(title)}</h2>", nav, _table(["key", "state", "task", "task id", "time left"], rows, cls)]
-    shown, nav = done, _nav(counts["done"], page)
+    shown, nav = done, _nav(counts["done"], page, base)
     rows = [
         [f"<code>{e(i.lock_key)}</code>", f"<code>{e(i.task_id)}</code>", e(format_duration(i.ttl, none="never"))]
         for i in shown
     ]
     parts += ["<h2>Done markers</h2>", nav, _table(["lock", "task id", "time left"], rows, "done")]
     if foreign:
-        shown, nav = foreign, _nav(counts["foreign"], page)
+        shown, nav = foreign, _nav(counts["foreign"], page, base)
         rows = [[f"<code>{e(i.key)}</code>", e(i.redis_type)] for i in shown]
         parts += ["<h2>Other keys under the prefix</h2>", nav, _table(["key", "type"], rows, "foreign")]
     _, per_task = series

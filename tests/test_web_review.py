@@ -6,8 +6,10 @@ One real redis-server for the module; the watchdog and the page run in this proc
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import json
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.renewal import Watchdog
 from celery_singleton_lock.testing import RedisServer, wait_for
-from celery_singleton_lock.web import exposition, make_app, serve
+from celery_singleton_lock.web import PAGE_SIZE, exposition, make_app, serve
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +192,31 @@ def test_a_stalled_node_costs_one_socket_timeout_per_request_not_one_per_read(se
             assert ("did not answer" in body) if path == "/" else ("celery_lock_nodes_up 1" in body)
             assert proxy.accepted - before <= 1, path
         proxy.clear()
+
+
+def test_the_page_links_of_a_release_answer_lead_to_the_page_not_to_the_release_url(server: RedisServer) -> None:
+    """The answer to a release (a POST to /release) is the page, paged: its 'next' link was the relative
+    ``?page=2``, which from /release is ``GET /release?page=2`` (405, POST only). Links name the page's own path."""
+    from urllib.parse import urljoin, urlsplit  # noqa: PLC0415
+
+    app = app_on(server, "navlinks")
+    for _ in range(PAGE_SIZE + 1):
+        hold(app, "app.task")
+    page = make_app(app, secret="s" * 20, refresh=0, doctor=False)
+    body_bytes = b"key=x&owner=y&secret=wrong"
+    environ = {
+        "PATH_INFO": "/release",
+        "SCRIPT_NAME": "/locks",
+        "REQUEST_METHOD": "POST",
+        "wsgi.input": io.BytesIO(body_bytes),
+        "CONTENT_LENGTH": str(len(body_bytes)),
+        "QUERY_STRING": "",
+    }
+    statuses: list[str] = []
+    body = b"".join(page(environ, lambda status, _h, out=statuses: out.append(status))).decode()
+    assert statuses == ["403 Forbidden"]
+    links = re.findall(r'<a href="([^"]*page=[^"]*)"', body)
+    assert links
+    for link in links:
+        target = urlsplit(urljoin("http://127.0.0.1/locks/release", html.unescape(link)))
+        assert (target.path, target.query) == ("/locks/", "page=2"), link
