@@ -3,8 +3,8 @@
 Counts are made in the process that decides (a pool child, a threads worker, the worker's main process for a skip
 before the pool), added up there in memory (``Watchdog.count``, one dict update: no I/O on the hot path) and written
 by that process's watchdog every few seconds, and when a pool child or the worker exits, in one pipeline to the
-first lock node that answers. They are read back summed over every node, so prefork children, several workers and several hosts
-add up without any per-process files.
+first lock node that answers. They are read back summed over every node, so prefork children, several workers and
+several hosts add up without any per-process files.
 
 Keys, all under the app's prefix (``P``):
 
