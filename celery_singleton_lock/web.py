@@ -323,7 +323,8 @@ def exposition(settings: LockSettings) -> str:
     holding some of its counts does not answer (:func:`_never_lower`).
     """
     snap = snapshot(settings, page=0)
-    found = _never_lower(settings, read_metrics(settings.nodes, settings.prefix, skip=_down(settings, snap)))
+    found = read_metrics(settings.nodes, settings.prefix, skip=_down(settings, snap))
+    found = _never_lower(settings, found, complete=not (found.errors or snap.errors))
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
         "# TYPE celery_lock_events_total counter",
@@ -361,15 +362,19 @@ _EXPOSED: dict[tuple[tuple[str, ...], str], dict[tuple[str, str], int]] = {}
 _EXPOSED_LOCK = threading.Lock()
 
 
-def _never_lower(settings: LockSettings, found: MetricsReport) -> MetricsReport:
-    """``found`` with each count raised to the highest this process exposed before.
+def _never_lower(settings: LockSettings, found: MetricsReport, *, complete: bool) -> MetricsReport:
+    """``found`` with each count raised to the highest this process exposed before, unless it is ``complete``
+    (every node answered).
 
     Counts live on whichever node answered each flush, and are read summed over the nodes that answer: with a node
     down the sum is short. A counter that goes down reads as a reset in Prometheus (its whole total counted again
-    when the node is back), so a scrape never shows less than an earlier one did (bounded: one entry a series).
+    when the node is back), so such a scrape never shows less than an earlier one did (bounded: one entry a
+    series). When every node answers, the sums are shown as read: a real reset (a node that lost its data) shows.
     """
     with _EXPOSED_LOCK:
         seen = _EXPOSED.setdefault((settings.nodes.names, settings.prefix), {})
+        if complete:
+            seen.clear()
         for task, counts in found.tasks.items():
             for outcome, n in counts.items():
                 seen[(task, outcome)] = max(seen.get((task, outcome), 0), n)

@@ -167,6 +167,8 @@ def test_a_counter_never_goes_down_while_a_node_holding_some_of_its_counts_is_do
         assert scraped() == [8.0]  # 3 + 5 read, never less than what was shown
         other.start()  # a fresh, empty server on the same port: the 4 it held are lost (no persistence here)
         assert scraped() == [8.0]
+        server.client().delete(metrics.total_key(settings.prefix))  # every node answers: a real reset shows
+        assert scraped() == []
     finally:
         other.close()
 
