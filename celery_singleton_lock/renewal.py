@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import metrics
 from .redlock import NodeSet, Redlock
@@ -216,24 +215,26 @@ class Watchdog:
         """Add the counters up in Redis on the first node that answers (:func:`metrics.write`, one pipeline); keep
         them if none does.
 
-        A timeout is not "none answered": a paused or slow node still runs the pipeline it was sent when it resumes,
-        so writing the batch again (later, or to the next node) would count it twice. After a timeout the batch
-        counts as written (at most once: a batch lost to a timeout while connecting is the lesser error)."""
+        A node that does not answer a PING is passed over (nothing of the batch was sent to it). Once the pipeline
+        is sent, a failure (a timeout: the node paused or slow) is not "none answered": the node still runs the
+        pipeline when it resumes, so writing the batch again (later, or to the next node) would count it twice; the
+        batch counts as written (at most once). The PING is one round trip per flush, every 5 s, off the hot path."""
         with self._mutex:
             pending = {k: c for k, c in self._stats.items() if c}
             self._stats = {k: Counter() for k in self._stats}
         for (nodes, prefix), counter in pending.items():
             for client in nodes.clients:
                 try:
+                    client.ping()
+                except (RedisError, OSError):
+                    continue
+                try:
                     pipe = client.pipeline(transaction=False)
                     metrics.write(pipe, prefix, counter)
                     pipe.execute()
-                    break
-                except (RedisTimeoutError, TimeoutError):
-                    logger.debug("lock watchdog: a stats flush timed out; not written again (it may have landed)")
-                    break
                 except (RedisError, OSError):
-                    continue
+                    logger.debug("lock watchdog: a stats flush failed once sent; not written again (it may land)")
+                break
             else:
                 with self._mutex:
                     self._stats[(nodes, prefix)].update(counter)

@@ -64,6 +64,27 @@ def test_a_flush_that_timed_out_on_a_paused_node_is_not_counted_twice(server: Re
     assert acquired() == 10
 
 
+def test_counts_flushed_while_the_first_node_is_stalled_land_on_the_next_node(server: RedisServer) -> None:
+    """A first node that accepts connections but answers nothing (stalled, or blackholed) must not swallow every
+    flush: a batch not yet sent goes to the next node that answers; only a batch sent and then timed out counts
+    as written (the node may still run it)."""
+    behind = RedisServer().start()
+    try:
+        with FaultProxy(behind.port) as proxy:
+            app = Celery("stalledfirst", broker="memory://", set_as_current=False)
+            app.conf.singleton_lock_urls = [proxy.url, server.url]
+            app.conf.singleton_lock_prefix = "stalledfirst:"
+            settings = settings_for(app)
+            proxy.hold()
+            watchdog = Watchdog()
+            watchdog.count(settings.nodes, settings.prefix, "acquired", "t", 5)
+            watchdog.flush_stats()
+            landed = server.client().hgetall(metrics.total_key(settings.prefix))
+            assert landed == {f"t{metrics.SEP}acquired".encode(): b"5"}
+    finally:
+        behind.close()
+
+
 # -- the page in a real browser -----------------------------------------------------------------------------------
 
 
