@@ -41,8 +41,10 @@ def app_on(server: RedisServer, name: str) -> Any:
 
 
 def test_a_flush_that_timed_out_on_a_paused_node_is_not_counted_twice(server: RedisServer) -> None:
-    """A node paused (SIGSTOP) during a flush still runs the pipeline it was sent once it resumes: the watchdog
-    must not keep that batch and write it again (the counts of 10 outcomes read 15 before the fix)."""
+    """A node paused (SIGSTOP) during a flush still runs what it was sent once it resumes: the watchdog must not
+    both send the batch and keep it to write again (10 outcomes read 15 before the fix). Now the PING before the
+    batch times out, nothing of the batch is sent, and it is written once, when the node answers (the watchdog's
+    own tick, or the flush below)."""
     settings = settings_for(app_on(server, "flushtwice"))
     nodes, prefix = settings.nodes, settings.prefix
     watchdog = Watchdog()
@@ -51,14 +53,15 @@ def test_a_flush_that_timed_out_on_a_paused_node_is_not_counted_twice(server: Re
         return metrics.read_metrics(nodes, prefix).tasks.get("t", {}).get("acquired", 0)
 
     watchdog.count(nodes, prefix, "acquired", "t", 5)
-    watchdog.flush_stats()  # the connection is open: the next pipeline is sent to the paused node
-    assert acquired() == 5
+    watchdog.flush_stats()  # (or the watchdog's own thread, started by count(), already is flushing)
+    assert wait_for(lambda: acquired() >= 5, timeout=15, interval=0.05)
     watchdog.count(nodes, prefix, "acquired", "t", 5)
     server.pause()
     try:
-        watchdog.flush_stats()  # times out after socket_timeout: the node holds the commands, unanswered
+        watchdog.flush_stats()  # the PING times out after socket_timeout: the batch is kept
     finally:
         server.resume()
+    watchdog.flush_stats()
     assert wait_for(lambda: acquired() >= 10, timeout=15, interval=0.05)
     watchdog.flush_stats()
     assert acquired() == 10
@@ -78,9 +81,10 @@ def test_counts_flushed_while_the_first_node_is_stalled_land_on_the_next_node(se
             proxy.hold()
             watchdog = Watchdog()
             watchdog.count(settings.nodes, settings.prefix, "acquired", "t", 5)
-            watchdog.flush_stats()
-            landed = server.client().hgetall(metrics.total_key(settings.prefix))
-            assert landed == {f"t{metrics.SEP}acquired".encode(): b"5"}
+            watchdog.flush_stats()  # (or the watchdog's own thread, started by count(), already is flushing)
+            client, total = server.client(), metrics.total_key(settings.prefix)
+            assert wait_for(lambda: client.hgetall(total) != {}, timeout=15, interval=0.05)
+            assert client.hgetall(total) == {f"t{metrics.SEP}acquired".encode(): b"5"}
     finally:
         behind.close()
 
