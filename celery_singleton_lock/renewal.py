@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from . import metrics
 from .redlock import NodeSet, Redlock
@@ -226,6 +226,8 @@ class Watchdog:
             for client in nodes.clients:
                 try:
                     client.ping()
+                except ResponseError:
+                    pass  # it answered (an ACL user without PING: NOPERM)
                 except (RedisError, OSError):
                     continue
                 try:
