@@ -155,6 +155,7 @@ def test_on_rabbitmq_the_pool_child_decides(tmp_path: Path) -> None:
     with rabbitmq.vhost() as url, cluster(tmp_path, ttl=TTL, broker_url=url) as c:
         c.app_module()
         with worker(c, f"rabbit-{uuid.uuid4().hex[:6]}") as w:
+            assert "duplicates skipped before the pool: off: an AMQP broker" in w.log()
             key = new_key()
             holder = holding(c, w, key, 6.0)
             copies = storm(c, w, key, 5, 6.0)
