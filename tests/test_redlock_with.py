@@ -8,6 +8,7 @@ assertions: every wait is a bounded poll.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -209,3 +210,23 @@ def test_an_unrenewed_lease_extended_by_hand_is_not_taken_for_lost(redis_trio: l
             time.sleep(0.25)
             assert lock.extend()
         assert not lock.lost
+
+
+def test_a_forked_child_leaving_the_block_never_frees_the_lease(redis_trio: list[RedisServer], name: str) -> None:
+    """A process forked inside ``with Redlock``: the child leaving the block (its ``__exit__``) or calling ``release()``
+    / ``extend()`` frees and renews nothing; the parent still holds the lock and a contender is refused."""
+    urls = urls_of(redis_trio)
+    with Redlock(urls, name, ttl=30.0) as lock:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                lock.__exit__(None, None, None)
+                code = 0 if not lock.release() and not lock.extend() and lock.validity == 0 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert lock.owned()
+        assert not Redlock(urls, name).acquire(blocking=False)
+    assert Redlock(urls, name).acquire(blocking=False)
