@@ -510,6 +510,8 @@ class AsyncRedlock(_LeaseSpec):
     async def extend(self) -> bool:
         """Reset the lease to ``ttl`` if we still hold it; False when not extended (lost: ``validity`` is 0; or
         too few nodes answered: try again before the lease ends)."""
+        if self._forked():
+            return False
         return await self._renew() is True
 
     async def _renew(self) -> bool | None:
@@ -554,6 +556,8 @@ class AsyncRedlock(_LeaseSpec):
         A caller cancelled while it awaits still frees the lock (the release is sent again from a background task,
         bounded by ``socket_timeout``); a node it cannot reach lets the lease expire after ``ttl``.
         """
+        if self._forked():  # the lease of the process this one was forked from: forgotten here, never freed
+            return False
         lease = self._lease
         if lease is None:
             return False
@@ -576,6 +580,8 @@ class AsyncRedlock(_LeaseSpec):
     async def transfer(self, ttl: float, record: Mapping[str, str] | None = None) -> bool:
         """Hand the lease on under a fresh owner token for ``ttl`` s, changing the ``record`` fields, on a quorum
         (:meth:`Redlock.transfer`; the lease is no longer renewed, and ``release()`` still cancels the hand-over)."""
+        if self._forked():
+            return False
         async with self._lock():
             lease = self._lease
             if lease is None:
@@ -604,6 +610,7 @@ class AsyncRedlock(_LeaseSpec):
 
     async def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
+        self._forked()
         lease = self._lease
         if lease is None or lease.deadline <= self._clock():
             return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import threading
 import time
@@ -825,3 +826,24 @@ def test_a_paused_cluster_master_is_a_node_that_does_not_answer(fresh_trio: list
             assert wait_for(lambda: not c.exists(name), 10.0)  # undone, or expired after the 3 s ttl at the latest
         finally:
             c.close()
+
+
+def test_a_forked_child_never_frees_the_parents_async_lease(redis_trio: list[RedisServer], name: str) -> None:
+    """A process forked while an AsyncRedlock is held: the child's release() (its own loop) forgets the lease and frees
+    nothing; the parent still holds the lock."""
+    urls = urls_of(redis_trio)
+    lock = AsyncRedlock(urls, name, ttl=30.0)
+    assert arun(lambda: lock.acquire(blocking=False))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            released = asyncio.run(lock.release())
+            code = 0 if not released and lock.validity == 0 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert all(keys_on(redis_trio, name))
+    assert arun(lock.owned)
+    assert arun(lock.release)
