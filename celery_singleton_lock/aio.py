@@ -571,6 +571,15 @@ class AsyncRedlock(_LeaseSpec):
             _spawn(self._release(lease))
             raise
 
+    def _release_in_background(self) -> None:
+        """Give the lease up from a task of its own (the caller cannot await any more: it is being cancelled)."""
+        if self._forked():
+            return
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.renewable = False
+            _spawn(self._release(lease))
+
     async def _release(self, lease: _Lease) -> bool:
         async with self._lock():  # after an extend in flight: it could otherwise repair the key just deleted
             answers = await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
@@ -676,7 +685,13 @@ class AsyncRedlock(_LeaseSpec):
         try:
             if renewer is not None and not renewer.done():
                 renewer.cancel()
-                await asyncio.wait([renewer])
+                try:
+                    await asyncio.wait([renewer])
+                except asyncio.CancelledError:
+                    # Cancelled while the renewal ends (a second cancel: a TaskGroup's, a timeout's): release anyway,
+                    # from a task of its own, or the name would stay blocked for a whole ttl by nobody.
+                    self._release_in_background()
+                    raise
             await self.release()
         except asyncio.CancelledError:
             # The renewal's cancel arrived after the block's last await: the loss is known at the exit itself.
