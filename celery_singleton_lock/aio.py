@@ -96,6 +96,12 @@ async def aclose() -> None:
         await client.aclose()
 
 
+def _wire(values: Sequence[str | int]) -> tuple[bytes | int, ...]:
+    """Script keys and arguments as the sync lock sends them (``nodes._pack``): UTF-8 with surrogatepass, since a
+    name or task id may hold a lone surrogate (JSON admits "\\ud800") that redis-py's strict encoder refuses."""
+    return tuple(v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v for v in values)
+
+
 def _client_name(client: aioredis.Redis) -> str:
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
@@ -230,6 +236,11 @@ class AsyncNodes:
         for a node not asked). Each node's exchange is bounded by ``socket_timeout``; ``undo_on_timeout`` is written
         on the same connection when a node timed out after the command was sent (as ``NodeSet.run``)."""
         clients = self.clients()
+        # Sent as bytes (str and int arguments are typed so for the callers; redis-py passes bytes through as is).
+        keys, args = cast(Sequence[str], _wire(keys)), cast(Sequence[str | int], _wire(args))
+        if undo_on_timeout is not None:
+            body, undo_keys, undo_args = undo_on_timeout
+            undo_on_timeout = (body, cast(Sequence[str], _wire(undo_keys)), cast(Sequence[str | int], _wire(undo_args)))
         indices = range(len(clients)) if nodes is None else list(nodes)
         results: list[Any] = [None] * len(clients)
         if len(indices) == 1:  # one node: no tasks to gather

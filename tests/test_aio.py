@@ -878,3 +878,18 @@ def test_a_forked_child_never_frees_the_parents_async_lease(redis_trio: list[Red
     assert all(keys_on(redis_trio, name))
     assert arun(lock.owned)
     assert arun(lock.release)
+
+
+def test_a_name_with_a_lone_surrogate_is_one_lock_with_the_sync_one(redis_trio: list[RedisServer]) -> None:
+    """A name holding a lone surrogate (JSON admits "\\ud800": a key built from a request's arguments, a task id) is
+    sent as the sync lock sends it (UTF-8, surrogatepass): the async and the sync holder exclude each other."""
+    urls = urls_of(redis_trio)
+    name = f"test:{uuid.uuid4().hex}:\ud800"
+    lock = AsyncRedlock(urls, name, ttl=30.0)
+    assert arun(lambda: lock.acquire(blocking=False))
+    sync = Redlock(urls, name, ttl=30.0)
+    assert not sync.acquire(blocking=False)
+    assert arun(lock.release)
+    assert sync.acquire(blocking=False)
+    assert not arun(lambda: lock.acquire(blocking=False))
+    assert sync.release()
