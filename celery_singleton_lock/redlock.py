@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 import redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._urls import redact_url
 from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
@@ -516,7 +517,7 @@ class Redlock(_LeaseSpec):
         return self.nodes_extend([self])[0] is True
 
     @staticmethod
-    def nodes_extend(locks: Sequence[Redlock]) -> list[bool | None]:
+    def nodes_extend(locks: Sequence[Redlock], *, unanswered: set[int] | None = None) -> list[bool | None]:
         """Extend many locks sharing one NodeSet (or NodeSets with equal ``peers``) in one round trip per node (the
         renewal watchdog's path).
 
@@ -527,6 +528,10 @@ class Redlock(_LeaseSpec):
         One answer per lock: True (extended), False (lost: too many nodes hold someone else's token or lost ours,
         or the lease ran out), or None (undecided: too few nodes answered; the lease stands until its deadline).
         A lease that was released or handed over meanwhile is left alone (False).
+
+        ``unanswered`` (the watchdog's, shared by the batches of one renewal): the nodes that failed to answer an
+        earlier batch are not asked again (a no-answer, no vote) and the ones that fail now are added, so a paused
+        node costs one renewal ``socket_timeout`` once, not once per batch.
         """
         if not locks:
             return []
@@ -538,10 +543,10 @@ class Redlock(_LeaseSpec):
         with contextlib.ExitStack() as stack:
             for lock in locks:
                 stack.enter_context(lock._mutex)
-            return Redlock._extend_locked(nodes, locks)
+            return Redlock._extend_locked(nodes, locks, unanswered)
 
     @staticmethod
-    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock]) -> list[bool | None]:
+    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock], unanswered: set[int] | None) -> list[bool | None]:
         out: list[bool | None] = [False] * len(locks)
         live: list[int] = []
         for i, lock in enumerate(locks):
@@ -562,7 +567,15 @@ class Redlock(_LeaseSpec):
             args += (lease.token, lease.ttl_ms, lease.fence)
         clock = locks[0]._clock
         start = clock()
-        answers = nodes.run(_EXTEND, keys, args)
+        if unanswered:
+            asked = [j for j in range(len(nodes)) if j not in unanswered]
+            answers = nodes.run(_EXTEND, keys, args, asked)
+            for j in unanswered:
+                answers[j] = RedisTimeoutError("not asked: it did not answer an earlier batch of this renewal")
+        else:
+            answers = nodes.run(_EXTEND, keys, args)
+        if unanswered is not None:
+            unanswered.update(j for j, a in enumerate(answers) if isinstance(a, BaseException))
         now = clock()
         for n, i in enumerate(live):
             lock = locks[i]

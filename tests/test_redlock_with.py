@@ -8,6 +8,7 @@ assertions: every wait is a bounded poll.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -230,3 +231,22 @@ def test_a_forked_child_leaving_the_block_never_frees_the_lease(redis_trio: list
         assert lock.owned()
         assert not Redlock(urls, name).acquire(blocking=False)
     assert Redlock(urls, name).acquire(blocking=False)
+
+
+def test_more_leases_than_one_batch_keep_their_quorum_with_a_node_paused(fresh_trio: list[RedisServer]) -> None:
+    """Attack: 450 ``with Redlock`` blocks in one process (three renewal batches of 200) while one of three nodes is
+    SIGSTOPped for 3 s. The node that did not answer the first batch is not asked by the next ones, so a renewal
+    costs socket_timeout once; asked by each batch in turn, a renewal took 3 x socket_timeout, more than the leases
+    had left, and all 450 were lost with two healthy nodes."""
+    urls = urls_of(fresh_trio)
+    with contextlib.ExitStack() as stack:
+        locks = [
+            stack.enter_context(Redlock(urls, f"batch:{i}:{time.monotonic_ns()}", ttl=1.5, socket_timeout=0.4))
+            for i in range(450)
+        ]
+        fresh_trio[0].pause()
+        try:
+            time.sleep(3.0)
+        finally:
+            fresh_trio[0].resume()
+        assert [lock.name for lock in locks if lock.lost or lock.validity == 0] == []
