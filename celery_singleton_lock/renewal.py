@@ -167,11 +167,15 @@ class Watchdog:
         for lease in leases:
             groups.setdefault(lease.lock.nodes.peers, []).append(lease)
         for group in groups.values():
+            # A node that did not answer one batch is not asked by the next ones of this renewal: a paused node
+            # then costs socket_timeout once per renewal, not once per BATCH leases (which lost every lease of a
+            # process holding many, a healthy quorum notwithstanding).
+            unanswered: set[int] = set()
             for start in range(0, len(group), BATCH):
                 batch = group[start : start + BATCH]
                 started = self._clock()
                 try:
-                    results = type(batch[0].lock).nodes_extend([lease.lock for lease in batch])
+                    results = type(batch[0].lock).nodes_extend([lease.lock for lease in batch], unanswered=unanswered)
                 except Exception as exc:  # undecided, like a timeout: the lease stands until its deadline
                     logger.exception("renewal of %d lock(s) failed", len(batch))
                     results = [None] * len(batch)
