@@ -29,6 +29,7 @@ import cProfile
 import itertools
 import json
 import os
+import socket
 import time
 from typing import Any, ClassVar
 
@@ -224,6 +225,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+class _GreenValue:
+    """``multiprocessing.Value``'s interface for one process of greenlets."""
+
+    def __init__(self) -> None:
+        import threading  # noqa: PLC0415 - patched by the pool by now
+
+        self.value = 0
+        self._lock = threading.RLock()
+
+    def get_lock(self) -> Any:
+        return self._lock
+
+
 class _BlockProbe:
     """One worker, a queue of blocks of ``BENCH_BLOCK`` messages, each block one path (``BENCH_BLOCKS`` says which:
     ``plain``, ``executed``, ``skip``, ...): at the end of every block, the CPU time of the pool children and of the
@@ -231,14 +245,19 @@ class _BlockProbe:
     belong to its block's path (the skip paths' argument is ``BENCH_HELD_ARG``, and a child's skip returns a marker).
 
     A task ends in the pool child (``task_postrun``) or, skipped before the pool (``preskip``), in the main process
-    (``duplicate_skipped`` there): the count is shared by both (an int in memory the fork shares, under a lock made
+    (``_preskip._skip``, wrapped): the count is shared by both (an int in memory the fork shares, under a lock made
     before the fork), and whichever process ends a block takes its mark (to Redis, once per block).
     """
 
     def __init__(self) -> None:
         import multiprocessing  # noqa: PLC0415 - block mode only
 
-        self.shared = multiprocessing.Value("q", 0)  # made at import, in the main process: the pool children share it
+        if socket.socket.__module__ != "socket":
+            # gevent/eventlet (one process): a multiprocessing lock is a real semaphore, which a greenlet holding it
+            # across a (patched, yielding) Redis call would deadlock against the hub's skip; threading's is patched.
+            self.shared: Any = _GreenValue()
+        else:
+            self.shared = multiprocessing.Value("q", 0)  # made at import, in the main process: the children share it
         self.leader = os.getpgid(0)
         self.wrong: list[str] = []
         self.profiler: cProfile.Profile | None = None
@@ -249,11 +268,6 @@ class _BlockProbe:
         if os.getpid() != self.leader:
             child = _thread_cpu_ns(os.getpid())
         record.rpush(f"bench:marks:{RUN}", json.dumps([index, time.perf_counter(), child, main]))
-
-    def main_skip(self, sender: Any = None, **_: Any) -> None:
-        """``duplicate_skipped`` in the main process: a skip before the pool (in the child, postrun counts it)."""
-        if os.getpid() == self.leader:
-            self(sender=sender, args=(HELD_ARG,), retval=None, main=True)
 
     def __call__(self, sender: Any = None, args: Any = None, retval: Any = None, main: bool = False, **_: Any) -> None:
         with self.shared.get_lock():
@@ -299,9 +313,31 @@ class _BlockProbe:
     profilers: ClassVar[dict[str, cProfile.Profile]] = {}
 
 
+if os.environ.get("BENCH_FORCE_PRESKIP") == "1":
+    # bench_skip.py --force-preskip: the pre-check in a pool where the library keeps it off (gevent, eventlet,
+    # threads), to measure what it would save there. Not a supported setting: the pool's own decision is overridden
+    # once the worker is ready (pool_started ran), and the patched-socket guard is lifted.
+    from celery_singleton_lock import _preskip
+
+    @signals.worker_ready.connect(weak=False)
+    def _force_preskip(**_: Any) -> None:
+        _preskip._at_start = True
+        _preskip._green = lambda: False
+
+
 if BLOCK > 0:
     _block_probe = _BlockProbe()
     signals.task_postrun.connect(_block_probe, weak=False)
-    celery_singleton_lock.signals.duplicate_skipped.connect(_block_probe.main_skip, weak=False)
+    from celery_singleton_lock import _preskip as _preskip_room
+
+    _skip_before_pool = _preskip_room._skip
+
+    def _counted_skip(request: Any, task: Any, *args: Any) -> None:
+        """A skip before the pool, counted where it happens (solo/gevent skips in the pool are in this process too,
+        and end in task_postrun)."""
+        _skip_before_pool(request, task, *args)
+        _block_probe(sender=task, args=(HELD_ARG,), retval=None, main=True)
+
+    _preskip_room._skip = _counted_skip
 elif N > 0:
     signals.task_postrun.connect(_Probe(), weak=False)

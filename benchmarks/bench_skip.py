@@ -261,6 +261,7 @@ class SkipBench:
             "BENCH_RUN": run,
             "BENCH_STORE_RESULTS": "0" if ignore else "1",
             "BENCH_PROFILE": profile,
+            "BENCH_FORCE_PRESKIP": "1" if args.force_preskip else "0",
         }
         log = os.path.join(args.logs or self.tmp, f"{run}.log")
         name = f"bench-{run}"
@@ -335,6 +336,10 @@ def us_text(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})" if values else "-"
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
 def summary(samples: dict[Setting, list[dict[str, Any]]], paths: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for setting, runs in samples.items():
@@ -345,7 +350,8 @@ def summary(samples: dict[Setting, list[dict[str, Any]]], paths: list[str]) -> d
                 "child_us": [r["paths"][path]["child_us"] for r in runs],
                 "main_us": [r["paths"][path]["main_us"] for r in runs],
                 "ratio": [r["paths"][path]["cpu_us"] / r["paths"]["plain"]["cpu_us"] for r in runs],
-                "child_ratio": [r["paths"][path]["child_us"] / r["paths"]["plain"]["child_us"] for r in runs],
+                # One process (solo, gevent, eventlet): no pool child, all is the main process's.
+                "child_ratio": [_ratio(r["paths"][path]["child_us"], r["paths"]["plain"]["child_us"]) for r in runs],
                 "main_ratio": [r["paths"][path]["main_us"] / r["paths"]["plain"]["main_us"] for r in runs],
                 "cycle_ratios": [x for r in runs for x in r["paths"][path]["cycle_ratios"]],
             }
@@ -406,7 +412,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=200, help="messages per block (default 200)")
     parser.add_argument("--cycles", type=int, default=8, help="measured cycles per worker, each a block per path (8)")
     parser.add_argument("--rounds", type=int, default=5, help="workers per setting, interleaved (default 5)")
-    parser.add_argument("--pool", default="prefork", choices=("prefork", "solo"), help="-P, -c 1 (default prefork)")
+    parser.add_argument(
+        "--pool",
+        default="prefork",
+        choices=("prefork", "solo", "gevent", "eventlet"),
+        help="-P, -c 1 (default prefork)",
+    )
+    parser.add_argument(
+        "--force-preskip",
+        action="store_true",
+        help="turn the pre-check on where the library keeps it off (gevent, eventlet): the 'skipped before the "
+        "pool' path then measures it there (else that path is a skip in the pool, like 'skipped in the pool child')",
+    )
     parser.add_argument("--events", default="off,on", help="comma-separated: off, on (-E); default off,on")
     parser.add_argument("--results", default="ignored", help="comma-separated: ignored, stored; default ignored")
     parser.add_argument(

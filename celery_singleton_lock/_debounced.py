@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import task_revoked
+from celery.states import READY_STATES
 from celery.utils import uuid
 from kombu.utils import json as kombu_json
 
@@ -25,23 +26,28 @@ from .policies.debounce import (
     CLAIM_GONE,
     CLAIM_LATER,
     CLAIM_START,
+    CLAIM_SUPERSEDED,
     JOIN_STANDIN,
     majority,
 )
-from .record import burst_key_for, claimed_key_for
+from .record import burst_key_for, claimed_key_for, newest_claim_key_for
 from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["CLAIM_SLACK", "STANDIN_AFTER", "claim", "drop", "send"]
+__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "send"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
 #: How early (s) a job may claim its burst: a timer's and the nodes' clocks' slack.
 CLAIM_SLACK = 0.1
-#: After how long (s) a burst whose message was never marked sent gets a stand-in publish from a later call.
-STANDIN_AFTER = 2.0
+#: After how long (s) a burst whose message was never marked sent gets a stand-in publish from a later call: at once,
+#: since a call that joined it must not depend on a call after it (its starter may have died before publishing, or
+#: its publish raised after this call joined); at most one copy per burst, racing a live starter's publish.
+STANDIN_AFTER = 0.0
+#: An overdue burst (its job has not claimed it) gets a stand-in after a lease, at least this long (s).
+OVERDUE_AFTER = 2.0
 # apply_async options under which a call is not debounced: sent as a call of its own, guarded at the worker.
 _STANDS_ASIDE = frozenset({"chord", "group_id", "chain"})
 
@@ -100,7 +106,7 @@ def send(
                 int(STANDIN_AFTER * 1000),
                 # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
                 # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
-                int(max(STANDIN_AFTER, opts.ttl) * 1000),
+                int(max(OVERDUE_AFTER, opts.ttl) * 1000),
             ],
         )
     except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard
@@ -117,6 +123,17 @@ def send(
     job, agreed = found
     due = max(int(a[2]) for a in agreed) / 1000.0
     seq = max(int(a[3]) for a in agreed)
+    # A burst on a minority of the nodes that is not the quorum's: this call's own start (nobody publishes it), or,
+    # past its due time there, a burst whose job ran while that node missed its claim (paused, late): left, it
+    # would split the next bursts' quorum until it expires. End it there. (One still due later may be a live job's
+    # that lost the other nodes' copies in a restart: its claim reads its newest arguments there.)
+    stale = {
+        text(a[1])
+        for a in answers
+        if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) > 0)
+    }
+    for other in stale - {job}:
+        drop(task, key, other)
     if job == task_id:  # this call started the burst: its message is the job's
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq}
         try:
@@ -129,12 +146,11 @@ def send(
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
         return sent
-    if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
-        drop(task, key, task_id)  # a burst this call started on a minority of the nodes: nobody publishes it
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
-    if any(int(a[0]) == JOIN_STANDIN for a in agreed):
+    if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
+        # A quorum must say so: a node that missed the 'sent' mark (paused, a lost reply) alone is no reason.
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, REDELIVERY_HEADER: 1}
         options.pop("expires", None)
         publish(args, kwargs, task_id=job, countdown=_countdown(opts, due), headers=headers, **options)
@@ -164,7 +180,7 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
     last arguments) if the burst gave them. False: not due yet: it was re-sent for its due time (with the newest
     arguments) and stops here; the caller gives the lock back."""
     nodes = options.settings.nodes
-    keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id)]
+    keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id), newest_claim_key_for(run.key)]
     try:
         answers = nodes.run(
             DEBOUNCE_CLAIM,
@@ -175,6 +191,21 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
         logger.warning("could not claim the burst of %s[%s]; running", task.name, run.task_id, exc_info=True)
         return True
     ok = [a for a in answers if not isinstance(a, BaseException) and a]
+    if sum(1 for a in ok if int(a[0]) == CLAIM_SUPERSEDED) >= nodes.quorum:
+        # A copy of a job whose run was cut short (a SIGKILLed run's redelivery) arriving after a newer burst's job
+        # claimed and ran: running it now would run older arguments last. Its callers are told.
+        reason = (
+            f"debounced: {task.name}[{run.task_id}] of lock {run.key} is superseded: a newer burst's run claimed the "
+            "lock after this run was cut short; its older arguments do not run again"
+        )
+        if not (request.is_eager or task.ignore_result or request.ignore_result):
+            try:  # a copy of a job that did end (its done marker gone) keeps its stored result
+                if task.backend.get_state(run.task_id) not in READY_STATES:
+                    task.backend.mark_as_revoked(run.task_id, reason, request=None)
+            except Exception:
+                logger.debug("could not store the superseded state of %s", run.task_id, exc_info=True)
+        resend.skip_quietly(task, run, Skipped(reason, run.key, run.task_id))
+        return False
     later = [a for a in ok if int(a[0]) == CLAIM_LATER]
     started = [a for a in ok if int(a[0]) == CLAIM_START]
     if later and len(started) < nodes.quorum:
@@ -183,6 +214,11 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
         wait(task, run, options, request, due, int(newest[2]), text(newest[3]))
         return False
     if started:
+        if later:
+            # A quorum claimed the burst, but on a minority it is still pending (a call joined it there just
+            # before the claim, or a node answered late): end it there too, or it would split the next bursts'
+            # quorum until it expires (each call then sent on its own once a node is down).
+            drop(task, run.key, run.task_id)
         newest = max(started, key=lambda a: int(a[1]))
         loaded = kombu_json.loads(text(newest[2]))  # type: ignore[no-untyped-call]
         run.debounced = (tuple(loaded[0]), dict(loaded[1]))

@@ -283,6 +283,7 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     if verdict.outcome == "granted":
         run.rate_at = verdict.at
         run.rate_slot = (verdict.slot, verdict.times)
+        run.rate_token = verdict.token
         return True
     request = task.request
     if lock is not None:
@@ -314,9 +315,12 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         return False
     task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
-    if options.on_rate_limit == "fail" or request.is_eager:
+    # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
+    # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
+    contended = verdict.contended and not request.is_eager
+    if not contended and (options.on_rate_limit == "fail" or request.is_eager):
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
-    if options.on_rate_limit == "skip":
+    if not contended and options.on_rate_limit == "skip":
         reason = f"{task.name} skipped: {said}"
         if not (task.ignore_result or request.ignore_result):
             task.backend.mark_as_revoked(task_id, reason, request=None)
@@ -333,6 +337,13 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     return False
 
 
+def uncount_rate(run: Run, options: Options) -> None:
+    """Give back the rate share :func:`rate_gate` counted for this delivery when its body does not start after all."""
+    if run.rate_token and run.rate_key is not None:
+        rate_policy.undo(options.settings.nodes, run.rate_key, run.rate_token)
+        run.rate_token, run.rate_at, run.rate_slot = "", None, None
+
+
 def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: Any) -> None:
     task_id = run.task_id
     if (
@@ -341,7 +352,9 @@ def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: A
         and not run.retries
         and not debounced.claim(task, run, options, request)
     ):
-        # Not due yet (a later call joined the burst): re-sent for its due time; the lock goes back at once.
+        # Not due yet (a later call joined the burst): re-sent for its due time; the lock goes back at once, and
+        # the start the rate counted for it is uncounted (the body did not start: a deferred delivery uses no share).
+        uncount_rate(run, options)
         lock.release()
         if run.parked or getattr(request, PARKED_HEADER, None):
             line.unpark(task, run.key, task_id, options)
@@ -423,7 +436,11 @@ class _Duplicate:
         # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
         # lease must have ended (a live holder's renewals keep it ~ttl away).
         run = self.run
-        headers = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
+        headers: dict[str, Any] = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
+        if not run.parked and self.task._options().max_waiting is not None:
+            # lock_max_waiting: a call that could not park (its line's node unreachable) waits uncapped; its own
+            # copy is never a new duplicate when the line is back (the cap refuses calls, not waiting ones).
+            headers[PARKED_HEADER] = 1
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.task, run, countdown, "duplicate", headers, detail, self.holder_id)
 

@@ -46,7 +46,9 @@ def hand_over(task: LockedTask, run: Run, ttl: float) -> None:
 
 
 def _static_limit(task: LockedTask) -> int:
-    limit = type(task).lock_limit
+    # ``__class__``, not ``type()``: a task not yet bound to a finalized app is Celery's PromiseProxy, whose
+    # ``__class__`` is the task's class (a callable ``lock_limit`` read on the class is not bound as a method).
+    limit = task.__class__.lock_limit
     return limit if isinstance(limit, int) else 1
 
 

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from celery.signals import worker_process_shutdown
+from celery.signals import worker_process_shutdown, worker_shutdown
 from celery.worker.request import Request
 
 from . import _handover as handover
@@ -112,8 +112,10 @@ logging.getLogger("celery.app.trace").addFilter(_SkipLogFilter())
 
 
 @worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+@worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
 def _flush_stats_at_exit(**_: Any) -> None:
-    """A pool child exits (worker_max_tasks_per_child, shutdown) with up to 5 s of unflushed counters: flush them."""
+    """A pool child exits (worker_max_tasks_per_child, shutdown), or the worker's main process does (its skips
+    before the pool; every count of a threads or solo worker), with up to 5 s of unflushed counters: flush them."""
     try:
         flush_stats()
     except Exception:  # never block a child's exit; the counters are only statistics

@@ -80,7 +80,30 @@ def pool_started(worker: Any) -> None:
         amqp = worker.app.connection_for_write().transport.driver_type == "amqp"
     except Exception:  # a transport we cannot inspect: as before, the child decides
         amqp = True
-    _at_start = (held or getattr(pool_cls, "__module__", None) == "celery.concurrency.solo") and not amqp
+    solo = getattr(pool_cls, "__module__", None) == "celery.concurrency.solo"
+    _at_start = (held or solo) and not amqp
+    if not _wanted(worker):
+        return
+    if _at_start:
+        why = "on (prefork with putlocks)" if held else "on (solo pool)"
+    elif amqp:
+        why = "off: an AMQP broker (RabbitMQ), the pool decides"
+    else:
+        why = f"off: the {getattr(pool_cls, '__module__', '?').rsplit('.', 1)[-1]} pool asks before a slot is free"
+    logger.info("celery_singleton_lock: duplicates skipped before the pool: %s", why)
+
+
+def _wanted(worker: Any) -> bool:
+    """Whether the app leaves ``singleton_lock_skip_before_pool`` on (a worker's start line names it only then)."""
+    try:
+        return bool(worker.app.conf.get("singleton_lock_skip_before_pool", True))
+    except Exception:
+        return True
+
+
+def _green() -> bool:
+    """Whether sockets are patched (gevent/eventlet): the pre-check's blocking read would then switch greenlets."""
+    return socket.socket.__module__ != "socket"
 
 
 def reset() -> None:
@@ -100,7 +123,7 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
     # its Sentinels first, a Cluster may move slots; none of those is a single short round trip.
     # Nor under gevent/eventlet (sockets patched): not measured there, so their pool decides, as before.
     plain = all(isinstance(u, str) for u in settings.urls) and all(settings.nodes._own) and not settings.nodes.cluster  # noqa: SLF001
-    if plain and socket.socket.__module__ == "socket":
+    if plain and not _green():
         nodes = NodeSet(list(settings.urls), socket_timeout=min(TIMEOUT, settings.socket_timeout))
         # A URL's own socket_connect_timeout wins over ours (redis-py), and a connect is not under the read deadline:
         # a node down behind a dropped SYN would hold the event loop that long. The pool decides for such nodes.

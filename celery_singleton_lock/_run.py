@@ -122,6 +122,7 @@ class Run:
     rate_slot: tuple[int, dict[int, float]] | None = (
         None  # lock_rate: the slot held, and each holding node's count time
     )
+    rate_token: str = ""  # lock_rate: the owner token of this delivery's counted start (to uncount it)
     limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
 
 

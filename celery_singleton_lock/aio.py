@@ -96,6 +96,12 @@ async def aclose() -> None:
         await client.aclose()
 
 
+def _wire(values: Sequence[str | int]) -> tuple[bytes | int, ...]:
+    """Script keys and arguments as the sync lock sends them (``nodes._pack``): UTF-8 with surrogatepass, since a
+    name or task id may hold a lone surrogate (JSON admits "\\ud800") that redis-py's strict encoder refuses."""
+    return tuple(v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v for v in values)
+
+
 def _client_name(client: aioredis.Redis) -> str:
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
@@ -230,6 +236,11 @@ class AsyncNodes:
         for a node not asked). Each node's exchange is bounded by ``socket_timeout``; ``undo_on_timeout`` is written
         on the same connection when a node timed out after the command was sent (as ``NodeSet.run``)."""
         clients = self.clients()
+        # Sent as bytes (str and int arguments are typed so for the callers; redis-py passes bytes through as is).
+        keys, args = cast(Sequence[str], _wire(keys)), cast(Sequence[str | int], _wire(args))
+        if undo_on_timeout is not None:
+            body, undo_keys, undo_args = undo_on_timeout
+            undo_on_timeout = (body, cast(Sequence[str], _wire(undo_keys)), cast(Sequence[str | int], _wire(undo_args)))
         indices = range(len(clients)) if nodes is None else list(nodes)
         results: list[Any] = [None] * len(clients)
         if len(indices) == 1:  # one node: no tasks to gather
@@ -510,6 +521,8 @@ class AsyncRedlock(_LeaseSpec):
     async def extend(self) -> bool:
         """Reset the lease to ``ttl`` if we still hold it; False when not extended (lost: ``validity`` is 0; or
         too few nodes answered: try again before the lease ends)."""
+        if self._forked():
+            return False
         return await self._renew() is True
 
     async def _renew(self) -> bool | None:
@@ -554,6 +567,8 @@ class AsyncRedlock(_LeaseSpec):
         A caller cancelled while it awaits still frees the lock (the release is sent again from a background task,
         bounded by ``socket_timeout``); a node it cannot reach lets the lease expire after ``ttl``.
         """
+        if self._forked():  # the lease of the process this one was forked from: forgotten here, never freed
+            return False
         lease = self._lease
         if lease is None:
             return False
@@ -567,6 +582,15 @@ class AsyncRedlock(_LeaseSpec):
             _spawn(self._release(lease))
             raise
 
+    def _release_in_background(self) -> None:
+        """Give the lease up from a task of its own (the caller cannot await any more: it is being cancelled)."""
+        if self._forked():
+            return
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.renewable = False
+            _spawn(self._release(lease))
+
     async def _release(self, lease: _Lease) -> bool:
         async with self._lock():  # after an extend in flight: it could otherwise repair the key just deleted
             answers = await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
@@ -576,6 +600,8 @@ class AsyncRedlock(_LeaseSpec):
     async def transfer(self, ttl: float, record: Mapping[str, str] | None = None) -> bool:
         """Hand the lease on under a fresh owner token for ``ttl`` s, changing the ``record`` fields, on a quorum
         (:meth:`Redlock.transfer`; the lease is no longer renewed, and ``release()`` still cancels the hand-over)."""
+        if self._forked():
+            return False
         async with self._lock():
             lease = self._lease
             if lease is None:
@@ -604,6 +630,7 @@ class AsyncRedlock(_LeaseSpec):
 
     async def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
+        self._forked()
         lease = self._lease
         if lease is None or lease.deadline <= self._clock():
             return False
@@ -669,7 +696,13 @@ class AsyncRedlock(_LeaseSpec):
         try:
             if renewer is not None and not renewer.done():
                 renewer.cancel()
-                await asyncio.wait([renewer])
+                try:
+                    await asyncio.wait([renewer])
+                except asyncio.CancelledError:
+                    # Cancelled while the renewal ends (a second cancel: a TaskGroup's, a timeout's): release anyway,
+                    # from a task of its own, or the name would stay blocked for a whole ttl by nobody.
+                    self._release_in_background()
+                    raise
             await self.release()
         except asyncio.CancelledError:
             # The renewal's cancel arrived after the block's last await: the loss is known at the exit itself.

@@ -134,6 +134,12 @@ class Target:
                 logger.debug("interrupting a greenlet raised", exc_info=True)
 
 
+# disarm() is called where its target's body has ended (first thing in Redlock.__exit__, after LockedTask's body): a
+# signal that arrived just before it is handled at its first instruction, in its own frame, before ``armed`` is
+# cleared. That target's interrupt is dropped there; the runs it was nested in still get theirs.
+_DISARM: Final[CodeType] = Target.disarm.__code__
+
+
 def _install(signum: int) -> None:
     """Install the handler in this process once (it survives fork: a prefork child inherits it)."""
     global _previous  # noqa: PLW0603
@@ -145,7 +151,11 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     global _sent
     ours, _sent = _sent, False
     target = _current
-    if frame is not None and frame.f_code in _OUTSIDE and target is not None:
+    if frame is not None and frame.f_code is _DISARM:
+        ending = frame.f_locals.get("self")
+        if isinstance(ending, Target):
+            ending._take()  # noqa: SLF001 - its body has ended: drop its interrupt, not the outer runs'
+    elif frame is not None and frame.f_code in _OUTSIDE and target is not None:
         target._take()  # noqa: SLF001 - the body has ended: drop its interrupt
         target = None
     for _ in range(64):  # bounded: nested inline runs

@@ -2,9 +2,9 @@
 
 Counts are made in the process that decides (a pool child, a threads worker, the worker's main process for a skip
 before the pool), added up there in memory (``Watchdog.count``, one dict update: no I/O on the hot path) and written
-by that process's watchdog every few seconds, and when a pool child exits, in one pipeline to the first lock node
-that answers. They are read back summed over every node, so prefork children, several workers and several hosts
-add up without any per-process files.
+by that process's watchdog every few seconds, and when a pool child or the worker exits, in one pipeline to the
+first lock node that answers. They are read back summed over every node, so prefork children, several workers and
+several hosts add up without any per-process files.
 
 Keys, all under the app's prefix (``P``):
 
@@ -167,10 +167,15 @@ def _fold(hashes: Iterable[Mapping[Any, Any]]) -> tuple[dict[str, dict[str, int]
     return tasks, waits
 
 
-def _hashes(nodes: NodeSet, keys: list[str]) -> tuple[list[Mapping[Any, Any]], list[NodeError]]:
+def _hashes(
+    nodes: NodeSet, keys: list[str], skip: Iterable[int] = ()
+) -> tuple[list[Mapping[Any, Any]], list[NodeError]]:
     found: list[Mapping[Any, Any]] = []
     errors: list[NodeError] = []
+    down = set(skip)
     for i, client in enumerate(nodes.clients):
+        if i in down:
+            continue
         try:
             pipe = client.pipeline(transaction=False)
             for key in keys:
@@ -181,29 +186,36 @@ def _hashes(nodes: NodeSet, keys: list[str]) -> tuple[list[Mapping[Any, Any]], l
     return found, errors
 
 
-def read_metrics(nodes: NodeSet, prefix: str, since: float | None = None, now: float | None = None) -> MetricsReport:
-    """The counts of the last ``since`` seconds (whole minutes, the current one included), or since ever (None)."""
+def read_metrics(
+    nodes: NodeSet, prefix: str, since: float | None = None, now: float | None = None, *, skip: Iterable[int] = ()
+) -> MetricsReport:
+    """The counts of the last ``since`` seconds (whole minutes, the current one included), or since ever (None);
+    the nodes ``skip`` (found down by an earlier read of the same request) are not asked again."""
     if since is None:
         keys = [total_key(prefix)]
     else:
         last = int((time.time() if now is None else now) // 60)
         first = last - max(0, int(-(-since // 60)) - 1)
         keys = [minute_key(prefix, m) for m in range(first, last + 1)]
-    found, errors = _hashes(nodes, keys)
+    found, errors = _hashes(nodes, keys, skip)
     tasks, waits = _fold(found)
     return MetricsReport(tasks, waits, tuple(errors))
 
 
 def read_minutes(
-    nodes: NodeSet, prefix: str, minutes: int = 60, now: float | None = None
+    nodes: NodeSet, prefix: str, minutes: int = 60, now: float | None = None, *, skip: Iterable[int] = ()
 ) -> tuple[list[int], dict[str, list[dict[str, int]]], tuple[NodeError, ...]]:
-    """Per minute (oldest first), per task: the outcome counts of the last ``minutes`` minutes (for a chart)."""
+    """Per minute (oldest first), per task: the outcome counts of the last ``minutes`` minutes (for a chart); the
+    nodes ``skip`` are not asked."""
     last = int((time.time() if now is None else now) // 60)
     span = list(range(last - minutes + 1, last + 1))
     series: dict[str, list[dict[str, int]]] = {}
     errors: list[NodeError] = []
     per_node: list[list[Mapping[Any, Any]]] = [[{} for _ in span] for _ in nodes.clients]
+    down = set(skip)
     for i, client in enumerate(nodes.clients):
+        if i in down:
+            continue
         try:
             pipe = client.pipeline(transaction=False)
             for m in span:

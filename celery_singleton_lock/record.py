@@ -47,6 +47,7 @@ __all__ = [
     "done_key_for",
     "fence_key_for",
     "fence_key_in_slot",
+    "newest_claim_key_for",
     "record_of",
     "sibling_key",
     "slot_keys",
@@ -145,6 +146,11 @@ def burst_key_for(key: str) -> str:
 def claimed_key_for(key: str, job: str) -> str:
     """The arguments a debounced ``job`` claimed from its burst (its later copies read them): same slot as ``key``."""
     return sibling_key(key, f":debounced:{job}")
+
+
+def newest_claim_key_for(key: str) -> str:
+    """The task id of the newest debounced job that claimed a burst of ``key``: same slot as ``key``."""
+    return sibling_key(key, ":debounced-newest")
 
 
 def sibling_key(key: str, suffix: str) -> str:

@@ -27,17 +27,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import random
 import secrets
 import threading
 import time as mod_time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 import redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._urls import redact_url
 from .errors import ConfigurationError, LockError, LockLostError, LockNotAcquiredError, LockUnavailableError
@@ -79,6 +81,7 @@ class _Lease:
     renewable: bool = True  # False once handed over (transfer): the marker is never extended
     fields: tuple[str, ...] = ()  # the record's fields (field, value, ...) besides owner and fence, for a refill
     key: str = ""  # the key the record lives under: the name, or with a limit the slot taken
+    pid: int = field(default_factory=os.getpid)  # the process that took it: a forked child never renews or frees it
 
 
 #: One node's findings of an acquire's answers, parsed (see :func:`_tally`).
@@ -287,9 +290,19 @@ class _LeaseSpec:
     @property
     def validity(self) -> float:
         """Seconds the lease is still ours by the local clock (0 when not held)."""
-        if self._lease is None:
+        if self._lease is None or self._lease.pid != os.getpid():
             return 0.0
         return max(0.0, self._lease.deadline - self._clock())
+
+    def _forked(self) -> bool:
+        """True (and the lease dropped here) when the lease was taken by the process this one was forked from: it is
+        the parent's, still held and renewed there; a child that released or extended it would free the parent's lock
+        for a second holder (or wait forever on a mutex a parent's thread held at the fork)."""
+        lease = self._lease
+        if lease is not None and lease.pid != os.getpid():
+            self._lease = None
+            return True
+        return False
 
     def _drift(self) -> float:
         return self.ttl * self.DRIFT_FACTOR + self.DRIFT_FLOOR
@@ -499,10 +512,12 @@ class Redlock(_LeaseSpec):
         False when it was not extended: either the lock is no longer ours (``validity`` is then 0), or too few
         nodes answered to tell (``validity`` is then what is left of the current lease: try again before it ends).
         """
+        if self._forked():
+            return False
         return self.nodes_extend([self])[0] is True
 
     @staticmethod
-    def nodes_extend(locks: Sequence[Redlock]) -> list[bool | None]:
+    def nodes_extend(locks: Sequence[Redlock], *, unanswered: set[int] | None = None) -> list[bool | None]:
         """Extend many locks sharing one NodeSet (or NodeSets with equal ``peers``) in one round trip per node (the
         renewal watchdog's path).
 
@@ -513,6 +528,10 @@ class Redlock(_LeaseSpec):
         One answer per lock: True (extended), False (lost: too many nodes hold someone else's token or lost ours,
         or the lease ran out), or None (undecided: too few nodes answered; the lease stands until its deadline).
         A lease that was released or handed over meanwhile is left alone (False).
+
+        ``unanswered`` (the watchdog's, shared by the batches of one renewal): the nodes that failed to answer an
+        earlier batch are not asked again (a no-answer, no vote) and the ones that fail now are added, so a paused
+        node costs one renewal ``socket_timeout`` once, not once per batch.
         """
         if not locks:
             return []
@@ -524,10 +543,10 @@ class Redlock(_LeaseSpec):
         with contextlib.ExitStack() as stack:
             for lock in locks:
                 stack.enter_context(lock._mutex)
-            return Redlock._extend_locked(nodes, locks)
+            return Redlock._extend_locked(nodes, locks, unanswered)
 
     @staticmethod
-    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock]) -> list[bool | None]:
+    def _extend_locked(nodes: NodeSet, locks: Sequence[Redlock], unanswered: set[int] | None) -> list[bool | None]:
         out: list[bool | None] = [False] * len(locks)
         live: list[int] = []
         for i, lock in enumerate(locks):
@@ -548,7 +567,15 @@ class Redlock(_LeaseSpec):
             args += (lease.token, lease.ttl_ms, lease.fence)
         clock = locks[0]._clock
         start = clock()
-        answers = nodes.run(_EXTEND, keys, args)
+        if unanswered:
+            asked = [j for j in range(len(nodes)) if j not in unanswered]
+            answers = nodes.run(_EXTEND, keys, args, asked)
+            for j in unanswered:
+                answers[j] = RedisTimeoutError("not asked: it did not answer an earlier batch of this renewal")
+        else:
+            answers = nodes.run(_EXTEND, keys, args)
+        if unanswered is not None:
+            unanswered.update(j for j, a in enumerate(answers) if isinstance(a, BaseException))
         now = clock()
         for n, i in enumerate(live):
             lock = locks[i]
@@ -580,7 +607,10 @@ class Redlock(_LeaseSpec):
         return out
 
     def release(self) -> bool:
-        """Give the lock up on every node; True if we still held it (on a quorum). Idempotent."""
+        """Give the lock up on every node; True if we still held it (on a quorum). Idempotent. In a process forked
+        while the lease was held, it only forgets the parent's lease (False)."""
+        if self._forked():
+            return False
         with self._mutex:
             lease = self._lease
             if lease is None:
@@ -600,6 +630,7 @@ class Redlock(_LeaseSpec):
         """
         if self.job is None:
             raise LockError(f"lock {self.name!r} has no job to mark done", key=self.name)
+        self._forked()
         with self._mutex:
             lease = self._lease
             self._lease = None
@@ -627,6 +658,8 @@ class Redlock(_LeaseSpec):
         of the same task id takes the lock over. With ``renewable`` the lease stays this instance's to extend (a
         hand-over taken back).
         """
+        if self._forked():
+            return False
         with self._mutex:
             lease = self._lease
             if lease is None:
@@ -656,6 +689,7 @@ class Redlock(_LeaseSpec):
 
     def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
+        self._forked()
         lease = self._lease
         if lease is None or lease.deadline <= self._clock():
             return False

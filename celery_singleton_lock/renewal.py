@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from . import metrics
 
@@ -167,11 +167,15 @@ class Watchdog:
         for lease in leases:
             groups.setdefault(lease.lock.nodes.peers, []).append(lease)
         for group in groups.values():
+            # A node that did not answer one batch is not asked by the next ones of this renewal: a paused node
+            # then costs socket_timeout once per renewal, not once per BATCH leases (which lost every lease of a
+            # process holding many, a healthy quorum notwithstanding).
+            unanswered: set[int] = set()
             for start in range(0, len(group), BATCH):
                 batch = group[start : start + BATCH]
                 started = self._clock()
                 try:
-                    results = type(batch[0].lock).nodes_extend([lease.lock for lease in batch])
+                    results = type(batch[0].lock).nodes_extend([lease.lock for lease in batch], unanswered=unanswered)
                 except Exception as exc:  # undecided, like a timeout: the lease stands until its deadline
                     logger.exception("renewal of %d lock(s) failed", len(batch))
                     results = [None] * len(batch)
@@ -218,19 +222,30 @@ class Watchdog:
 
     def flush_stats(self) -> None:
         """Add the counters up in Redis on the first node that answers (:func:`metrics.write`, one pipeline); keep
-        them if none does."""
+        them if none does.
+
+        A node that does not answer a PING is passed over (nothing of the batch was sent to it). Once the pipeline
+        is sent, a failure (a timeout: the node paused or slow) is not "none answered": the node still runs the
+        pipeline when it resumes, so writing the batch again (later, or to the next node) would count it twice; the
+        batch counts as written (at most once). The PING is one round trip per flush, every 5 s, off the hot path."""
         with self._mutex:
             pending = {k: c for k, c in self._stats.items() if c}
             self._stats = {k: Counter() for k in self._stats}
         for (nodes, prefix), counter in pending.items():
             for client in nodes.clients:
                 try:
+                    client.ping()
+                except ResponseError:
+                    pass  # it answered (an ACL user without PING: NOPERM)
+                except (RedisError, OSError):
+                    continue
+                try:
                     pipe = client.pipeline(transaction=False)
                     metrics.write(pipe, prefix, counter)
                     pipe.execute()
-                    break
                 except (RedisError, OSError):
-                    continue
+                    logger.debug("lock watchdog: a stats flush failed once sent; not written again (it may land)")
+                break
             else:
                 with self._mutex:
                     self._stats[(nodes, prefix)].update(counter)

@@ -42,6 +42,8 @@ __all__ = [
     "POP_WAITER_CODE",
     "POP_WAITER_SCRIPT",
     "RATE",
+    "RATE_RESTAMP",
+    "RATE_RESTAMP_SCRIPT",
     "RATE_SCRIPT",
     "RATE_UNDO",
     "RATE_UNDO_SCRIPT",
@@ -85,6 +87,7 @@ PARK_CAPPED_SCRIPT = _load("park_capped")
 # The rate's sliding log (lock_rate).
 RATE_SCRIPT = _load("rate")
 RATE_UNDO_SCRIPT = _load("rate_undo")
+RATE_RESTAMP_SCRIPT = _load("rate_restamp")
 
 
 def _code(text: str) -> str:
@@ -146,6 +149,7 @@ DEBOUNCE_JOIN = Script(DEBOUNCE_JOIN_SCRIPT)
 DEBOUNCE_CLAIM = Script(DEBOUNCE_CLAIM_SCRIPT)
 RATE = Script(RATE_SCRIPT)
 RATE_UNDO = Script(RATE_UNDO_SCRIPT)
+RATE_RESTAMP = Script(RATE_RESTAMP_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
@@ -168,6 +172,7 @@ SCRIPTS: dict[str, Script] = {
     "debounce_claim": DEBOUNCE_CLAIM,
     "rate": RATE,
     "rate_undo": RATE_UNDO,
+    "rate_restamp": RATE_RESTAMP,
     "read": READ,
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,

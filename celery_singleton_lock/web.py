@@ -50,7 +50,7 @@ from .inventory import (
     scan_keys,
     show_lock,
 )
-from .metrics import OUTCOMES, read_metrics, read_minutes
+from .metrics import OUTCOMES, WAIT_MS, WAITS, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
 from .record import sibling_key
 from .scripts import BRIEF as _BRIEF
@@ -145,10 +145,12 @@ def _glob(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def scan_lines(settings: LockSettings) -> Report[list[Line]]:
+def scan_lines(settings: LockSettings, *, skip: Iterable[int] = ()) -> Report[list[Line]]:
     """Every waiting line under the prefix: SCAN on the first node (where lines live), then ZCARD and the oldest
-    waiters of each, ``BATCH`` lines per pipeline."""
+    waiters of each, ``BATCH`` lines per pipeline. None when the first node is in ``skip`` (found down already)."""
     nodes = settings.nodes
+    if 0 in set(skip):
+        return Report([], (), 1, 1)
     client = nodes.clients[0]
     base = _glob(settings.prefix)
     patterns = [base + "*:waiters", "\\{*" + base + "*:waiters"]
@@ -287,7 +289,7 @@ def snapshot(settings: LockSettings, page: int = 1) -> Snapshot:
     sections = {
         name: (len(keys), [i for k in keys if (i := infos.get(k)) is not None]) for name, keys in groups.items()
     }
-    lines = scan_lines(settings)
+    lines = scan_lines(settings, skip=down)
     errors = scanned.errors + tuple(
         x for x in read.errors + lines.errors if x.node not in {e.node for e in scanned.errors}
     )
@@ -295,6 +297,12 @@ def snapshot(settings: LockSettings, page: int = 1) -> Snapshot:
     return Snapshot(
         time.time(), briefs.value, sections, lines.value, errors, answered, len(settings.nodes), settings.nodes.quorum
     )
+
+
+def _down(settings: LockSettings, snap: Snapshot) -> list[int]:
+    """The nodes a snapshot found down: the request's later reads skip them (each would wait its timeout again)."""
+    failed = {x.node for x in snap.errors}
+    return [i for i, name in enumerate(settings.nodes.names) if name in failed]
 
 
 # --- Prometheus ----------------------------------------------------------------------------------------------------
@@ -311,10 +319,12 @@ def exposition(settings: LockSettings) -> str:
     every worker and host), ``celery_lock_wait_seconds{task}`` (summary: sum and count of the time runs waited
     before taking their lock), ``celery_lock_held{task}`` and ``celery_lock_waiting{task}`` (gauges: locks held and
     jobs waiting in a line now), ``celery_lock_nodes_up`` (gauge: lock nodes that answered). Labels are ``task`` and
-    ``outcome`` only, never a key or a task id.
+    ``outcome`` only, never a key or a task id. A counter never goes down from one scrape to the next while a node
+    holding some of its counts does not answer (:func:`_never_lower`).
     """
-    found = read_metrics(settings.nodes, settings.prefix)
     snap = snapshot(settings, page=0)
+    found = read_metrics(settings.nodes, settings.prefix, skip=_down(settings, snap))
+    found = _never_lower(settings, found, complete=not (found.errors or snap.errors))
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
         "# TYPE celery_lock_events_total counter",
@@ -347,6 +357,44 @@ def exposition(settings: LockSettings) -> str:
     return "\n".join(out) + "\n"
 
 
+#: The highest count this process exposed per series, per (nodes, prefix): see :func:`_never_lower`.
+_EXPOSED: dict[tuple[tuple[str, ...], str], dict[tuple[str, str], int]] = {}
+_EXPOSED_LOCK = threading.Lock()
+
+
+def _never_lower(settings: LockSettings, found: MetricsReport, *, complete: bool) -> MetricsReport:
+    """``found`` with each count raised to the highest this process exposed before, unless it is ``complete``
+    (every node answered).
+
+    Counts live on whichever node answered each flush, and are read summed over the nodes that answer: with a node
+    down the sum is short. A counter that goes down reads as a reset in Prometheus (its whole total counted again
+    when the node is back), so such a scrape never shows less than an earlier one did (bounded: one entry a
+    series). When every node answers, the sums are shown as read: a real reset (a node that lost its data) shows.
+    """
+    with _EXPOSED_LOCK:
+        seen = _EXPOSED.setdefault((settings.nodes.names, settings.prefix), {})
+        if complete:
+            seen.clear()
+        for task, counts in found.tasks.items():
+            for outcome, n in counts.items():
+                seen[(task, outcome)] = max(seen.get((task, outcome), 0), n)
+        for task, (ms, n) in found.waits.items():
+            for field, value in ((WAIT_MS, ms), (WAITS, n)):
+                seen[(task, field)] = max(seen.get((task, field), 0), value)
+        tasks: dict[str, dict[str, int]] = {}
+        waits: dict[str, tuple[int, int]] = {}
+        for (task, outcome), n in sorted(seen.items()):
+            if outcome in (WAIT_MS, WAITS):
+                waits[task] = (seen.get((task, WAIT_MS), 0), seen.get((task, WAITS), 0))
+            else:
+                tasks.setdefault(task, {})[outcome] = n
+    order = {o: i for i, o in enumerate(OUTCOMES)}
+    ordered = {
+        t: dict(sorted(c.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))) for t, c in tasks.items()
+    }
+    return MetricsReport(ordered, waits, found.errors)
+
+
 # --- the page ------------------------------------------------------------------------------------------------------
 
 STYLE = """
@@ -368,22 +416,23 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
     return f'<table class="{cls}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _pages(items: Sequence[Any], page: int) -> tuple[Sequence[Any], str]:
+def _pages(items: Sequence[Any], page: int, base: str) -> tuple[Sequence[Any], str]:
     start = (max(page, 1) - 1) * PAGE_SIZE
-    return items[start : start + PAGE_SIZE], _nav(len(items), page)
+    return items[start : start + PAGE_SIZE], _nav(len(items), page, base)
 
 
-def _nav(total: int, page: int) -> str:
-    """Links to the previous and next page, when there is more than one."""
+def _nav(total: int, page: int, base: str = "") -> str:
+    """Links to the previous and next page, when there is more than one: to the page's path (``base/``), never
+    relative (from the answer to a release, ``?page=2`` would be ``GET /release?page=2``)."""
     pages = max(1, -(-total // PAGE_SIZE))
     page = max(page, 1)
     if pages == 1:
         return ""
     links = []
     if page > 1:
-        links.append(f'<a href="?page={page - 1}">previous</a>')
+        links.append(f'<a href="{e(base)}/?page={page - 1}">previous</a>')
     if page < pages:
-        links.append(f'<a href="?page={page + 1}">next</a>')
+        links.append(f'<a href="{e(base)}/?page={page + 1}">next</a>')
     return f'<p class="muted">{total} in all; page {page} of {pages} {" ".join(links)}</p>'
 
 
@@ -456,8 +505,10 @@ def render(
     nonce: str,
     prefix: str,
     message: str = "",
+    reload_to: str | None = None,
 ) -> str:
-    """The page's HTML (every value escaped)."""
+    """The page's HTML (every value escaped); its refresh loads ``reload_to`` (the page's URL, when this answers a
+    POST) or reloads itself."""
     counts = {name: n for name, (n, _) in snap.sections.items()}
     held, reserved, cooling, done, foreign = (
         snap.sections[name][1] for name in ("held", "reserved", "cooldown", "done", "foreign")
@@ -480,7 +531,7 @@ def render(
         parts.append(f'<p class="err">node {e(error.node)} did not answer: {e(error.error)}</p>')
     if message:
         parts.append(f'<p class="warn" id="message">{e(message)}</p>')
-    shown, nav = held, _nav(counts["held"], page)
+    shown, nav = held, _nav(counts["held"], page, base)
     head = ["key", "state", "task", "holder task id", "worker", "age", "time left", "fencing token", "nodes"]
     parts += [
         "<h2>Held</h2>",
@@ -490,7 +541,7 @@ def render(
     if not release:
         parts.append('<p class="muted">Read-only: start with a secret to release locks here.</p>')
     parts.append("<h2>Lines (waiting duplicates, oldest first)</h2>")
-    shown_lines, nav = _pages(snap.lines, page)
+    shown_lines, nav = _pages(snap.lines, page, base)
     rows = []
     for line in shown_lines:
         who = "<br>".join(
@@ -508,7 +559,7 @@ def render(
         ("Queue-scope reservations", reserved, "reserved", counts["reserved"]),
         ("Cooldowns", cooling, "cooldowns", counts["cooldown"]),
     ):
-        shown, nav = items, _nav(count, page)
+        shown, nav = items, _nav(count, page, base)
         rows = [
             [
                 f"<code>{e(i.key)}</code>",
@@ -520,14 +571,14 @@ def render(
             for i in shown
         ]
         parts += [f"<h2>{e(title)}</h2>", nav, _table(["key", "state", "task", "task id", "time left"], rows, cls)]
-    shown, nav = done, _nav(counts["done"], page)
+    shown, nav = done, _nav(counts["done"], page, base)
     rows = [
         [f"<code>{e(i.lock_key)}</code>", f"<code>{e(i.task_id)}</code>", e(format_duration(i.ttl, none="never"))]
         for i in shown
     ]
     parts += ["<h2>Done markers</h2>", nav, _table(["lock", "task id", "time left"], rows, "done")]
     if foreign:
-        shown, nav = foreign, _nav(counts["foreign"], page)
+        shown, nav = foreign, _nav(counts["foreign"], page, base)
         rows = [[f"<code>{e(i.key)}</code>", e(i.redis_type)] for i in shown]
         parts += ["<h2>Other keys under the prefix</h2>", nav, _table(["key", "type"], rows, "foreign")]
     _, per_task = series
@@ -563,10 +614,15 @@ def render(
         if rows:
             parts.append(_table(["level", "subject", "check", "finding"], rows, "doctor"))
     if refresh:
-        # Reload unless the operator is typing a secret (a reload would lose it).
+        # Reload unless the operator is typing a secret (a reload would lose it). The answer to a release (a POST)
+        # loads the page instead: reloading it would send the form, and the release, again at every refresh.
+        again = "location.reload()"
+        if reload_to is not None:
+            target = json.dumps(reload_to).replace("<", "\\u003c")  # no "</script>" can end the script
+            again = f"location.replace({target})"
         parts.append(
             f'<script nonce="{nonce}">setInterval(function(){{var a=document.activeElement;'
-            f"if(!a||a.tagName!=='INPUT')location.reload()}},{int(refresh * 1000)});</script>"
+            f"if(!a||a.tagName!=='INPUT'){again}}},{int(refresh * 1000)});</script>"
         )
     parts.append("</body></html>")
     return "".join(parts)
@@ -672,19 +728,21 @@ def make_app(
             number = 1
         current = settings()
         snap = snapshot(current, number)
-        span, per_task, _ = read_minutes(current.nodes, current.prefix, 60)
+        span, per_task, _ = read_minutes(current.nodes, current.prefix, 60, skip=_down(current, snap))
         nonce = secrets.token_urlsafe(16)
+        base = environ.get("SCRIPT_NAME", "").rstrip("/")
         body = render(
             snap,
             page=number,
             series=(span, per_task),
             findings=findings(),
-            base=environ.get("SCRIPT_NAME", "").rstrip("/"),
+            base=base,
             release=secret is not None,
             refresh=refresh,
             nonce=nonce,
             prefix=current.prefix,
             message=message,
+            reload_to=f"{base}/" if environ.get("REQUEST_METHOD") == "POST" else None,
         )
         return _respond(start, status, body, nonce=nonce)
 

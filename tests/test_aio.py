@@ -30,7 +30,7 @@ from topologies import Cluster, SentinelSet
 
 from celery_singleton_lock import AsyncRedlock, LockLostError, LockUnavailableError, Redlock
 from celery_singleton_lock import _enqueue as enqueue
-from celery_singleton_lock.aio import aclose
+from celery_singleton_lock.aio import _background, aclose
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.history import Acquisition, FaultInjector, History, run_lock_client
@@ -225,7 +225,8 @@ def test_a_node_that_timed_out_gets_the_undo_on_the_same_connection(fresh_trio: 
 
     async def scenario() -> None:
         lock = AsyncRedlock(urls, name, ttl=60.0, socket_timeout=0.3)
-        assert await lock.acquire(blocking=False)  # connections made while every node answers
+        # Connections made while every node answers (retried: a first connect on a loaded box can pass 0.3 s).
+        assert await lock.acquire(timeout=20.0)
         await lock.release()
         fresh_trio[0].pause()
         try:
@@ -258,7 +259,8 @@ def test_quorum_with_a_paused_node_never_blocks_the_loop(
         stop = asyncio.Event()
         tick = asyncio.ensure_future(ticker(stop))
         lock = AsyncRedlock(urls, name, ttl=10.0, socket_timeout=0.5)
-        assert await lock.acquire(blocking=False)  # connections made while every node answers
+        # Connections made while every node answers (retried: a first connect on a loaded box can pass 0.3 s).
+        assert await lock.acquire(timeout=20.0)
         await lock.release()
         fresh_trio[0].pause()
         try:
@@ -832,6 +834,73 @@ def test_a_paused_cluster_master_is_a_node_that_does_not_answer(fresh_trio: list
             c.close()
 
 
+def test_a_second_cancel_while_the_block_exits_still_frees_the_lock(redis_trio: list[RedisServer], name: str) -> None:
+    """The block is cancelled, and cancelled again while ``async with`` waits for its renewal task to end (a TaskGroup
+    and a timeout both cancelling): the lock is still freed (from a task of its own), not left to a 60 s ttl."""
+    urls = urls_of(redis_trio)
+    lock = AsyncRedlock(urls, name, ttl=60.0)
+
+    async def main() -> None:
+        entered = asyncio.Event()
+
+        async def body() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.ensure_future(body())
+        await asyncio.wait_for(entered.wait(), 20)
+        task.cancel()
+        await asyncio.sleep(0)  # the block takes the cancel; __aexit__ now waits for the renewal task to end
+        task.cancel()  # the second cancel lands in __aexit__
+        await asyncio.wait([task], timeout=20)
+        assert task.cancelled()
+        for _ in range(200):  # bounded: the background release's round trip
+            if not _background:
+                break
+            await asyncio.sleep(0.05)
+
+    arun(main)
+    assert lock.validity == 0
+    assert wait_for(lambda: not any(keys_on(redis_trio, name)), timeout=20)
+
+
+def test_a_forked_child_never_frees_the_parents_async_lease(redis_trio: list[RedisServer], name: str) -> None:
+    """A process forked while an AsyncRedlock is held: the child's release() (its own loop) forgets the lease and frees
+    nothing; the parent still holds the lock."""
+    urls = urls_of(redis_trio)
+    lock = AsyncRedlock(urls, name, ttl=30.0)
+    assert arun(lambda: lock.acquire(blocking=False))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            released = asyncio.run(lock.release())
+            code = 0 if not released and lock.validity == 0 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert all(keys_on(redis_trio, name))
+    assert arun(lock.owned)
+    assert arun(lock.release)
+
+
+def test_a_name_with_a_lone_surrogate_is_one_lock_with_the_sync_one(redis_trio: list[RedisServer]) -> None:
+    """A name holding a lone surrogate (JSON admits "\\ud800": a key built from a request's arguments, a task id) is
+    sent as the sync lock sends it (UTF-8, surrogatepass): the async and the sync holder exclude each other."""
+    urls = urls_of(redis_trio)
+    name = f"test:{uuid.uuid4().hex}:\ud800"
+    lock = AsyncRedlock(urls, name, ttl=30.0)
+    assert arun(lambda: lock.acquire(blocking=False))
+    sync = Redlock(urls, name, ttl=30.0)
+    assert not sync.acquire(blocking=False)
+    assert arun(lock.release)
+    assert sync.acquire(blocking=False)
+    assert not arun(lambda: lock.acquire(blocking=False))
+    assert sync.release()
+
+
 # -- the async producers: aapply_async / adelay on real workers ----------------------------------------------------
 
 
@@ -927,9 +996,20 @@ def test_adelay_with_a_lock_node_paused_gets_one_job_without_blocking_the_loop(
     caplog.set_level(logging.DEBUG, logger="celery_singleton_lock.task")
     mod, k = c.app_module(), wc.new_key()
     assert enqueue._async_nodes(mod.q_work) is not None  # the reservation takes the AsyncRedlock path
-    c.locks[0].pause()
+
+    async def scenario() -> list[Any]:
+        # Two connections per node made while every node answers (retried: a first connect on a loaded box can
+        # pass the 0.5 s socket timeout, and a caller that met it with a node paused could not tell: it sends).
+        warm = [AsyncRedlock(c.lock_urls, f"warm-{k}-{i}", ttl=5.0, socket_timeout=0.5) for i in range(2)]
+        for lock in warm:
+            assert await lock.acquire(timeout=20.0)
+        for lock in warm:
+            await lock.release()
+        await asyncio.to_thread(c.locks[0].pause)
+        return list(await asyncio.gather(mod.q_work.adelay(k), mod.q_work.adelay(k)))
+
     try:
-        results = arun(lambda: asyncio.gather(mod.q_work.adelay(k), mod.q_work.adelay(k)))
+        results = arun(scenario)
         verdicts = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.task"]
         assert len({r.id for r in results}) == 1, verdicts
         assert results[0].get(timeout=30) == k

@@ -107,6 +107,30 @@ def test_a_waiting_job_s_own_copies_never_count_against_the_cap(c: Cluster) -> N
         assert client.zcard(line) == 3
 
 
+def test_a_duplicate_that_waited_while_the_line_was_unreachable_is_never_refused_by_its_own_copy(c: Cluster) -> None:
+    """Review: the line's node (node 1) is paused while 4 duplicates arrive (cap 2): none can park, so each waits
+    uncapped with its fallback copy. The node is back when the copies arrive: a waiting call's own re-send is never
+    a new duplicate, so none of them is REVOKED as "line full": the holder and all 4 run, one at a time."""
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.capped.delay(k, 6.0)
+    c.wait_started(k)
+    c.locks[0].pause()
+    try:
+        dups = [mod.capped.delay(k, 0.1) for _ in range(4)]
+        for _ in polling(20, 0.1):  # each one's first delivery deferred (its park timed out on the paused node)
+            logs = "".join(w.log() for w in c.workers)
+            if all(f"capped[{d.id}] deferred" in logs for d in dups):
+                break
+    finally:
+        c.locks[0].resume()
+    for r in [holder, *dups]:
+        assert r.get(timeout=60) == k, r.state
+    runs = c.wait_runs(k, 5, 15)
+    assert len(runs) == 5
+    assert not overlapping(runs)
+
+
 # -- lock_debounce ------------------------------------------------------------------------------------------------
 
 
@@ -228,6 +252,33 @@ def test_a_run_sigkilled_while_it_runs_is_redelivered_and_runs_once_more_with_th
     assert len(c.wait_runs(k, 1, 10)) == 1
 
 
+def test_a_sigkilled_run_redelivered_after_the_next_burst_ran_does_not_run_its_older_arguments_last(
+    c: Cluster,
+) -> None:
+    """Review: job J (version 1) is SIGKILLed mid-run; a call made during J's run started burst K (version 2). J's
+    message goes back to a queue nobody consumes for a while (its consumer was cancelled), so K runs first once J's
+    dead lease ends. When J's redelivery then arrives, the last run of the key must not be J's older version: J's
+    callers get REVOKED, saying a newer burst's run superseded it."""
+    mod = c.app_module()
+    k, queue = new_key(), "late-" + new_key()
+    w1 = f"w1@{os.uname().nodename}"
+    assert mod.app.control.add_consumer(queue, destination=[w1], reply=True, timeout=5)
+    job = mod.debounced.apply_async((k, 1, 3.0), queue=queue)
+    pid = c.wait_started(k)[0][2]
+    newer = mod.debounced.delay(k, 2)
+    assert mod.app.control.cancel_consumer(queue, destination=[w1], reply=True, timeout=5)
+    os.kill(pid, signal.SIGKILL)
+    assert newer.get(timeout=40) == [k, 2]
+    assert mod.app.control.add_consumer(queue, destination=[w1], reply=True, timeout=5)
+    for _ in polling(20, 0.1):  # J's redelivery meets a worker: it runs or is skipped
+        if job.state in ("SUCCESS", "REVOKED", "FAILURE"):
+            break
+    mod.app.control.cancel_consumer(queue, destination=[w1], reply=True, timeout=5)
+    assert [v for _, v in debounced_runs(c, k)][-1] == 2
+    assert job.state == "REVOKED"
+    assert "superseded" in str(job.result)
+
+
 def test_a_producer_dead_between_its_join_and_its_publish_leaves_no_call_hanging(c: Cluster) -> None:
     """A burst started on the nodes whose message was never published (its producer died in between): a call more
     than 2 s later publishes a stand-in copy of that job, which runs once with the newest arguments."""
@@ -248,6 +299,29 @@ def test_a_producer_dead_between_its_join_and_its_publish_leaves_no_call_hanging
     assert joined.id == ghost
     assert joined.get(timeout=30) == [k, 7]
     assert debounced_runs(c, k) == [(ghost, 7)]
+
+
+def test_a_call_that_joined_a_burst_whose_starter_died_before_publishing_runs_with_no_later_call(c: Cluster) -> None:
+    """Review: a burst started on the nodes whose producer died before publishing (or whose publish raised after
+    another call joined); one call joins it at once, and no call comes after. That call's delay() returned the
+    burst's AsyncResult: the job must run with its arguments, not wait forever for a third call."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    ghost = "ghost-" + new_key()
+    blob = kombu_json.dumps([[k, 0], {}])
+    nodes.run(
+        DEBOUNCE_JOIN, [burst_key_for(mod.debounced.lock_key_for(k))], [ghost, 1000, 0, blob, 600000, "x", 2000, 4000]
+    )
+    joined = mod.debounced.delay(k, 5)
+    assert joined.id == ghost
+    assert joined.get(timeout=20) == [k, 5]
+    assert debounced_runs(c, k) == [(ghost, 5)]
 
 
 def test_a_burst_whose_message_was_lost_after_it_was_sent_gets_a_stand_in_once_it_is_overdue(c: Cluster) -> None:
@@ -295,6 +369,108 @@ def test_a_call_that_started_a_burst_on_a_minority_of_the_nodes_leaves_none_ther
     with contextlib.closing(c.lock_client(c.locks[0])) as client:
         assert client.hget(burst_key_for(key), "job") is None
     nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, other)], ["drop", other])
+
+
+def test_a_burst_left_pending_on_a_minority_when_its_job_ran_does_not_split_the_next_bursts(c: Cluster) -> None:
+    """Review: a call joined job J's burst on node 3 just before J's claim reached it (or node 3 answered late): J
+    runs on the claim of nodes 1 and 2, and J's burst must not stay pending on node 3 (for its due time plus the done
+    window). Else, with node 1 paused (SIGSTOP), every later call finds J on node 3 and its own new burst on node 2:
+    no quorum, so each call of the next burst is sent and runs on its own."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    first = mod.debounced.delay(k, 1)
+    with contextlib.closing(c.lock_client(c.locks[2])) as client:
+        client.hincrby(burst, "due", 60_000)  # the late join on node 3: due a minute later there only
+    assert first.get(timeout=30) == [k, 1]
+    c.locks[0].pause()
+    try:
+        results = [mod.debounced.delay(k, i) for i in (2, 3, 4)]
+    finally:
+        c.locks[0].resume()
+    assert len({r.id for r in results}) == 1, "the next burst split: each call was sent on its own"
+    assert results[0].get(timeout=30) == [k, 4]
+    assert [v for _, v in debounced_runs(c, k)] == [1, 4]
+
+
+def test_a_stale_burst_on_a_node_that_missed_its_claim_is_dropped_by_the_next_call(c: Cluster) -> None:
+    """Review: node 3 was paused while job J claimed its burst, so J's burst stays pending there (for its due time
+    plus the done window) after J ran. The next call that sees a quorum agree on another burst drops J's there;
+    else, once node 1 is paused, every call of the bursts after finds J on node 3: no quorum, each runs alone."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    stale = "stale-" + new_key()
+    blob = kombu_json.dumps([[k, 0], {}])
+    # Due when the claim ran (node 3 missed it): due now there.
+    nodes.run(DEBOUNCE_JOIN, [burst], [stale, 0, 0, blob, 600_000, "x", 60_000, 60_000], nodes=[2])
+    first = mod.debounced.delay(k, 1)
+    assert first.id != stale
+    assert first.get(timeout=30) == [k, 1]
+    c.locks[0].pause()
+    try:
+        results = [mod.debounced.delay(k, i) for i in (2, 3, 4)]
+    finally:
+        c.locks[0].resume()
+    assert len({r.id for r in results}) == 1, "the next burst split: each call was sent on its own"
+    assert results[0].get(timeout=30) == [k, 4]
+    assert [v for _, v in debounced_runs(c, k)] == [1, 4]
+
+
+def test_a_burst_marked_sent_on_a_quorum_gets_no_stand_in_from_one_node_that_missed_the_mark(c: Cluster) -> None:
+    """Review: the starter published the job's message and marked the burst sent, but the mark missed node 3 (paused,
+    a lost reply). The next call that joins must not publish a stand-in copy on node 3's word alone: a
+    quorum says the message was sent. One message published for the burst, one run with the last arguments."""
+    from celery.signals import before_task_publish  # noqa: PLC0415
+
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    published: list[str] = []
+
+    def count(sender: Any = None, **_: Any) -> None:
+        if sender == mod.debounced.name:
+            published.append(sender)
+
+    before_task_publish.connect(count, weak=False)
+    try:
+        first = mod.debounced.delay(k, 1)
+        with contextlib.closing(c.lock_client(c.locks[2])) as client:
+            client.hset(burst, "sent", 0)  # the 'sent' mark never reached node 3
+        joined = mod.debounced.delay(k, 2)
+    finally:
+        before_task_publish.disconnect(count)
+    assert joined.id == first.id
+    assert len(published) == 1, "a stand-in copy was published on one node's word"
+    assert joined.get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(first.id, 2)]
+
+
+def test_a_debounced_run_that_retries_retries_with_the_burst_s_last_arguments(c: Cluster) -> None:
+    """self.retry() inside a debounced run: the retry (same task id) runs with the burst's last arguments, not its
+    message's first ones; a call made during the retry's countdown starts a new burst, which runs after it."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced_retrying.delay(k, i) for i in range(3)]
+    for _ in polling(15, 0.02):
+        if any(r[0] == k for r in c.records("debounced")):
+            break
+    later = mod.debounced_retrying.delay(k, 9)
+    assert results[0].get(timeout=30) == [k, 2]
+    assert later.get(timeout=30) == [k, 9]
+    tries = [(r[1], r[2], r[3]) for r in c.records("debounced") if r[0] == k]
+    job, new = results[0].id, later.id
+    assert tries == [(job, 2, 0), (job, 2, 1), (new, 9, 0), (new, 9, 1)]
 
 
 def test_revoke_queued_ends_a_pending_burst_and_the_next_call_starts_a_new_one(c: Cluster) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -14,6 +15,7 @@ import redis
 from celery_singleton_lock.errors import ConfigurationError
 from celery_singleton_lock.nodes import NodeSet
 from celery_singleton_lock.policies.rate import Rate, parse_rate, take, undo
+from celery_singleton_lock.scripts import RATE, RATE_RESTAMP, RATE_UNDO
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -210,3 +212,100 @@ def test_an_eager_call_over_the_rate_raises_rate_limited_error(redis_node: Redis
         assert once_a_minute.apply(args=(2,)).get() == 2  # another key, another rate
         with pytest.raises(RateLimitedError, match=r"rate 1 per 60 s of .* reached"):
             once_a_minute.apply(args=(1, "again")).get()
+
+
+def test_a_grant_whose_reply_came_back_late_never_starts_within_a_window_of_the_next(
+    redis_node: RedisServer, name: str
+) -> None:
+    """1 start per 0.5 s. The first decision's reply is held 0.6 s on its way back (FaultProxy): the node counted it
+    at t0, its caller would start at t0 + 0.6. A second caller, asking on its own connection, is granted at t0 + 0.5:
+    two starts about 0.1 s apart, in one window (the bodies; the node's log was right). Review of issue 22: a grant
+    whose answers took longer than policies.rate.LATE is restamped at the nodes' time now (or uncounted), so its
+    slot's next start comes a window after its body could begin."""
+    from celery_singleton_lock.faults import FaultProxy  # noqa: PLC0415
+
+    rate = Rate(1, 0.5)
+    with FaultProxy(redis_node.port) as proxy:
+        late_nodes = NodeSet(proxy.url, socket_timeout=5.0)
+        assert take(late_nodes, f"{name}:warm", rate).outcome == "granted"  # connected
+        for script in (RATE, RATE_UNDO, RATE_RESTAMP):  # loaded: no NOSCRIPT round trip through the delay
+            redis.Redis.from_url(redis_node.url).script_load(script.body)
+        slow = proxy.delay(0.6, direction="downstream")
+        first: list[tuple[str, float]] = []
+        t = threading.Thread(target=lambda: first.append((take(late_nodes, name, rate).outcome, time.monotonic())))
+        t.start()
+        direct = NodeSet(redis_node.url)
+        for _ in range(200):  # bounded: until the node counted the first start (its reply is still on its way)
+            if _log(redis_node, name):
+                break
+            time.sleep(0.005)
+        second: tuple[str, float] | None = None
+        for _ in range(200):  # bounded: about 4 s
+            v = take(direct, name, rate)
+            if v.outcome == "granted":
+                second = (v.outcome, time.monotonic())
+                break
+            time.sleep(0.02)
+        slow.stop()  # what is on its way keeps its delay; the rest goes at once
+        t.join(30)
+    assert first and second
+    starts = sorted(at for outcome, at in (first[0], second) if outcome == "granted")
+    assert len(starts) < 2 or starts[1] - starts[0] >= rate.period - 0.05, starts
+
+
+def test_a_full_window_whose_starts_hold_different_majorities_names_its_real_wait(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    """(2, 30 s) on 3 nodes: X counted on {A, C} (slot 0), Y on {B, C} (slot 1): the window is full. A third start
+    gets A: slot 1, B: slot 0, C: refused; no slot can gain a quorum until X leaves the window, 30 s on. Review of
+    issue 22: take() answered a 5-50 ms jitter (a contenders' split), so a waiting call was re-sent every few ms for
+    the whole window; the nodes now say when each slot is free there, and the wait is when one is on a quorum."""
+    rate = Rate(2, 30.0)
+    a, b, c = (s.url for s in fresh_trio)
+    assert take(NodeSet([a, c]), name, rate).outcome == "granted"
+    # Y asks B and C for slot 1 (as take's second attempt does, after a split)
+    y = NodeSet([b, c]).run(RATE, [name], ["y" * 32, rate.limit, rate.window_us, "1", ""])
+    assert [list(map(int, answer[:2])) for answer in y] == [[1, 1], [1, 1]]
+    third = take(NodeSet([a, b, c]), name, rate)
+    assert third.outcome == "limited"
+    assert third.wait > 20, third
+
+
+def test_two_nodes_whose_lowest_free_slots_differ_agree_on_a_slot_free_on_both(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    """Review of issue 22: on nodes B (all free) and C (slot 0 taken), B gives slot 0 and C slot 1; asking again for
+    the slot most nodes gave (a tie: 0) split again, three times, and the start was refused with slot 1 free on both.
+    The nodes' free slots pick slot 1."""
+    rate = Rate(2, 30.0)
+    b, c = fresh_trio[1].url, fresh_trio[2].url
+    assert take(NodeSet(c), name, rate).slot == 0
+    second = take(NodeSet([b, c]), name, rate)
+    assert second.outcome == "granted" and second.slot == 1, second
+
+
+def test_contenders_under_the_rate_are_never_told_it_is_reached(redis_trio: list[RedisServer], name: str) -> None:
+    """Review of issue 22: 24 contenders at once for a rate of 30 on three nodes kept splitting the free slots, and a
+    few were answered "limited" as if the rate were reached: with lock_on_rate_limit="skip" or "fail" such a call
+    was REVOKED or failed under the rate. Such an answer is now marked contended (rate_gate re-sends it, whatever
+    the policy)."""
+    nodes = NodeSet([s.url for s in redis_trio])
+    rate = Rate(30, 20.0)
+    told: list[Any] = []
+    for round_ in range(6):  # bounded: a few rounds of 24 contenders (a split is likely, not certain, in one)
+        key = f"{name}:{round_}"
+        barrier = threading.Barrier(24)
+        verdicts: list[Any] = []
+
+        def contend(key: str = key, barrier: threading.Barrier = barrier, verdicts: list[Any] = verdicts) -> None:
+            barrier.wait(10)
+            verdicts.append(take(nodes, key, rate))
+
+        threads = [threading.Thread(target=contend) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(verdicts) == 24
+        told += [v for v in verdicts if v.outcome == "limited" and not getattr(v, "contended", False)]
+    assert not told, told

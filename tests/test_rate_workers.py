@@ -250,3 +250,18 @@ def test_a_limit_computed_per_call_is_the_limit_of_that_call_s_key(c: Cluster, t
     for r in first:
         assert r.get(timeout=30) in (premium, basic)
     assert len(_rows(c, premium, "rate_started")) == 2
+
+
+def test_a_debounced_delivery_that_is_not_due_yet_uses_no_share_of_the_rate(c: Cluster, tasks: ModuleType) -> None:
+    """Review (issue 22): a burst's message that reaches a worker before the burst is due is re-sent for its due
+    time; that deferred delivery must not count a start. With "1/m" and skip, the burst's one run must run (it was
+    REVOKED: the not-due delivery had used the minute's only share)."""
+    key = new_key("deb")
+    first = tasks.rated_debounced.apply_async((key, 0), queue="rate")
+    # Calls every 0.15 s for 2 s keep the burst from being due (debounce 0.4 s): its message, sent with a 0.4 s
+    # countdown, reaches a worker while later calls still move the due time on.
+    for n, _ in enumerate(polling(2.0, 0.15), start=1):
+        tasks.rated_debounced.apply_async((key, n), queue="rate")
+    first.get(timeout=60, propagate=False)
+    assert first.state == "SUCCESS", first.result
+    assert len(_rows(c, key)) == 1

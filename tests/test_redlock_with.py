@@ -8,14 +8,19 @@ assertions: every wait is a bounded poll.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
+from types import FrameType
 
 import pytest
 
-from celery_singleton_lock import LockLostError, Redlock
+from celery_singleton_lock import LockLostError, Redlock, interrupt
 from celery_singleton_lock.errors import ConfigurationError
+from celery_singleton_lock.interrupt import INTERRUPT_SIGNAL, Target
 from celery_singleton_lock.testing import RedisServer, wait_for
 
 WAIT = 20.0  # seconds any single outcome may take on a loaded machine
@@ -209,3 +214,101 @@ def test_an_unrenewed_lease_extended_by_hand_is_not_taken_for_lost(redis_trio: l
             time.sleep(0.25)
             assert lock.extend()
         assert not lock.lost
+
+
+def test_a_forked_child_leaving_the_block_never_frees_the_lease(redis_trio: list[RedisServer], name: str) -> None:
+    """A process forked inside ``with Redlock``: the child leaving the block (its ``__exit__``) or calling ``release()``
+    / ``extend()`` frees and renews nothing; the parent still holds the lock and a contender is refused."""
+    urls = urls_of(redis_trio)
+    with Redlock(urls, name, ttl=30.0) as lock:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                lock.__exit__(None, None, None)
+                code = 0 if not lock.release() and not lock.extend() and lock.validity == 0 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert lock.owned()
+        assert not Redlock(urls, name).acquire(blocking=False)
+    assert Redlock(urls, name).acquire(blocking=False)
+
+
+def test_more_leases_than_one_batch_keep_their_quorum_with_a_node_paused(fresh_trio: list[RedisServer]) -> None:
+    """Attack: 450 ``with Redlock`` blocks in one process (three renewal batches of 200) while one of three nodes is
+    SIGSTOPped for 3 s. The node that did not answer the first batch is not asked by the next ones, so a renewal
+    costs socket_timeout once; asked by each batch in turn, a renewal took 3 x socket_timeout, more than the leases
+    had left, and all 450 were lost with two healthy nodes."""
+    urls = urls_of(fresh_trio)
+    with contextlib.ExitStack() as stack:
+        locks = [
+            stack.enter_context(Redlock(urls, f"batch:{i}:{time.monotonic_ns()}", ttl=1.5, socket_timeout=0.4))
+            for i in range(450)
+        ]
+        fresh_trio[0].pause()
+        try:
+            time.sleep(3.0)
+        finally:
+            fresh_trio[0].resume()
+        assert [lock.name for lock in locks if lock.lost or lock.validity == 0] == []
+
+
+def test_an_interrupt_handled_as_the_exit_disarms_is_dropped(redis_trio: list[RedisServer], name: str) -> None:
+    """Attack: the loss signal handled at the first instruction of ``Target.disarm`` (``__exit__`` calls it first: a
+    signal that arrived during ``__exit__``'s opening bytecodes is handled there, in disarm's frame, before it clears
+    ``armed``). The body has ended: the interrupt is dropped, not raised out of a block that completed (the handler
+    is called with disarm's real frame, caught by a trace function: the signal's timing made deterministic)."""
+    lock = Redlock(urls_of(redis_trio), name, ttl=30.0, interrupt_on_loss=True)
+    raised: list[BaseException] = []
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is Target.disarm.__code__:
+            try:
+                interrupt._handler(INTERRUPT_SIGNAL or 0, frame)
+            except LockLostError as exc:
+                raised.append(exc)
+
+    previous = sys.gettrace()
+    try:
+        with lock:
+            target = lock._target
+            assert target is not None
+            target.error = LockLostError("lost", key=name)  # fire()'s first half: the interrupt is on its way
+            sys.settrace(tracer)
+    finally:
+        sys.settrace(previous)
+    assert raised == []
+    assert lock.validity == 0
+    assert Redlock(urls_of(redis_trio), name).acquire(blocking=False)
+
+
+def test_an_outer_interrupt_handled_as_an_inner_block_exits_is_still_raised(
+    redis_trio: list[RedisServer], name: str
+) -> None:
+    """The same window nested: the outer lock's loss handled in the inner block's disarm is the outer body's (the
+    inner block is part of it): raised, while the inner block's own interrupt would be dropped."""
+    urls = urls_of(redis_trio)
+    outer = Redlock(urls, f"{name}:outer", ttl=30.0, interrupt_on_loss=True)
+    inner = Redlock(urls, f"{name}:inner", ttl=30.0, interrupt_on_loss=True)
+    raised: list[BaseException] = []
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is Target.disarm.__code__ and frame.f_locals["self"] is inner_target:
+            try:
+                interrupt._handler(INTERRUPT_SIGNAL or 0, frame)
+            except LockLostError as exc:
+                raised.append(exc)
+
+    previous = sys.gettrace()
+    try:
+        with outer, inner:
+            inner_target, outer_target = inner._target, outer._target
+            assert inner_target is not None and outer_target is not None
+            inner_target.error = LockLostError("inner lost", key=name)
+            outer_target.error = LockLostError("outer lost", key=name)
+            sys.settrace(tracer)
+    finally:
+        sys.settrace(previous)
+    assert [str(e) for e in raised] == ["outer lost"]

@@ -52,13 +52,23 @@ def worker(c: Cluster, name: str, *extra: str, env: dict[str, str] | None = None
         w.kill()
 
 
+#: The pre-check's default per pool, as the worker's start line says it (docs/benchmarks.md: gevent measured).
+DEFAULT_PER_POOL = {
+    "prefork": "on (prefork with putlocks)",
+    "threads": "off: the thread pool asks before a slot is free",
+    "gevent": "off: the gevent pool asks before a slot is free",
+}
+
+
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_copy_waiting_for_a_busy_pool_is_decided_when_it_starts(rc: Cluster, pool: str) -> None:
     """A copy prefetched by a one-slot worker while that slot runs its job starts only after the job ended: it runs,
     as without the pre-check (which must not decide it at receipt: the threads pool queues it there, unlike prefork's
-    putlocks semaphore, which asks revoked() only once a process is free)."""
+    putlocks semaphore, which asks revoked() only once a process is free). The worker's start line says the
+    pre-check's default for its pool."""
     mod = rc.app_module()
     with worker(rc, f"busy-{pool}-{uuid.uuid4().hex[:6]}", "-P", pool, "-c", "1", "--prefetch-multiplier", "4") as w:
+        assert f"duplicates skipped before the pool: {DEFAULT_PER_POOL[pool]}" in w.log()
         key = new_key()
         q = w.queue  # type: ignore[attr-defined]
         # --prefetch-multiplier 4: the worker receives the copy at once, while its one slot runs the holder.
@@ -68,6 +78,15 @@ def test_a_copy_waiting_for_a_busy_pool_is_decided_when_it_starts(rc: Cluster, p
         assert holder.get(timeout=30) == key
         assert copy.get(timeout=30) == key
         assert len(rc.wait_runs(key, 2, 10)) == 2
+
+
+def test_on_gevent_the_pool_decides(rc: Cluster) -> None:
+    """gevent: the pre-check stays off (it would save CPU there, docs/benchmarks.md, but the gevent pool asks
+    revoked() before its spawn waits for a free greenlet, so a copy would be decided before a slot is free, as in
+    the threads pool); the worker's start line says so."""
+    pytest.importorskip("gevent")
+    with worker(rc, f"gevent-{uuid.uuid4().hex[:6]}", "-P", "gevent", "-c", "2") as w:
+        assert f"duplicates skipped before the pool: {DEFAULT_PER_POOL['gevent']}" in w.log()
 
 
 def test_a_url_connect_timeout_does_not_stretch_the_pre_checks_deadline(redis_node: RedisServer) -> None:

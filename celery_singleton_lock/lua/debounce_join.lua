@@ -12,9 +12,10 @@
 -- ARGV[7] - after how long (ms) a burst whose message was never marked sent gets a stand-in publish
 -- ARGV[8] - after how long (ms) past its due time, and since its last publish, a burst whose job has not claimed
 --           it gets a stand-in publish (its message was lost: a worker killed between its ack and its re-send)
--- returns {answer, job, due in ms, seq}: answer 1 when this call started the burst (it publishes the job's
---         message), 0 when it joined it, 2 when it joined it and must publish a copy of the job's message (its
---         starter never said it was sent: slow, or dead between its join and its publish; or the job is overdue)
+-- returns {answer, job, due in ms, seq, past due in ms}: answer 1 when this call started the burst (it publishes the
+--         job's message), 0 when it joined it, 2 when it joined it and must publish a copy of the job's message (its
+--         starter never said it was sent: slow, or dead between its join and its publish; or the job is overdue);
+--         past due: how long ago the burst was due when this call joined it (0: not yet, or started now)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local job = redis.call('HGET', KEYS[1], 'job')
@@ -23,7 +24,7 @@ if not job then
   redis.call('HSET', KEYS[1], 'job', ARGV[1], 'first', now, 'due', due, 'seq', 1, 'args', ARGV[4], 'sent', '0',
     'name', ARGV[6], 'at', now)
   redis.call('PEXPIRE', KEYS[1], due - now + tonumber(ARGV[5]))
-  return {1, ARGV[1], due - now, 1}
+  return {1, ARGV[1], due - now, 1, 0}
 end
 local first = tonumber(redis.call('HGET', KEYS[1], 'first'))
 local was_due = tonumber(redis.call('HGET', KEYS[1], 'due'))
@@ -41,4 +42,4 @@ if (sent == 0 and now - first >= tonumber(ARGV[7]))
   redis.call('HSET', KEYS[1], 'sent', now)
   answer = 2
 end
-return {answer, job, math.max(due - now, 0), seq}
+return {answer, job, math.max(due - now, 0), seq, math.max(now - was_due, 0)}

@@ -24,12 +24,21 @@ from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["CLAIM_GONE", "CLAIM_LATER", "CLAIM_START", "JOIN_STANDIN", "JOIN_STARTED", "check_debounce", "majority"]
+__all__ = [
+    "CLAIM_GONE",
+    "CLAIM_LATER",
+    "CLAIM_START",
+    "CLAIM_SUPERSEDED",
+    "JOIN_STANDIN",
+    "JOIN_STARTED",
+    "check_debounce",
+    "majority",
+]
 
 #: debounce_join's first answer: this call started the burst / joined it and publishes a stand-in copy.
 JOIN_STARTED, JOIN_STANDIN = 1, 2
 #: debounce_claim's first answer.
-CLAIM_GONE, CLAIM_START, CLAIM_LATER = 0, 1, 2
+CLAIM_GONE, CLAIM_START, CLAIM_LATER, CLAIM_SUPERSEDED = 0, 1, 2, 3
 
 
 def _seconds(value: object) -> bool:

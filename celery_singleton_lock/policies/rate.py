@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigurationError
 from ..nodes import NodeSet
-from ..scripts import RATE, RATE_UNDO
+from ..scripts import RATE, RATE_RESTAMP, RATE_UNDO
 
 __all__ = ["ON_RATE_LIMIT", "Rate", "RateLimitPolicy", "Verdict", "parse_rate", "take", "undo"]
 
@@ -47,6 +47,10 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _NOTATION = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
 #: Attempts of one decision when contenders split the free slots between the nodes.
 _SPLIT_ATTEMPTS = 3
+#: Seconds a decision may take before its grant is restamped (lua/rate_restamp.lua): a body begins when the quorum's
+#: answers are back, so a start whose answers came back late (a slow reply, a paused node waited for) would begin that
+#: much later than the nodes counted it, and may then begin within a window of its slot's next start.
+LATE = 0.05
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ class Verdict:
     #: granted: when each node that holds it counted it (node index -> Unix seconds, by that node's clock)
     times: dict[int, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  #: the nodes that failed, redacted
+    #: limited: not over the rate, as far as the nodes said, but contenders kept splitting the free slots between the
+    #: nodes: ask again shortly (never skip or fail a call for it)
+    contended: bool = False
 
 
 def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
@@ -109,28 +116,46 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
     verdict = Verdict("limited", wait=0.0)
     for attempt in range(_SPLIT_ATTEMPTS):
         token = secrets.token_hex(16)
+        began = time.monotonic()
+        # After a split, the nodes also say when each slot is free there: the next attempt asks for a slot free on
+        # a quorum, or the wait is the moment one is.
+        detail = "1" if attempt else ""
         answers = nodes.run(
-            RATE, [key], [token, rate.limit, rate.window_us, preferred], undo_on_timeout=(RATE_UNDO, [key], [token])
+            RATE,
+            [key],
+            [token, rate.limit, rate.window_us, preferred, detail],
+            undo_on_timeout=(RATE_UNDO, [key], [token]),
         )
         granted: dict[int, int] = {}
         moments: dict[int, float] = {}
         waits: list[float] = []
         errors: list[str] = []
+        slot_frees: list[list[float]] = []
         for i, answer in enumerate(answers):
             if isinstance(answer, BaseException):
                 errors.append(str(nodes.error(i, answer)))
-            elif int(answer[0]) == 1:
+                continue
+            if int(answer[0]) == 1:
                 granted[i] = int(answer[1])
                 moments[i] = int(answer[2]) / 1_000_000
             else:
                 waits.append(max(0, int(answer[1])) / 1_000_000)
+            if detail and len(answer) == 3 + rate.limit:
+                slot_frees.append([max(0, int(x)) / 1_000_000 for x in answer[3:]])
         slot, count = Counter(granted.values()).most_common(1)[0] if granted else (-1, 0)
         if count >= nodes.quorum:
             strays = [i for i, s in granted.items() if s != slot]
             if strays:
                 undo(nodes, key, token, strays)
             times = {i: moments[i] for i, s in granted.items() if s == slot}
-            return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+            if time.monotonic() - began <= LATE:
+                return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+            restamped = _restamp(nodes, key, rate, token, slot, times)
+            if restamped is not None:
+                return restamped
+            # Late again: uncounted. Ask afresh; after the last attempt the nodes are too slow to tell.
+            verdict = Verdict("unavailable", errors=[f"the nodes answered later than {LATE:g} s, {attempt + 1} times"])
+            continue
         if granted:
             undo(nodes, key, token, granted)
         answered = len(nodes) - len(errors)
@@ -142,12 +167,49 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
             # oldest start leaves the window.
             frees = sorted([0.0] * len(granted) + waits)
             return Verdict("limited", wait=frees[nodes.quorum - 1])
-        # Contenders split the free slots between the nodes: ask again, for the slot most nodes gave.
+        if len(slot_frees) == answered:
+            # Per slot, the moment a quorum of the answering nodes has it free; the earliest slot decides.
+            best, at = min(
+                ((s, sorted(f[s] for f in slot_frees)[nodes.quorum - 1]) for s in range(rate.limit)),
+                key=lambda pair: pair[1],
+            )
+            if at > 0:
+                # No slot is free on a quorum: the free slots are split between the nodes (starts that hold
+                # different majorities), not taken by contenders that undo them: wait for that moment, no polling.
+                return Verdict("limited", wait=at)
+            slot = best
+        # Contenders split the free slots between the nodes: ask again, for the slot most nodes gave (or one free
+        # on a quorum, as the nodes said).
         preferred = str(slot)
-        verdict = Verdict("limited", wait=0.005 + 0.045 * random.random())  # noqa: S311 - jitter
+        verdict = Verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
         if attempt + 1 < _SPLIT_ATTEMPTS:
             time.sleep(verdict.wait * random.random())  # noqa: S311 - jitter
     return verdict
+
+
+def _restamp(nodes: NodeSet, key: str, rate: Rate, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
+    """A grant whose answers came back later than :data:`LATE`: move its entry to the nodes' time now on the nodes
+    that hold it (no waiting for the others), so the slot's next start comes a window after this moment. Counted
+    when a quorum moved it within :data:`LATE`; otherwise uncounted (None), and the caller asks again."""
+    member = f"{slot}:{token}"
+    for _ in range(2):
+        began = time.monotonic()
+        try:
+            answers = nodes.run(RATE_RESTAMP, [key], [member, rate.window_us], nodes=list(times))
+        except Exception:
+            break
+        moved = {
+            i: int(answers[i][1]) / 1_000_000
+            for i in times
+            if not isinstance(answers[i], BaseException) and answers[i] and int(answers[i][0]) == 1
+        }
+        if len(moved) < nodes.quorum:
+            break
+        times = moved
+        if time.monotonic() - began <= LATE:
+            return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+    undo(nodes, key, token)
+    return None
 
 
 def undo(nodes: NodeSet, key: str, token: str, on: Any = None) -> None:

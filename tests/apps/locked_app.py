@@ -451,3 +451,12 @@ def debounced_short_queue_ttl(self: Any, key: str, version: int = 0) -> list[Any
     """``debounced`` with ``lock_queue_ttl=1``: the burst must still outlive a message held up to the done window."""
     record.rpush("debounced", json.dumps([key, self.request.id, version]))
     return [key, version]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, max_retries=2)
+def debounced_retrying(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` whose first try retries (countdown 0.5 s): the retry runs with the burst's last arguments."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version, self.request.retries]))
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.5)
+    return [key, version]

@@ -61,6 +61,22 @@ def rated_dup(self: Any, key: str, duration: float = 0.0) -> str:
     return _run(self, key, duration)
 
 
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_debounce=0.4,
+    lock_unique_on=["key"],
+    lock_rate="1/m",
+    lock_rate_on=["key"],
+    lock_on_rate_limit="skip",
+)
+def rated_debounced(self: Any, key: str, n: int) -> str:
+    """A burst of calls runs once (debounce) and one start per minute (the rate): a not-yet-due delivery of the
+    burst, re-sent for its due time, uses no share."""
+    return _run(self, key, 0.0)
+
+
 # -- lock_group: two tasks, one key space (a run of either is a duplicate of the other; one rate for both) ----------
 
 
