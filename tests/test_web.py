@@ -110,6 +110,11 @@ def holder_of(c: Cluster, task: Any, key_arg: str) -> str | None:
     return None
 
 
+def metrics_families(text: str) -> dict[str, Any]:
+    """/metrics' text, parsed by prometheus_client, by family name."""
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
 def counted(c: Cluster, task: str, outcome: str, at_least: int, timeout: float = 30.0) -> int:
     settings = settings_for(c.app_module().app)
     n = 0
@@ -132,8 +137,14 @@ def test_outcomes_are_counted_per_task_in_redis_and_exposed_for_prometheus(site:
     mod = c.app_module()
     name = mod.work.name
     k = new_key()
-    first = mod.work.delay(k, 2.0)
+    first = mod.work.delay(k, 4.0)
     c.wait_started(k)
+    # The held gauge reads the lock keys live: asked while the job runs (the counts below wait for a flush, which
+    # can come after a short job ended).
+    status, text = site.get("/metrics")
+    assert status == 200
+    held = {s.labels["task"]: s.value for s in metrics_families(text)["celery_lock_held"].samples}
+    assert held.get(name, 0) >= 1
     dupes = [mod.work.delay(k, 0.0) for _ in range(2)]
     for d in dupes:
         d.get(timeout=30, propagate=False)
@@ -142,7 +153,7 @@ def test_outcomes_are_counted_per_task_in_redis_and_exposed_for_prometheus(site:
     assert counted(c, name, "acquired", 1) >= 1
     status, text = site.get("/metrics")
     assert status == 200
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    families = metrics_families(text)
     events = families["celery_lock_events"]
     assert events.type == "counter"
     samples = {(s.labels["task"], s.labels["outcome"]): s.value for s in events.samples if s.name.endswith("_total")}
@@ -151,8 +162,6 @@ def test_outcomes_are_counted_per_task_in_redis_and_exposed_for_prometheus(site:
     for family in families.values():
         for sample in family.samples:
             assert set(sample.labels) <= {"task", "outcome"}, sample
-    held = {s.labels["task"]: s.value for s in families["celery_lock_held"].samples}
-    assert held.get(name, 0) >= 1
     assert PASSWORD not in text
     first.get(timeout=30)
     assert counted(c, name, "released", 1) >= 1
