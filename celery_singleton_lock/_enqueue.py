@@ -290,6 +290,7 @@ _async_nodes_cache: dict[tuple[Any, ...], AsyncNodes | None] = {}
 _async_nodes_lock = threading.Lock()
 _NODES_KEY = "_celery_singleton_lock_async_nodes"  # on a task: its key in _async_nodes_cache
 _UNKNOWN: Any = object()
+_UNSEEN: Any = object()  # _verdict's running task id: not read by the caller
 
 
 def _async_nodes(task: LockedTask) -> AsyncNodes | None:
@@ -329,7 +330,10 @@ async def areserve(
         logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
         return None, None, 0.0, None
     if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
-        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id)
+        # The running task's request as the loop's thread sees it (Celery keeps it per thread: the worker thread
+        # has none, and a run sending its next run with its own id would be taken for a duplicate of itself).
+        running = task.request.id
+        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id, running=running)
     return _verdict(task, lock, key, task_id, own_id=own_id)
 
 
@@ -350,10 +354,19 @@ def _reservation(task: LockedTask, options: dict[str, Any]) -> tuple[float, dict
 
 
 def _verdict(
-    task: LockedTask, lock: Redlock | AsyncRedlock, key: str, task_id: str, *, own_id: bool
+    task: LockedTask,
+    lock: Redlock | AsyncRedlock,
+    key: str,
+    task_id: str,
+    *,
+    own_id: bool,
+    running: Any = _UNSEEN,
 ) -> tuple[Any, None, float, str | None]:
     """What a reservation that was not taken means (see :func:`reserve`), from the lock's findings: no I/O but the
-    result backend's, when a caller's own task id turned out a duplicate."""
+    result backend's, when a caller's own task id turned out a duplicate. ``running``: the id of the task running
+    in the caller's thread (read here when not given)."""
+    if running is _UNSEEN:
+        running = task.request.id
     options_ = task._options()
     if lock.done:  # this very task id already ran
         return task.AsyncResult(task_id), None, 0.0, None
@@ -375,7 +388,7 @@ def _verdict(
         return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
     if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
         return task.AsyncResult(task_id), None, 0.0, None
-    if holder == task.request.id and state == RUNNING:
+    if holder == running and state == RUNNING:
         # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
         # skips it if it arrives while this run still holds the job.
         return None, None, 0.0, None

@@ -171,3 +171,15 @@ def test_a_loop_closed_while_its_publish_runs_leaves_one_job(c: wc.Cluster) -> N
     assert later.get(timeout=30) == k
     assert len(c.wait_runs(k, 1, 8)) == 1
 
+
+def test_a_run_sending_its_next_run_with_its_own_id_from_an_event_loop_sends_it(c: wc.Cluster) -> None:
+    """A queue-scope run sends its key's next run from an event loop in its body, with the next run's own task id
+    (as ``apply_async`` may): the call is sent, as the sync call is (the holder is this very run), not skipped as
+    a duplicate of itself with the caller's id marked REVOKED. The verdict ran in a worker thread, which does not
+    see the running task's request."""
+    mod, k = c.app_module(), wc.new_key()
+    next_id = "next-" + k
+    first = mod.q_next_async.apply_async((k, next_id))
+    assert first.get(timeout=30) == next_id
+    assert mod.q_next_async.AsyncResult(next_id).get(timeout=30) is None
+    assert [r[1] for r in c.wait_runs(k, 2, 10)] == [first.id, next_id]

@@ -9,6 +9,7 @@ can check, after the fact, that no two runs of one key overlapped in time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from celery import Celery
 from celery.signals import task_postrun
 from kombu.utils.json import register_type
 
-from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock import LockedTask, LockLostError, aio
 
 BROKER = os.environ["CSL_BROKER"]
 app = Celery("locked_app", broker=BROKER, backend=os.environ.get("CSL_BACKEND") or BROKER.rsplit("/", 1)[0] + "/1")
@@ -314,6 +315,23 @@ def q_work(self: Any, key: str, duration: float = 0.0, note: Any = None) -> str:
     """Queue scope: reserved at delay() until it runs."""
     _run(self, key, duration)
     return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
+def q_next_async(self: Any, key: str, next_id: str | None = None) -> str | None:
+    """Queue scope: a run that sends its key's next run from an event loop in its body (``aapply_async`` with its
+    own task id and a countdown); returns the id the call returned."""
+    _run(self, key, 0.0)
+    if next_id is None:
+        return None
+
+    async def send_next() -> str:
+        try:
+            return str((await self.aapply_async((key,), task_id=next_id, countdown=0.3)).id)
+        finally:
+            await aio.aclose()
+
+    return asyncio.run(send_next())
 
 
 @app.task(
