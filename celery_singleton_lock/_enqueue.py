@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from celery import _state as celery_state
 from celery.signals import task_revoked
 from celery.utils import uuid
 
@@ -246,8 +247,13 @@ async def asend(
     nodes = _async_nodes_cache.get(task.__dict__.get(_NODES_KEY, ()), _UNKNOWN)
     if nodes is _UNKNOWN:  # a task's first call: its settings resolved (Celery's app finalized) off the loop
         nodes = await asyncio.to_thread(_async_nodes, task)
+    # What runs in a worker thread runs as in the caller's thread: Celery keeps the running task (a message's parent
+    # and root ids) and its request (the re-send check) per thread.
+    publish = _as_caller(task, publish)
     if task.lock_debounce or not isinstance(nodes, AsyncNodes) or not _reserves(task, task_id, options):
-        return await asyncio.to_thread(send, task, publish, args, kwargs, task_id, options, linked=linked)
+        return await asyncio.to_thread(
+            _as_caller(task, send), task, publish, args, kwargs, task_id, options, linked=linked
+        )
     own_id = task_id is not None
     task_id = task_id or uuid()
     reservation = await areserve(task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id)
@@ -262,6 +268,29 @@ async def asend(
     except asyncio.CancelledError:
         publishing.add_done_callback(_retrieved)  # its outcome has no caller left: not "never retrieved"
         raise
+
+
+def _as_caller(task: LockedTask, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` to be called in another thread as if in this one: with this thread's running task (Celery's current
+    task, whose id is a published message's parent id) and ``task``'s request pushed there meanwhile."""
+    current, request = celery_state.get_current_task(), task.request_stack.top
+    if current is None and request is None:
+        return fn
+
+    def as_caller(*args: Any, **kwargs: Any) -> Any:
+        if current is not None:
+            celery_state.push_current_task(current)
+        if request is not None:
+            task.request_stack.push(request)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if request is not None:
+                task.request_stack.pop()
+            if current is not None:
+                celery_state.pop_current_task()
+
+    return as_caller
 
 
 def _retrieved(done: asyncio.Task[Any]) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -183,3 +184,41 @@ def test_a_run_sending_its_next_run_with_its_own_id_from_an_event_loop_sends_it(
     assert first.get(timeout=30) == next_id
     assert mod.q_next_async.AsyncResult(next_id).get(timeout=30) is None
     assert [r[1] for r in c.wait_runs(k, 2, 10)] == [first.id, next_id]
+
+
+def test_aapply_async_with_countdown_expires_and_a_link_is_one_job_whose_callback_runs(c: wc.Cluster) -> None:
+    """Options pass through the async producer: concurrent calls with countdown, expires and a link get one job
+    (its reservation spans the countdown), which runs once, and its callback runs after it."""
+    mod, k = c.app_module(), wc.new_key()
+
+    async def scenario() -> list[Any]:
+        calls = (mod.q_work.aapply_async((k,), countdown=0.5, expires=60, link=mod.work.s()) for _ in range(3))
+        return list(await asyncio.gather(*calls))
+
+    results = run_loop(scenario)
+    assert len({r.id for r in results}) == 1
+    assert results[0].get(timeout=30) == k
+    runs = c.wait_runs(k, 2, 10)  # the job's run, then its callback's (work(k): the job's result)
+    assert runs[0][1] == results[0].id
+    assert len(runs) == 2
+
+
+def children(c: wc.Cluster, key: str, count: int) -> list[list[Any]]:
+    """q_child's records of ``key`` ([key, id, parent id]), once there are ``count`` (bounded: 20 s)."""
+    for _ in range(200):
+        found = [r for r in c.records("children") if r[0] == key]
+        if len(found) >= count:
+            return found
+        time.sleep(0.1)
+    return [r for r in c.records("children") if r[0] == key]
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_job_sent_from_an_event_loop_in_a_run_is_that_run_s_child(c: wc.Cluster, how: str) -> None:
+    """``aapply_async`` from an event loop in a run's body: the message's parent id is that run's, as with
+    ``apply_async`` (Celery reads the current task per thread, and the publish runs in a worker thread)."""
+    mod, k = c.app_module(), wc.new_key()
+    first = mod.q_child.apply_async((k, how))
+    assert first.get(timeout=30) == f"{first.id}-next"
+    runs = children(c, k, 2)
+    assert [r[1:] for r in runs] == [[first.id, None], [f"{first.id}-next", first.id]]

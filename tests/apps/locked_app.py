@@ -334,6 +334,26 @@ def q_next_async(self: Any, key: str, next_id: str | None = None) -> str | None:
     return asyncio.run(send_next())
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
+def q_child(self: Any, key: str, how: str = "") -> str | None:
+    """Queue scope: records (key, id, parent id); with ``how`` ("sync" or "async": ``apply_async``, or
+    ``aapply_async`` from an event loop in the body) sends its key's next run (own task id, a countdown)."""
+    record.rpush("children", json.dumps([key, self.request.id, self.request.parent_id]))
+    if not how:
+        return None
+    next_id = f"{self.request.id}-next"
+    if how == "sync":
+        return str(self.apply_async((key,), task_id=next_id, countdown=0.3).id)
+
+    async def send_next() -> str:
+        try:
+            return str((await self.aapply_async((key,), task_id=next_id, countdown=0.3)).id)
+        finally:
+            await aio.aclose()
+
+    return asyncio.run(send_next())
+
+
 @app.task(
     shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue", lock_on_duplicate="fail"
 )
