@@ -272,21 +272,23 @@ async def asend(
 
 def _as_caller(task: LockedTask, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` to be called in another thread as if in this one: with this thread's running task (Celery's current
-    task, whose id is a published message's parent id) and ``task``'s request pushed there meanwhile."""
-    current, request = celery_state.get_current_task(), task.request_stack.top
-    if current is None and request is None:
+    task, whose id is a published message's parent id) and the requests of it and of ``task`` pushed there."""
+    current = celery_state.get_current_task()
+    requests = [(t, t.request_stack.top) for t in {id(t): t for t in (current, task) if t is not None}.values()]
+    requests = [(t, r) for t, r in requests if r is not None]
+    if current is None and not requests:
         return fn
 
     def as_caller(*args: Any, **kwargs: Any) -> Any:
         if current is not None:
             celery_state.push_current_task(current)
-        if request is not None:
-            task.request_stack.push(request)
+        for t, request in requests:
+            t.request_stack.push(request)
         try:
             return fn(*args, **kwargs)
         finally:
-            if request is not None:
-                task.request_stack.pop()
+            for t, _ in reversed(requests):
+                t.request_stack.pop()
             if current is not None:
                 celery_state.pop_current_task()
 

@@ -213,7 +213,7 @@ def children(c: wc.Cluster, key: str, count: int) -> list[list[Any]]:
     return [r for r in c.records("children") if r[0] == key]
 
 
-@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("how", ["sync", "async", "other"])
 def test_a_job_sent_from_an_event_loop_in_a_run_is_that_run_s_child(c: wc.Cluster, how: str) -> None:
     """``aapply_async`` from an event loop in a run's body: the message's parent id is that run's, as with
     ``apply_async`` (Celery reads the current task per thread, and the publish runs in a worker thread)."""

@@ -334,6 +334,12 @@ def q_next_async(self: Any, key: str, next_id: str | None = None) -> str | None:
     return asyncio.run(send_next())
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
+def child_of(self: Any, key: str) -> None:
+    """Records (key, id, parent id) as q_child does."""
+    record.rpush("children", json.dumps([key, self.request.id, self.request.parent_id]))
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
 def q_child(self: Any, key: str, how: str = "") -> str | None:
     """Queue scope: records (key, id, parent id); with ``how`` ("sync" or "async": ``apply_async``, or
@@ -342,6 +348,15 @@ def q_child(self: Any, key: str, how: str = "") -> str | None:
     if not how:
         return None
     next_id = f"{self.request.id}-next"
+    if how == "other":  # another task's job, sent from an event loop in this body
+
+        async def send_other() -> str:
+            try:
+                return str((await child_of.aapply_async((key,), task_id=next_id)).id)
+            finally:
+                await aio.aclose()
+
+        return asyncio.run(send_other())
     if how == "sync":
         return str(self.apply_async((key,), task_id=next_id, countdown=0.3).id)
 
