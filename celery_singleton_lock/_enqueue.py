@@ -207,7 +207,11 @@ class _Pacing:
 
     def next(self, lock: Redlock | AsyncRedlock) -> float | None:
         """Seconds to wait before the next attempt after a refused one, or None: the verdict is due."""
-        if lock.split and self.splits < SPLIT_RETRIES:
+        # With a node not answering, contenders that arrived together and took one node each look alike: refused
+        # by another caller on some nodes, granted on the rest, short of a quorum either way (not "split": the
+        # refusals alone do not deny the quorum). Sent at once, each sent a job of its own.
+        unsure = lock.held_by is not None and not lock.contended and bool(lock.node_errors)
+        if (lock.split or unsure) and self.splits < SPLIT_RETRIES:
             # Contenders that split the nodes try again after a jittered pause.
             self.splits += 1
             return random.uniform(0.005, 0.05)  # noqa: S311 - jitter

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -16,8 +17,10 @@ import pytest
 import worker_cluster as wc
 from celery.signals import before_task_publish
 
+from celery_singleton_lock import AsyncRedlock, Redlock
 from celery_singleton_lock import _enqueue as enqueue
 from celery_singleton_lock.aio import aclose
+from celery_singleton_lock.decision import SENDING
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +123,8 @@ def test_a_publish_failing_after_its_caller_was_cancelled_frees_the_reservation(
     assert c.lock_free(key), c.holder_states(key)
 
 
-def test_mixed_threads_and_coroutines_racing_get_one_job(c: wc.Cluster) -> None:
+def test_mixed_threads_and_coroutines_racing_get_one_job(c: wc.Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
     mod, k = c.app_module(), wc.new_key()
     queue = "ra-" + k
     go = threading.Barrier(5)
@@ -140,7 +144,8 @@ def test_mixed_threads_and_coroutines_racing_get_one_job(c: wc.Cluster) -> None:
     results = run_loop(scenario)
     for t in threads:
         t.join(30)
-    assert len({*ids, *(r.id for r in results)}) == 1, (ids, [r.id for r in results])
+    verdicts = [r.getMessage() for r in caplog.records if r.name.startswith("celery_singleton_lock")]
+    assert len({*ids, *(r.id for r in results)}) == 1, (ids, [r.id for r in results], verdicts)
     consume(c, queue)
     assert results[0].get(timeout=30) == k
     assert len(c.wait_runs(k, 1, 8)) == 1
@@ -222,3 +227,98 @@ def test_a_job_sent_from_an_event_loop_in_a_run_is_that_run_s_child(c: wc.Cluste
     assert first.get(timeout=30) == f"{first.id}-next"
     runs = children(c, k, 2)
     assert [r[1:] for r in runs] == [[first.id, None], [f"{first.id}-next", first.id]]
+
+
+def test_sync_and_async_callers_racing_with_a_lock_node_paused_get_one_job(
+    c: wc.Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One of three lock nodes paused; two threads (``apply_async``) and two coroutines (``aapply_async``) of one
+    key race: one job id for all, one publish, one run. Connections are warmed (concurrently, retried) first."""
+    caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
+    mod, k = c.app_module(), wc.new_key()
+    queue = "ra-" + k
+    nodes = mod.q_work._options().settings.nodes
+    # The sync callers' pool: four connections per node made while every node answers.
+    warm = [Redlock(nodes, f"warm-{k}-{i}", ttl=5.0) for i in range(4)]
+    threads = [threading.Thread(target=lambda lk=lk: lk.acquire(timeout=20.0)) for lk in warm]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(lk.release() for lk in warm)
+    go = threading.Barrier(3)
+    ids: list[str] = []
+
+    def sync_caller() -> None:
+        go.wait(20)
+        ids.append(mod.q_work.apply_async((k,), queue=queue).id)
+
+    async def scenario() -> list[Any]:
+        locks = [AsyncRedlock(c.lock_urls, f"awarm-{k}-{i}", ttl=5.0, socket_timeout=0.5) for i in range(2)]
+        for lock in locks:
+            assert await lock.acquire(timeout=20.0)
+        for lock in locks:
+            await lock.release()
+        await asyncio.to_thread(c.locks[0].pause)
+        await asyncio.to_thread(go.wait, 20)
+        return list(await asyncio.gather(*(mod.q_work.aapply_async((k,), queue=queue) for _ in range(2))))
+
+    callers = [threading.Thread(target=sync_caller) for _ in range(2)]
+    for t in callers:
+        t.start()
+    try:
+        results = run_loop(scenario)
+        for t in callers:
+            t.join(30)
+    finally:
+        c.locks[0].resume()
+    verdicts = [r.getMessage() for r in caplog.records if r.name.startswith("celery_singleton_lock")]
+    assert len({*ids, *(r.id for r in results)}) == 1, (ids, [r.id for r in results], verdicts)
+    consume(c, queue)
+    assert results[0].get(timeout=30) == k
+    assert len(c.wait_runs(k, 1, 8)) == 1
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_refusal_short_of_a_quorum_with_a_node_down_is_tried_again(c: wc.Cluster, flavour: str) -> None:
+    """Node 0 paused, another caller's reservation on node 1 only (a contender that arrived together and took one
+    node), node 2 free: the attempt is refused on one node, granted on one, unanswered on one. That is what two
+    callers racing with a node down see (each had one node; both sent: two jobs): the reservation tries again
+    (as for a split vote) instead of giving its verdict at once."""
+    mod, k = c.app_module(), wc.new_key()
+    key = mod.q_work.lock_key_for(k)
+    nodes = mod.q_work._options().settings.nodes
+    warm = Redlock(nodes, f"warm-{k}", ttl=5.0)
+    assert warm.acquire(timeout=20.0)
+    assert warm.release()
+    record = {"state": SENDING, "name": mod.q_work.name, "open": "1"}
+    other = Redlock([c.lock_urls[1]], key, ttl=30.0, fencing=False, job="other", record=record)
+    assert other.acquire(blocking=False)
+    try:
+
+        async def attempt() -> Any:
+            lock = AsyncRedlock(c.lock_urls, key, ttl=30.0, fencing=False, job="mine", auto_renewal=False)
+            for _ in range(100):  # warm this loop's connections (bounded), then pause node 0
+                if await lock.acquire(blocking=False) or lock.contended or lock.held_by:
+                    break
+            await asyncio.to_thread(c.locks[0].pause)
+            try:
+                assert not await lock.acquire(blocking=False)
+            finally:
+                await asyncio.to_thread(c.locks[0].resume)
+            return lock
+
+        if flavour == "async":
+            lock: Any = run_loop(attempt)
+        else:
+            lock = Redlock(nodes, key, ttl=30.0, fencing=False, job="mine")
+            c.locks[0].pause()
+            try:
+                assert not lock.acquire(blocking=False)
+            finally:
+                c.locks[0].resume()
+        seen = ((lock.holder_record or {}).get("job"), lock.contended, len(lock.node_errors))
+        assert seen == ("other", False, 1), lock
+        assert enqueue._Pacing().next(lock) is not None
+    finally:
+        other.release()
