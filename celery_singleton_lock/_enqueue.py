@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from celery import _state as celery_state
 from celery.signals import task_revoked
 from celery.utils import uuid
 
@@ -206,7 +207,11 @@ class _Pacing:
 
     def next(self, lock: Redlock | AsyncRedlock) -> float | None:
         """Seconds to wait before the next attempt after a refused one, or None: the verdict is due."""
-        if lock.split and self.splits < SPLIT_RETRIES:
+        # With a node not answering, contenders that arrived together and took one node each look alike: refused
+        # by another caller on some nodes, granted on the rest, short of a quorum either way (not "split": the
+        # refusals alone do not deny the quorum). Sent at once, each sent a job of its own.
+        unsure = lock.held_by is not None and not lock.contended and bool(lock.node_errors)
+        if (lock.split or unsure) and self.splits < SPLIT_RETRIES:
             # Contenders that split the nodes try again after a jittered pause.
             self.splits += 1
             return random.uniform(0.005, 0.05)  # noqa: S311 - jitter
@@ -246,8 +251,13 @@ async def asend(
     nodes = _async_nodes_cache.get(task.__dict__.get(_NODES_KEY, ()), _UNKNOWN)
     if nodes is _UNKNOWN:  # a task's first call: its settings resolved (Celery's app finalized) off the loop
         nodes = await asyncio.to_thread(_async_nodes, task)
+    # What runs in a worker thread runs as in the caller's thread: Celery keeps the running task (a message's parent
+    # and root ids) and its request (the re-send check) per thread.
+    publish = _as_caller(task, publish)
     if task.lock_debounce or not isinstance(nodes, AsyncNodes) or not _reserves(task, task_id, options):
-        return await asyncio.to_thread(send, task, publish, args, kwargs, task_id, options, linked=linked)
+        return await asyncio.to_thread(
+            _as_caller(task, send), task, publish, args, kwargs, task_id, options, linked=linked
+        )
     own_id = task_id is not None
     task_id = task_id or uuid()
     reservation = await areserve(task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id)
@@ -262,6 +272,31 @@ async def asend(
     except asyncio.CancelledError:
         publishing.add_done_callback(_retrieved)  # its outcome has no caller left: not "never retrieved"
         raise
+
+
+def _as_caller(task: LockedTask, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` to be called in another thread as if in this one: with this thread's running task (Celery's current
+    task, whose id is a published message's parent id) and the requests of it and of ``task`` pushed there."""
+    current = celery_state.get_current_task()
+    requests = [(t, t.request_stack.top) for t in {id(t): t for t in (current, task) if t is not None}.values()]
+    requests = [(t, r) for t, r in requests if r is not None]
+    if current is None and not requests:
+        return fn
+
+    def as_caller(*args: Any, **kwargs: Any) -> Any:
+        if current is not None:
+            celery_state.push_current_task(current)
+        for t, request in requests:
+            t.request_stack.push(request)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for t, _ in reversed(requests):
+                t.request_stack.pop()
+            if current is not None:
+                celery_state.pop_current_task()
+
+    return as_caller
 
 
 def _retrieved(done: asyncio.Task[Any]) -> None:
@@ -290,6 +325,7 @@ _async_nodes_cache: dict[tuple[Any, ...], AsyncNodes | None] = {}
 _async_nodes_lock = threading.Lock()
 _NODES_KEY = "_celery_singleton_lock_async_nodes"  # on a task: its key in _async_nodes_cache
 _UNKNOWN: Any = object()
+_UNSEEN: Any = object()  # _verdict's running task id: not read by the caller
 
 
 def _async_nodes(task: LockedTask) -> AsyncNodes | None:
@@ -329,7 +365,10 @@ async def areserve(
         logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
         return None, None, 0.0, None
     if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
-        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id)
+        # The running task's request as the loop's thread sees it (Celery keeps it per thread: the worker thread
+        # has none, and a run sending its next run with its own id would be taken for a duplicate of itself).
+        running = task.request.id
+        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id, running=running)
     return _verdict(task, lock, key, task_id, own_id=own_id)
 
 
@@ -350,10 +389,19 @@ def _reservation(task: LockedTask, options: dict[str, Any]) -> tuple[float, dict
 
 
 def _verdict(
-    task: LockedTask, lock: Redlock | AsyncRedlock, key: str, task_id: str, *, own_id: bool
+    task: LockedTask,
+    lock: Redlock | AsyncRedlock,
+    key: str,
+    task_id: str,
+    *,
+    own_id: bool,
+    running: Any = _UNSEEN,
 ) -> tuple[Any, None, float, str | None]:
     """What a reservation that was not taken means (see :func:`reserve`), from the lock's findings: no I/O but the
-    result backend's, when a caller's own task id turned out a duplicate."""
+    result backend's, when a caller's own task id turned out a duplicate. ``running``: the id of the task running
+    in the caller's thread (read here when not given)."""
+    if running is _UNSEEN:
+        running = task.request.id
     options_ = task._options()
     if lock.done:  # this very task id already ran
         return task.AsyncResult(task_id), None, 0.0, None
@@ -375,7 +423,7 @@ def _verdict(
         return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
     if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
         return task.AsyncResult(task_id), None, 0.0, None
-    if holder == task.request.id and state == RUNNING:
+    if holder == running and state == RUNNING:
         # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
         # skips it if it arrives while this run still holds the job.
         return None, None, 0.0, None

@@ -9,6 +9,7 @@ can check, after the fact, that no two runs of one key overlapped in time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from celery import Celery
 from celery.signals import task_postrun
 from kombu.utils.json import register_type
 
-from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock import LockedTask, LockLostError, aio
 
 BROKER = os.environ["CSL_BROKER"]
 app = Celery("locked_app", broker=BROKER, backend=os.environ.get("CSL_BACKEND") or BROKER.rsplit("/", 1)[0] + "/1")
@@ -314,6 +315,58 @@ def q_work(self: Any, key: str, duration: float = 0.0, note: Any = None) -> str:
     """Queue scope: reserved at delay() until it runs."""
     _run(self, key, duration)
     return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
+def q_next_async(self: Any, key: str, next_id: str | None = None) -> str | None:
+    """Queue scope: a run that sends its key's next run from an event loop in its body (``aapply_async`` with its
+    own task id and a countdown); returns the id the call returned."""
+    _run(self, key, 0.0)
+    if next_id is None:
+        return None
+
+    async def send_next() -> str:
+        try:
+            return str((await self.aapply_async((key,), task_id=next_id, countdown=0.3)).id)
+        finally:
+            await aio.aclose()
+
+    return asyncio.run(send_next())
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
+def child_of(self: Any, key: str) -> None:
+    """Records (key, id, parent id) as q_child does."""
+    record.rpush("children", json.dumps([key, self.request.id, self.request.parent_id]))
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_scope="queue")
+def q_child(self: Any, key: str, how: str = "") -> str | None:
+    """Queue scope: records (key, id, parent id); with ``how`` ("sync" or "async": ``apply_async``, or
+    ``aapply_async`` from an event loop in the body) sends its key's next run (own task id, a countdown)."""
+    record.rpush("children", json.dumps([key, self.request.id, self.request.parent_id]))
+    if not how:
+        return None
+    next_id = f"{self.request.id}-next"
+    if how == "other":  # another task's job, sent from an event loop in this body
+
+        async def send_other() -> str:
+            try:
+                return str((await child_of.aapply_async((key,), task_id=next_id)).id)
+            finally:
+                await aio.aclose()
+
+        return asyncio.run(send_other())
+    if how == "sync":
+        return str(self.apply_async((key,), task_id=next_id, countdown=0.3).id)
+
+    async def send_next() -> str:
+        try:
+            return str((await self.aapply_async((key,), task_id=next_id, countdown=0.3)).id)
+        finally:
+            await aio.aclose()
+
+    return asyncio.run(send_next())
 
 
 @app.task(
