@@ -286,12 +286,17 @@ def test_renewal_is_one_round_trip_per_master(cluster: Cluster) -> None:
     def reads() -> list[int]:
         return [int(p.info("stats")["total_reads_processed"]) for p in probes]
 
-    before = reads()
-    idle = [b - a for a, b in zip(before, reads(), strict=True)]
-    cluster.reset_stats()
-    start = reads()
-    watchdog.renew(leases)
-    renewed = [b - a for a, b in zip(start, reads(), strict=True)]
+    # Other traffic can only add reads (in a shared test process another module's watchdog may flush or renew
+    # meanwhile): a renewal that cost more than one round trip a master would never show [2, 2, 2]. Up to 5 looks.
+    for _ in range(5):
+        before = reads()
+        idle = [b - a for a, b in zip(before, reads(), strict=True)]
+        cluster.reset_stats()
+        start = reads()
+        watchdog.renew(leases)
+        renewed = [b - a for a, b in zip(start, reads(), strict=True)]
+        if idle == [1, 1, 1] and renewed == [2, 2, 2]:
+            break
     assert idle == [1, 1, 1]
     assert renewed == [2, 2, 2]
     slots = [
