@@ -5,6 +5,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .aio import AsyncRedlock
 from .errors import (
     ConfigurationError,
+    ConfigurationRefusedError,
     DuplicateTaskError,
     LockError,
     LockLostError,
@@ -24,6 +25,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 __all__ = [
     "AsyncRedlock",
     "ConfigurationError",
+    "ConfigurationRefusedError",
     "DuplicateTaskError",
     "LockError",
     "LockLostError",

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import click
 from celery import bootsteps
 from kombu.utils.imports import symbol_by_name
 
@@ -18,9 +17,18 @@ from . import _preskip as preskip
 from ._brokers import broker_findings
 from ._monitoring import LockedRequest
 from ._run import is_locked_task
-from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy, check_policy, check_ttl, settings_for
-from .errors import ConfigurationError
-from .policies import policy_for
+from .config import (
+    DuplicatePolicy,
+    LockSettings,
+    LostPolicy,
+    UnavailablePolicy,
+    check_policy,
+    check_ttl,
+    did_you_mean,
+    settings_for,
+)
+from .errors import ConfigurationError, ConfigurationRefusedError
+from .policies import matrix
 from .policies.debounce import check_debounce
 from .policies.rate import ON_RATE_LIMIT, parse_rate
 
@@ -29,11 +37,12 @@ __all__ = [
     "StartError",
     "StartProblem",
     "check_group",
-    "check_limit",
+    "check_matrix",
     "check_max_waiting",
     "check_options",
     "check_rate",
     "check_start",
+    "did_you_mean",
     "start_problems",
 ]
 
@@ -42,28 +51,35 @@ logger = logging.getLogger("celery_singleton_lock.task")
 _SCOPES = ("run", "queue")
 
 
-class StartError(ConfigurationError, click.ClickException):  # type: ignore[misc]
-    """Invalid configuration found by a check of :func:`start_problems` or at a task's registration: still a
-    ConfigurationError for code that starts workers or registers tasks itself (``app.Worker()``, ``start_worker``,
-    pytest), and a ClickException, so any ``celery`` command (``worker``, ``beat``, ``locks``) prints one line,
-    ``Error: celery_singleton_lock: ...``, and exits with status 1 instead of a traceback through Celery's app
-    finalization or bootsteps."""
+#: The error of a refused configuration (public as :class:`celery_singleton_lock.ConfigurationRefusedError`).
+StartError = ConfigurationRefusedError
 
-    def __init__(self, message: str) -> None:
-        click.ClickException.__init__(self, message)
-        self.key = None  # as every LockError has
 
-    def format_message(self) -> str:
-        return f"celery_singleton_lock: {self.message}"
+def _check_names(cls: Any, option: str, names: Sequence[str]) -> None:
+    """``lock_unique_on`` / ``lock_rate_on`` name parameters of the task's signature (a key is built from them: a
+    name that is no parameter would fail every call at the worker). ``**kwargs`` does not help: the key binds named
+    parameters only. A signature that cannot be read is not checked."""
+    params = matrix.parameters(cls)
+    if params is None:
+        return
+    known = [p.name for p in params]
+    missing = [n for n in names if n not in known]
+    if missing:
+        hints = "".join(did_you_mean(n, known) for n in missing[:1])
+        raise ConfigurationError(
+            f"{option} of {cls.name} names unknown argument(s): {missing}{hints}; the task's arguments are "
+            f"{', '.join(known) or '(none)'}"
+        )
 
 
 def check_rate(cls: Any) -> None:
-    """``lock_rate``, ``lock_rate_on`` and ``lock_on_rate_limit`` of a LockedTask class (ConfigurationError)."""
+    """``lock_rate``, ``lock_rate_on`` and ``lock_on_rate_limit`` of a LockedTask class, each alone
+    (ConfigurationError); what they need of each other is the matrix's."""
     name = cls.name
     if cls.lock_on_rate_limit not in ON_RATE_LIMIT:
         raise ConfigurationError(
             f"lock_on_rate_limit of {name} must be one of {', '.join(map(repr, ON_RATE_LIMIT))}, "
-            f"got {cls.lock_on_rate_limit!r}"
+            f"got {cls.lock_on_rate_limit!r}{did_you_mean(cls.lock_on_rate_limit, ON_RATE_LIMIT)}"
         )
     on = cls.lock_rate_on
     if on is not None and (isinstance(on, str) or not all(isinstance(n, str) for n in on)):
@@ -74,31 +90,22 @@ def check_rate(cls: Any) -> None:
         return
     parse_rate(cls.lock_rate, f"lock_rate of {name}")
     if on:
-        try:
-            params = list(inspect.signature(cls.run).parameters.values())
-        except (TypeError, ValueError):
-            return
-        if params and not isinstance(inspect.getattr_static(cls, "run", None), staticmethod):
-            params = params[1:]  # a bound task's run (bind=True): its first parameter is the task itself
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            missing = [n for n in on if n not in {p.name for p in params}]
-            if missing:
-                raise ConfigurationError(f"lock_rate_on of {name} names unknown argument(s): {missing}")
+        _check_names(cls, "lock_rate_on", on)
 
 
-def _group_terms(task: Any) -> tuple[Any, Any]:
-    """What every task of a ``lock_group`` must agree on: its limit (a function: the same one) and its rate."""
-    task = task if isinstance(task, type) else type(task)
-    rate = task.lock_rate
-    if rate is not None:
-        with contextlib.suppress(ConfigurationError):
-            rate = parse_rate(rate, "")
-    return task.lock_limit, rate
+def _group_members(task: Any, others: Any) -> list[Any]:
+    cls: Any = task if isinstance(task, type) else type(task)
+    return [
+        o
+        for o in others
+        if is_locked_task(o) and getattr(o, "lock_group", None) == cls.lock_group and o.name != cls.name
+    ]
 
 
-def check_group(task: Any, others: Any) -> None:
-    """``lock_group`` of a LockedTask (class or instance): a non-empty string, and the tasks of ``others`` in the same
-    group agree with it on ``lock_limit`` and ``lock_rate`` (ConfigurationError naming both tasks)."""
+def check_group(task: Any, others: Any, settings: LockSettings | None = None) -> None:
+    """``lock_group`` of a LockedTask (class or instance): a non-empty string, and the task agrees with the tasks of
+    ``others`` in the same group on everything that shares a key (:func:`matrix.check_group`: ConfigurationError
+    naming both tasks)."""
     cls: Any = task if isinstance(task, type) else type(task)
     group = cls.lock_group
     if group is None:
@@ -107,38 +114,26 @@ def check_group(task: Any, others: Any) -> None:
         raise ConfigurationError(
             f"lock_group of {cls.name} must be a non-empty name without spaces or braces, got {group!r}"
         )
-    mine = _group_terms(cls)
-    for other in others:
-        if not is_locked_task(other) or getattr(other, "lock_group", None) != group or other.name == cls.name:
-            continue
-        theirs = _group_terms(other)
-        if theirs != mine:
-            raise ConfigurationError(
-                f"lock_group {group!r}: {cls.name} has lock_limit={mine[0]!r}, lock_rate={cls.lock_rate!r} but "
-                f"{other.name} has lock_limit={theirs[0]!r}, lock_rate={other.lock_rate!r}: every task of a group "
-                "must agree on them"
-            )
+    for other in _group_members(cls, others):
+        refused = matrix.check_group([other, cls], settings)
+        if refused:
+            raise ConfigurationError(refused[0].line)
 
 
-def check_limit(name: str, limit: int, on_duplicate: str) -> None:
-    if limit > 1 and policy_for(on_duplicate).replaces:
-        raise ConfigurationError(
-            f"lock_limit of {name} cannot be used with lock_on_duplicate='replace' (keep-latest means one run of a "
-            "key): use 'reschedule', 'skip' or 'fail'"
-        )
+def check_matrix(task: Any, settings: LockSettings | None = None) -> None:
+    """The options matrix's verdict on a task's combination of options (ConfigurationError: the first refusal)."""
+    cls: Any = task if isinstance(task, type) else type(task)
+    refused = matrix.refusals(matrix.facets(cls, settings), cls.name)
+    if refused:
+        raise ConfigurationError(refused[0].line)
 
 
-def check_max_waiting(name: str, cap: object, on_duplicate: str | None) -> None:
-    """``lock_max_waiting``: a whole number >= 1, for a policy whose duplicates wait in line (None: no cap)."""
+def check_max_waiting(name: str, cap: object) -> None:
+    """``lock_max_waiting``: a whole number >= 1 (None: no cap). The policies it needs: the matrix's."""
     if cap is None:
         return
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ConfigurationError(f"lock_max_waiting of {name} must be a whole number >= 1 (or None), got {cap!r}")
-    if on_duplicate is not None and not policy_for(on_duplicate).waits_in_line:
-        raise ConfigurationError(
-            f"lock_max_waiting of {name} caps a waiting line: it needs lock_on_duplicate='reschedule' or 'replace', "
-            f"got {on_duplicate!r}"
-        )
 
 
 # Options of other libraries that fall into our namespace: a task migrating from them is told what to use.
@@ -200,33 +195,19 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
     if cls.lock_ttl is not None:
         check_ttl(cls.lock_ttl, f"lock_ttl of {name}")
     if cls.lock_scope not in _SCOPES:
-        raise ConfigurationError(f"lock_scope of {name} must be 'run' or 'queue', got {cls.lock_scope!r}")
+        raise ConfigurationError(
+            f"lock_scope of {name} must be 'run' or 'queue', got {cls.lock_scope!r}"
+            f"{did_you_mean(cls.lock_scope, _SCOPES)}"
+        )
     check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {name}")
     limit = cls.lock_limit
     check_rate(cls)
-    if callable(limit):
-        if cls.lock_scope != "run" or cls.lock_enqueue_check:
-            raise ConfigurationError(
-                f"lock_limit of {name} (a function) works with lock_scope='run' only, without lock_enqueue_check"
-            )
-        limit = 2  # any answer may be above 1: checked as a limit above 1 (not with 'replace')
-    if limit is None:
-        if cls.lock_rate is None:
-            raise ConfigurationError(f"lock_limit=None of {name} means no lock at all: it needs a lock_rate")
-        if cls.lock_scope != "run" or cls.lock_enqueue_check or cls.lock_cooldown:
-            raise ConfigurationError(
-                f"lock_limit=None of {name} (no lock) cannot be used with lock_scope='queue', lock_enqueue_check or "
-                "lock_cooldown: they need the lock"
-            )
-        limit = 1
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if (
+        limit is not None
+        and not callable(limit)
+        and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1)
+    ):
         raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1 or None, got {limit!r}")
-    if limit > 1 and cls.lock_scope != "run":
-        raise ConfigurationError(f"lock_limit of {name} works with lock_scope='run' only: remove one of them")
-    if limit > 1 and cls.lock_enqueue_check:
-        raise ConfigurationError(
-            f"lock_limit of {name} cannot be used with lock_enqueue_check (N runs of a key are allowed)"
-        )
     if cls.lock_on_duplicate is not None:
         check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {name}")
     if cls.lock_on_unavailable is not None:
@@ -246,12 +227,11 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
             f"Request of {name} must subclass celery_singleton_lock.LockedRequest (it reports skipped "
             f"duplicates to monitors as REVOKED, not as successes), got {cls.Request!r}"
         )
-    on_duplicate = cls.lock_on_duplicate or (settings.on_duplicate if settings is not None else None)
-    if on_duplicate is not None:
-        check_limit(name, limit, on_duplicate)
-    # A debounced task's duplicates reschedule whatever the settings say (see LockedTask._options).
-    check_max_waiting(name, cls.lock_max_waiting, "reschedule" if cls.lock_debounce else on_duplicate)
+    check_max_waiting(name, cls.lock_max_waiting)
     check_debounce(cls, settings)
+    if cls.lock_unique_on is not None and cls.lock_key is None:
+        _check_names(cls, "lock_unique_on", cls.lock_unique_on)
+    check_matrix(cls, settings)
 
 
 @dataclass(frozen=True)
@@ -294,7 +274,7 @@ def start_problems(app: Any) -> list[StartProblem]:
             continue
         try:
             check_options(task, settings)
-            check_group(task, [tasks[n] for n in sorted(tasks) if n < name])
+            check_group(task, [tasks[n] for n in sorted(tasks) if n < name], settings)
         except ConfigurationError as exc:
             problems.append(StartProblem(f"task {name}", str(exc)))
     if refused is not None and refused not in {p.message for p in problems}:

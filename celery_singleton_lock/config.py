@@ -7,6 +7,7 @@ exists to prevent. The settings are cached on the app; :func:`settings_for` is c
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import threading
@@ -156,11 +157,21 @@ def check_ttl(value: object, setting: str) -> float:
     return float(value)
 
 
+def did_you_mean(value: object, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` when ``value`` is a string close to one of ``choices`` (difflib); else empty."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_policy(value: object, policy: Any, setting: str) -> None:
     """Validate that ``value`` is one of the ``Literal`` type ``policy``'s options."""
     options = get_args(policy)
     if value not in options:
-        raise ConfigurationError(f"{setting} must be one of {', '.join(map(repr, options))}, got {value!r}")
+        raise ConfigurationError(
+            f"{setting} must be one of {', '.join(map(repr, options))}, got {value!r}{did_you_mean(value, options)}"
+        )
 
 
 def _urls(conf: Mapping[str, Any]) -> tuple[str | redis.Redis | RedisCluster, ...]:
@@ -210,7 +221,12 @@ def settings_from(conf: Mapping[str, Any]) -> LockSettings:
             for k in unknown
             if k.lower() in _PEER_SETTINGS
         )
-        raise ConfigurationError(f"unknown setting(s) {', '.join(unknown)}{hints}; known settings: {known}")
+        shown = []
+        for k in unknown:
+            # Compared without the shared prefix, which alone would make every name look close.
+            close = difflib.get_close_matches(k.lower()[len(_PREFIX) :], sorted(_FIELDS), n=1)
+            shown.append(f"{k} (did you mean {_PREFIX}{close[0]}?)" if close and k.lower() not in _PEER_SETTINGS else k)
+        raise ConfigurationError(f"unknown setting(s) {', '.join(shown)}{hints}; known settings: {known}")
     values: dict[str, Any] = {"urls": _urls(conf)}
     for key in keys:
         name = key.lower()[len(_PREFIX) :]

@@ -47,7 +47,7 @@ from ._startup import (
     StartError,
     StartProblem,
     check_group,
-    check_limit,
+    check_matrix,
     check_options,
     check_start,
     start_problems,
@@ -215,8 +215,7 @@ class LockedTask(Task):  # type: ignore[misc]
             visibility = visibility_timeout(self.app)
             # A debounced job that finds the previous burst's run still running waits for it (never beside it).
             on_duplicate = "reschedule" if self.lock_debounce else self.lock_on_duplicate or settings.on_duplicate
-            static = type(self).lock_limit
-            check_limit(self.name, static if isinstance(static, int) else 2, on_duplicate)
+            check_matrix(self, settings)  # what only the settings make invalid (a lock_limit with a default 'replace')
             options = Options(
                 settings=settings,
                 ttl=ttl,

@@ -47,7 +47,7 @@ def _seconds(value: object) -> bool:
 
 def check_debounce(cls: Any, settings: Any = None) -> None:
     """Validate ``lock_debounce`` and ``lock_debounce_max`` of a LockedTask class (ConfigurationError naming the first
-    bad one, in one line)."""
+    bad one, in one line). What they cannot be combined with is the options matrix's (``policies.matrix``)."""
     name = cls.name
     debounce, most = cls.lock_debounce, cls.lock_debounce_max
     if debounce is None:
@@ -59,21 +59,6 @@ def check_debounce(cls: Any, settings: Any = None) -> None:
     if most is not None and (not _seconds(most) or most < debounce):
         raise ConfigurationError(
             f"lock_debounce_max of {name} must be a number of seconds >= lock_debounce ({debounce}), got {most!r}"
-        )
-    if cls.lock_scope != "run":
-        raise ConfigurationError(
-            f"lock_debounce of {name} cannot be used with lock_scope='queue' (a debounced job is held from its "
-            "first call until it runs already)"
-        )
-    if cls.lock_limit != 1 or cls.lock_enqueue_check:
-        raise ConfigurationError(
-            f"lock_debounce of {name} cannot be used with lock_limit or lock_enqueue_check (a burst is one job)"
-        )
-    on_duplicate = cls.lock_on_duplicate
-    if on_duplicate not in (None, "reschedule"):
-        raise ConfigurationError(
-            f"lock_debounce of {name} runs a new burst after the running one (lock_on_duplicate='reschedule'); "
-            f"remove lock_on_duplicate={on_duplicate!r}"
         )
     serializer = getattr(cls, "serializer", None)
     app = getattr(cls, "_app", None)

@@ -495,6 +495,9 @@ def _shown(term: str, value: Any) -> str:
     return f"{term}={value!r}"
 
 
+_UNKNOWN_AS_NONE: Final = ("lock_on_duplicate", "unique-on arguments")
+
+
 def check_group(tasks: Sequence[Any], settings: Any = None) -> list[Refusal]:
     """The refusals of a ``lock_group``'s tasks taken together (empty: they agree): every task of a group shares the
     group's keys (lock, line, rate), so each must agree with the first on every term of a key (policy, scope,
@@ -507,7 +510,10 @@ def check_group(tasks: Sequence[Any], settings: Any = None) -> list[Refusal]:
     for task in tasks[1:]:
         cls = _cls(task)
         theirs = _terms(cls, settings)
-        differ = [t for t in mine if mine[t] != theirs[t]]
+        # None where a term is unknown (a policy left to the settings at registration, a key made by lock_key).
+        differ = [
+            t for t in mine if mine[t] != theirs[t] and not (t in _UNKNOWN_AS_NONE and None in (mine[t], theirs[t]))
+        ]
         if not differ:
             continue
         if differ[0] in ("lock_limit", "lock_rate"):
