@@ -2,10 +2,10 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._startup import ConfigurationRefusedError
 from .aio import AsyncRedlock
 from .errors import (
     ConfigurationError,
-    ConfigurationRefusedError,
     DuplicateTaskError,
     LockError,
     LockLostError,

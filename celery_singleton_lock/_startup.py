@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import click
 from celery import bootsteps
 from kombu.utils.imports import symbol_by_name
 
@@ -27,12 +28,13 @@ from .config import (
     did_you_mean,
     settings_for,
 )
-from .errors import ConfigurationError, ConfigurationRefusedError
+from .errors import ConfigurationError
 from .policies import matrix
 from .policies.debounce import check_debounce
 from .policies.rate import ON_RATE_LIMIT, parse_rate
 
 __all__ = [
+    "ConfigurationRefusedError",
     "SettingsStep",
     "StartError",
     "StartProblem",
@@ -51,7 +53,27 @@ logger = logging.getLogger("celery_singleton_lock.task")
 _SCOPES = ("run", "queue")
 
 
-#: The error of a refused configuration (public as :class:`celery_singleton_lock.ConfigurationRefusedError`).
+class ConfigurationRefusedError(ConfigurationError, click.ClickException):  # type: ignore[misc]
+    """Invalid configuration refused where it is checked: when a task is registered (the app is finalized: at
+    worker or beat start, or at the first ``delay()`` of a producer), by the worker's start checks, or by
+    ``celery locks doctor``. A :class:`ConfigurationError` (``except ConfigurationError`` catches it), and a
+    ``click.ClickException``, so any ``celery`` command (``worker``, ``beat``, ``locks``) prints one line,
+    ``Error: celery_singleton_lock: ...``, and exits with status 1 instead of a traceback.
+
+    Defined on the Celery side (the lock core imports no click) and shown where it is imported from: the package.
+    """
+
+    __module__ = "celery_singleton_lock"
+
+    def __init__(self, message: str) -> None:
+        click.ClickException.__init__(self, message)
+        self.key = None  # as every LockError has
+
+    def format_message(self) -> str:
+        return f"celery_singleton_lock: {self.message}"
+
+
+#: The name the Celery side knew it by.
 StartError = ConfigurationRefusedError
 
 

@@ -62,8 +62,8 @@ LEVELS: Final[tuple[Level, ...]] = ("error", "warning", "ok", "info")
 #: Every finding code, with what it checks. Codes are stable: scripts may match on them.
 CODES: Final[dict[str, str]] = {
     "settings": "the app's singleton_lock_* settings are valid (as the worker checks them at start)",
-    "task-options": "each LockedTask's lock_* options are valid, alone and with the settings (as the worker checks "
-    "them at start)",
+    "task-options": "each LockedTask's lock_* options are valid, alone, together (the options matrix, "
+    "docs/options.md) and with the settings, as the worker checks them at start",
     "task-import": "the app's task modules import (as the worker imports them)",
     "node-unreachable": "each lock node answers within the timeout, with the given credentials",
     "node-role": "each lock node is a writable master (not a replica, not a Sentinel daemon)",

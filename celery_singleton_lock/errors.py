@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import click
-
 __all__ = [
     "ConfigurationError",
-    "ConfigurationRefusedError",
     "DuplicateTaskError",
     "LockError",
     "LockLostError",
@@ -36,21 +33,6 @@ class LockError(Exception):
 
 class ConfigurationError(LockError, ValueError):
     """A setting or argument is invalid; the message says what to change."""
-
-
-class ConfigurationRefusedError(ConfigurationError, click.ClickException):  # type: ignore[misc]
-    """Invalid configuration refused where it is checked: when a task is registered (the app is finalized: at
-    worker or beat start, or at the first ``delay()`` of a producer), by the worker's start checks, or by
-    ``celery locks doctor``. A :class:`ConfigurationError` (``except ConfigurationError`` catches it), and a
-    ``click.ClickException``, so any ``celery`` command (``worker``, ``beat``, ``locks``) prints one line,
-    ``Error: celery_singleton_lock: ...``, and exits with status 1 instead of a traceback."""
-
-    def __init__(self, message: str) -> None:
-        click.ClickException.__init__(self, message)
-        self.key = None  # as every LockError has
-
-    def format_message(self) -> str:
-        return f"celery_singleton_lock: {self.message}"
 
 
 class LockNotAcquiredError(LockError):

@@ -140,8 +140,9 @@ class LockedTask(Task):  # type: ignore[misc]
     ``lock_group``
         a name shared by several tasks: it takes the task name's place in their keys, so equal identifying arguments
         are one key across the group, and their ``lock_limit``, cooldown, line and rate count runs of all of them
-        together. Every task of a group must agree on ``lock_limit`` and ``lock_rate`` (checked at registration and
-        by the doctor).
+        together. Every task of a group must agree on what shares a key (policy, limit, rate, cooldown, cap, the job's
+        argument names), and a group has no queue scope, enqueue check or debounce (checked at registration, at
+        worker start and by the doctor: docs/options.md, the options matrix).
     ``lock_on_lost``
         what the body does when its lock is lost while it runs (renewal refused, or no quorum for one interval):
         ``"continue"`` (default: it goes on; ``self.check_lock()`` raises from then on) or ``"interrupt"``:

@@ -313,7 +313,7 @@ def test_a_refused_option_at_the_producer_raises_the_public_error() -> None:
         task.delay("k")
     except celery_singleton_lock.ConfigurationError as exc:
         assert type(exc) is celery_singleton_lock.ConfigurationRefusedError
-        assert type(exc).__module__ == "celery_singleton_lock.errors"
+        assert type(exc).__module__ == "celery_singleton_lock"
         assert "ConfigurationRefusedError" in celery_singleton_lock.__all__
         assert str(exc) == (
             "lock_on_duplicate of m.bad must be one of 'skip', 'fail', 'reschedule', 'replace', got 'resechedule' "

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 from celery import Celery
+from matrix_cases import GROUP_CASES, refusal_classes, resolved
 
 from celery_singleton_lock import ConfigurationError, LockedTask
 from celery_singleton_lock.task import start_problems
@@ -197,3 +198,60 @@ def test_a_subclass_keeps_its_lock_methods_and_declares_options_by_annotation() 
     (problem,) = start_problems(app)
     assert (problem.subject, problem.code) == ("task misspelt", "task-options")
     assert "lock_tll (did you mean lock_ttl?)" in problem.message
+
+
+def _expected_line(task: dict[str, Any], task2: dict[str, Any] | None = None) -> str:
+    """The line registration refuses config_app's tasks with (registered in-process as config_app registers them)."""
+    app = Celery("config_app", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = ["redis://127.0.0.1:1/0"]
+
+    @app.task(shared=False, base=LockedTask, bind=True, name="config_app.noop", **resolved(task))
+    def noop(self: Any, key: str) -> str: ...
+
+    if task2 is not None:
+
+        @app.task(shared=False, base=LockedTask, bind=True, name="config_app.other", **resolved(task2))
+        def other(self: Any, key: str, email: str = "") -> str: ...
+
+    with pytest.raises(ConfigurationError) as info:
+        _ = app.tasks
+    return str(info.value)
+
+
+# Each refusal class of the options matrix (one per refused line), each way a group's tasks can disagree, and a
+# misspelt argument name: (the task's options, the second task's options or None).
+REFUSED: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
+    **{case: (options, None) for case, options in refusal_classes().items()},
+    **GROUP_CASES,
+    "misspelt lock_unique_on": ({"lock_unique_on": ["kye"]}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_each_refusal_of_the_options_matrix_stops_the_worker_and_fails_the_doctor(
+    redis_node: RedisServer, tmp_path: Path, case: str
+) -> None:
+    """A combination the options matrix refuses (and a group whose tasks disagree, and an argument name the task
+    does not have) stops a real ``celery worker`` before it is ready with the one line registration raises, and
+    fails ``celery locks doctor`` with an error finding saying the same."""
+    task, task2 = REFUSED[case]
+    says = _expected_line(task, task2)
+    env = _env(redis_node, {}, task)
+    if task2 is not None:
+        env["CSL_TASK2"] = json.dumps(task2)
+    worker = CeleryWorker(
+        "config_app", "refused", cwd=str(APPS), log_path=str(tmp_path / "worker.log"), pool="solo", env=env
+    )
+    try:
+        with pytest.raises(RuntimeError, match=r"worker refused exited with [1-9]"):
+            worker.start(timeout=60)
+    finally:
+        worker.kill()
+    output = worker.log()
+    assert " ready." not in output
+    _one_error_line(output, says)
+
+    status, output = _celery(["-A", "config_app", "locks", "doctor", "--timeout", "2"], env)
+    assert status == 1, output
+    assert any(line.split()[:1] == ["error"] and says in line for line in output.splitlines()), output
+    assert "Traceback" not in output
