@@ -679,7 +679,7 @@ def _lasting_tasks(app: Any) -> list[str]:
     return sorted(
         name
         for name, task in tasks.items()
-        if is_locked_task(task) and (getattr(task, "lock_cooldown", 0) or getattr(task, "lock_scope", "run") == "queue")
+        if is_locked_task(task) and (bool(task.lock_cooldown) or task.lock_scope == "queue")
     )
 
 
