@@ -24,6 +24,7 @@ from celery.utils import uuid
 from . import _debounced as debounced
 from . import signals
 from ._handover import ending_lease
+from ._reach import no_quorum_at_producer
 from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
 from .aio import AsyncNodes, AsyncRedlock, _spawn
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
@@ -193,6 +194,7 @@ def reserve(
     except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
         logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
         return None, None, 0.0, None
+    no_quorum_at_producer(task.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
     return _verdict(task, lock, key, task_id, own_id=own_id)
 
 
@@ -364,6 +366,7 @@ async def areserve(
     except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
         logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
         return None, None, 0.0, None
+    no_quorum_at_producer(task.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
     if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
         # The running task's request as the loop's thread sees it (Celery keeps it per thread: the worker thread
         # has none, and a run sending its next run with its own id would be taken for a duplicate of itself).

@@ -15,6 +15,7 @@ from celery import bootsteps
 from kombu.utils.imports import symbol_by_name
 
 from . import _preskip as preskip
+from . import _reach
 from ._brokers import broker_findings
 from ._monitoring import LockedRequest
 from ._run import is_locked_task
@@ -328,6 +329,7 @@ class SettingsStep(bootsteps.Step):  # type: ignore[misc]
                 logger.error("%s", exc.format_message())  # noqa: TRY400 - one line, no traceback
             raise
         logger.info("celery_singleton_lock: %s", settings.describe())
+        _reach.warn_unreachable(settings.nodes, "worker")
         warn_about_broker(parent.app)
         warn_about_pool(parent)
         preskip.pool_started(parent)

@@ -40,6 +40,7 @@ from celery.schedules import schedule as interval_schedule
 from celery.utils.time import maybe_make_aware
 from celery.utils.time import timezone as celery_timezone
 
+from ._reach import warn_unreachable
 from ._startup import StartError, check_start
 from .config import LockSettings, settings_for
 from .redlock import Redlock
@@ -381,7 +382,9 @@ class SingletonSchedulerMixin:
         if not kwargs.get("lazy", False):
             # Run the worker's start checks (settings, every LockedTask's options) when beat starts, not at the first
             # due run: a bad setting stops beat with one line, as it stops a worker.
-            logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(check_start(self.app)))
+            settings = check_start(self.app)
+            logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(settings))
+            warn_unreachable(settings.nodes, "beat")
 
     def is_due(self, entry: Any) -> Any:
         """Celery's ``is_due``; but a ``last_run_at`` on the second pass of a repeated (DST fall-back) hour is read

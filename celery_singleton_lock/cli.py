@@ -45,6 +45,7 @@ from .inventory import (
     burst_line,
     done_marker_of,
     format_duration,
+    holder_label,
     line_of,
     list_locks,
     merge,
@@ -70,6 +71,7 @@ __all__ = [
     "format_show",
     "format_stats",
     "format_table",
+    "key_of_call",
     "list_locks",
     "locks",
     "merge",
@@ -104,7 +106,7 @@ def format_table(infos: Sequence[LockInfo], now: float) -> str:
             i.kind,
             i.task_name or "-",
             i.task_id or "-",
-            i.worker or "-",
+            holder_label(i),
             format_duration(i.age(now)),
             format_duration(i.ttl, none="never"),
             "-" if i.fencing_token is None else str(i.fencing_token),
@@ -146,7 +148,7 @@ def format_show(key: str, info: LockInfo | None, states: Sequence[NodeState | No
             fields += [
                 ("task", info.task_name or "-"),
                 ("task id", info.task_id or "-"),
-                ("worker", info.worker or "-"),
+                ("producer" if info.state in ("queued", "sending") else "worker", info.worker or "-"),
                 ("acquired", when),
                 ("ttl", format_duration(info.ttl, none="never")),
                 ("fencing token", "-" if info.fencing_token is None else str(info.fencing_token)),
@@ -230,8 +232,10 @@ def _report_errors(ctx: click.Context, report: Report[Any]) -> None:
 
 
 def _finish(ctx: click.Context, report: Report[Any]) -> None:
+    """Report the nodes that did not answer; exit 1 when any did not (what they hold is missing from the output,
+    even when a quorum answered: a script must not read an incomplete listing as complete)."""
     _report_errors(ctx, report)
-    if not report.ok:
+    if report.errors:
         ctx.exit(1)
 
 
@@ -257,17 +261,60 @@ def list_command(ctx: click.Context, *, as_json: bool, match: str, done: bool) -
     elif report.value:
         ctx.obj.echo(format_table(report.value, now))
     else:
-        ctx.obj.echo(f"no {'locks or done markers' if done else 'locks'} under {settings.prefix!r}")
+        matching = "" if match == "*" else f" matching {match!r}"
+        ctx.obj.echo(f"no {'locks or done markers' if done else 'locks'} under {settings.prefix!r}{matching}")
     _finish(ctx, report)
 
 
+def key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> str:
+    """The lock key a call ``task_name(*args, **kwargs)`` takes (``args``/``kwargs``: JSON, as ``celery call``
+    takes them); a one-line :class:`click.ClickException` for an unknown task, a task that is no LockedTask, or
+    arguments that are not JSON or do not fit the task's key."""
+    import difflib  # noqa: PLC0415
+
+    tasks = app.tasks
+    task = tasks.get(task_name)
+    if task is None:
+        close = difflib.get_close_matches(task_name, [n for n in tasks if not n.startswith("celery.")], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise click.ClickException(f"--task: no task named {task_name!r} in this app{hint}")
+    if not callable(getattr(task, "lock_key_for", None)):
+        raise click.ClickException(f"--task: {task_name} is not a LockedTask: it takes no lock")
+    try:
+        call_args = json.loads(args)
+        call_kwargs = json.loads(kwargs)
+    except ValueError as exc:
+        raise click.ClickException(f"--args/--kwargs must be JSON (e.g. --args '[7]' --kwargs '{{}}'): {exc}") from None
+    if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
+        raise click.ClickException("--args must be a JSON list and --kwargs a JSON object, e.g. '[7]' and '{}'")
+    try:
+        return str(task.lock_key_for(*call_args, **call_kwargs))
+    except (TypeError, ValueError, ConfigurationError) as exc:
+        raise click.ClickException(f"--task {task_name}: these arguments give no lock key: {exc}") from None
+
+
 @locks.command(name="show", cls=CeleryCommand)
-@click.argument("key")
+@click.argument("key", required=False)
+@click.option("--task", "task_name", default=None, help="Instead of KEY: the task of a call, e.g. shop.charge.")
+@click.option("--args", "call_args", default="[]", show_default=True, help="With --task: the call's args (JSON).")
+@click.option("--kwargs", "call_kwargs", default="{}", show_default=True, help="With --task: its kwargs (JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @click.pass_context
-def show_command(ctx: click.Context, key: str, *, as_json: bool) -> None:
-    """One KEY's holder and its state on each node."""
+def show_command(
+    ctx: click.Context, key: str | None, *, task_name: str | None, call_args: str, call_kwargs: str, as_json: bool
+) -> None:
+    """One KEY's holder and its state on each node; or the key a call takes (--task NAME --args '[7]').
+
+    Exit status 1 when nothing is under the key (no lock, burst or line) or a node did not answer.
+    """
+    if (key is None) == (task_name is None):
+        raise click.UsageError("give a KEY or --task NAME (with --args/--kwargs), not both")
     settings = _settings(ctx)
+    if task_name is not None:
+        key = key_of_call(ctx.obj.app, task_name, call_args, call_kwargs)
+        if not as_json:
+            ctx.obj.echo(f"{task_name}(*{call_args}, **{call_kwargs}) locks {key}")
+    assert key is not None
     report = show_lock(settings, key)
     info, states = report.value
     now = time.time()
@@ -297,6 +344,8 @@ def show_command(ctx: click.Context, key: str, *, as_json: bool) -> None:
         if waiting:
             ctx.obj.echo(f"waiting line   {waiting} waiting" + (f" (cap {cap}: lock_max_waiting)" if cap else ""))
     _finish(ctx, report)
+    if info is None and burst is None and not waiting:
+        ctx.exit(1)  # nothing under this key: a script asking "is it held?" gets no
 
 
 @locks.command(name="release", cls=CeleryCommand)
@@ -383,7 +432,13 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
         app = make_app(ctx.obj.app, secret=secret, refresh=refresh, allowed_hosts=allowed)
     except ConfigurationError as exc:
         raise click.ClickException(f"{exc} (set in {SECRET_ENV})") from None
-    server = serve(app, host, port)
+    try:
+        server = serve(app, host, port)
+    except OSError as exc:  # the port is in use, the address is not this host's, a port below 1024 unprivileged
+        why = exc.strerror or str(exc)
+        raise click.ClickException(
+            f"locks web cannot listen on {host}:{port}: {why} (pick another --port, or --port 0 for any free one)"
+        ) from None
     bound_host, bound_port = server.server_address[:2]
     mode = "releases need the secret" if secret else f"read-only (set {SECRET_ENV} to allow releases)"
     ctx.obj.echo(f"locks web for {settings.prefix!r} on http://{bound_host}:{bound_port}/ ({mode}); Ctrl-C stops")

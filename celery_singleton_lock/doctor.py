@@ -42,6 +42,7 @@ __all__ = [
     "clock_finding",
     "cluster_findings",
     "duplicate_findings",
+    "durability_findings",
     "eviction_finding",
     "format_findings",
     "gather_node",
@@ -69,7 +70,8 @@ CODES: Final[dict[str, str]] = {
     "node-role": "each lock node is a writable master (not a replica, not a Sentinel daemon)",
     "server-version": "the server and its version (Redis >= 5.0, or Valkey)",
     "eviction-policy": "maxmemory-policy is noeviction (no lock key can be evicted)",
-    "persistence": "appendonly is on (fencing counters survive a restart)",
+    "persistence": "appendonly is on (fencing counters survive a restart); an error when a task uses lock_cooldown or "
+    "lock_scope='queue' (their records must survive one)",
     "clock-drift": "the node's clock (TIME) is within --max-clock-drift of this host's",
     "unreadable": "a setting the checks need could not be read (INFO or CONFIG refused)",
     "node-count": "an odd number of lock nodes",
@@ -662,6 +664,49 @@ def run_doctor(
         facts = gather_nodes(settings, timeout=timeout)
         out.extend(node_findings(facts, prefix=settings.prefix, max_clock_drift=max_clock_drift))
     out.extend(broker_findings(app))
+    return durability_findings(app, out)
+
+
+def _lasting_tasks(app: Any) -> list[str]:
+    """The LockedTasks whose promise rests on records kept across time: ``lock_cooldown`` (no second run within it)
+    and ``lock_scope='queue'`` (no second message while one waits)."""
+    from ._run import is_locked_task  # noqa: PLC0415
+
+    try:
+        tasks = dict(app.tasks)
+    except Exception:  # a refused registration: reported by the start checks
+        return []
+    return sorted(
+        name
+        for name, task in tasks.items()
+        if is_locked_task(task) and (bool(task.lock_cooldown) or task.lock_scope == "queue")
+    )
+
+
+def durability_findings(app: Any, findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` with each ``persistence`` warning made an error when the app has a task using ``lock_cooldown``
+    or ``lock_scope='queue'``: a node restarted without an append-only file comes back empty (or with an older RDB
+    snapshot), so with a majority restarted such a record is on fewer than a quorum and a second call runs again
+    inside the cooldown (or publishes a second message), silently."""
+    lasting = _lasting_tasks(app)
+    if not lasting:
+        return list(findings)
+    named = ", ".join(lasting[:5]) + (f" and {len(lasting) - 5} more" if len(lasting) > 5 else "")
+    out: list[Finding] = []
+    for found in findings:
+        f = found
+        if f.code == "persistence" and f.level == "warning":
+            f = Finding(
+                "error",
+                f.code,
+                f.subject,
+                f"appendonly no, and {named} rely on lock records kept across time (lock_cooldown or "
+                "lock_scope='queue'): a restart empties this node (or brings back an older RDB snapshot), and with "
+                "a majority of nodes restarted a cooldown or reservation is left on fewer than a quorum: a second "
+                "call inside the cooldown runs (a second charge), with no error anywhere",
+                f.fix,
+            )
+        out.append(f)
     return out
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "Report",
     "done_marker_of",
     "format_duration",
+    "holder_label",
     "list_locks",
     "merge",
     "read_keys",
@@ -608,6 +609,14 @@ def read_stats(settings: LockSettings) -> Report[dict[str, int]]:
     ordered = {name: totals[name] for name in STATS_FIELDS}
     ordered.update({name: totals[name] for name in sorted(totals) if name not in ordered})
     return Report(ordered, tuple(errors), len(nodes), nodes.quorum)
+
+
+def holder_label(i: LockInfo) -> str:
+    """Who wrote a record: a queue-scope reservation names its *producer* (the process that called delay(), not a
+    worker: no worker has the job yet), a run its worker."""
+    if not i.worker:
+        return "-"
+    return f"producer {i.worker}" if i.state in ("queued", "sending") else i.worker
 
 
 def format_duration(seconds: float | None, *, none: str = "-") -> str:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 from urllib.parse import parse_qs
 
@@ -43,6 +43,7 @@ from .inventory import (
     Report,
     done_marker_of,
     format_duration,
+    holder_label,
     list_locks,
     merge,
     read_keys,
@@ -192,11 +193,14 @@ class Brief:
     kind: str  # task, beat, lock, done, foreign
     state: str
     task: str
+    holding: int = 0  # nodes holding the merged owner's record (0: done marker, foreign key)
+    total: int = 0  # nodes in all
 
 
 #: The page's sections, and which briefs go in each.
 SECTIONS: dict[str, Callable[[Brief], bool]] = {
-    "held": lambda b: b.kind != "done" and b.state in HELD_STATES,
+    "held": lambda b: b.kind not in ("done", "beat") and b.state in HELD_STATES,
+    "beat": lambda b: b.kind == "beat" and b.state in HELD_STATES,
     "reserved": lambda b: b.state in ("queued", "sending"),
     "cooldown": lambda b: b.state == "cooldown",
     "done": lambda b: b.kind == "done",
@@ -247,7 +251,7 @@ def classify(settings: LockSettings, keys: Sequence[str], *, skip: Iterable[int]
         shown = "partial"
         if count >= nodes.quorum:
             shown = _TASK_STATES.get(state, state) if state else "held"
-        briefs.append(Brief(key, kind, shown, name or task_of(settings.prefix, key)))
+        briefs.append(Brief(key, kind, shown, name or task_of(settings.prefix, key), count, len(nodes)))
     briefs.sort(key=lambda b: b.key)
     return Report(briefs, tuple(errors), len(nodes), nodes.quorum)
 
@@ -270,15 +274,18 @@ class Snapshot:
     quorum: int
 
 
-def snapshot(settings: LockSettings, page: int = 1) -> Snapshot:
+def snapshot(settings: LockSettings, page: int = 1, search: str = "") -> Snapshot:
     """Every key under the prefix (done markers too) classified, page ``page`` of each section read, and the lines.
 
     SCAN finds the keys (batches of 1,000), :func:`classify` sorts them into sections, and only the rows shown
-    (``PAGE_SIZE`` a section) are read in full: the page's cost grows slowly with the number of keys.
+    (``PAGE_SIZE`` a section) are read in full: the page's cost grows slowly with the number of keys. ``search``:
+    only the keys containing it, or whose task's name does (the page's search box).
     """
     scanned = scan_keys(settings, done=True)
     down = [settings.nodes.names.index(x.node) for x in scanned.errors]
     briefs = classify(settings, scanned.value, skip=down)
+    if search:
+        briefs = replace(briefs, value=[b for b in briefs.value if search in b.key or search == b.task])
     groups = {name: [b.key for b in briefs.value if test(b)] for name, test in SECTIONS.items()}
     wanted: list[str] = []
     for keys in groups.values():
@@ -318,7 +325,11 @@ def exposition(settings: LockSettings) -> str:
     Families: ``celery_lock_events_total{task,outcome}`` (counter: every outcome since the counts began, summed over
     every worker and host), ``celery_lock_wait_seconds{task}`` (summary: sum and count of the time runs waited
     before taking their lock), ``celery_lock_held{task}`` and ``celery_lock_waiting{task}`` (gauges: locks held and
-    jobs waiting in a line now), ``celery_lock_nodes_up`` (gauge: lock nodes that answered). Labels are ``task`` and
+    jobs waiting in a line now), ``celery_lock_partial{task}`` (gauge: lock records, cooldowns and reservations
+    included, on fewer than a quorum of nodes: no owner holds them, so they guard nothing, e.g. a cooldown left on
+    one node after two restarted empty), ``celery_lock_incomplete{task}`` (gauge: records on a quorum but not on
+    every node: one more node lost and they are partial), ``celery_lock_nodes_up`` (gauge: lock nodes that
+    answered). Labels are ``task`` and
     ``outcome`` only, never a key or a task id. A counter never goes down from one scrape to the next while a node
     holding some of its counts does not answer (:func:`_never_lower`).
     """
@@ -343,9 +354,14 @@ def exposition(settings: LockSettings) -> str:
     waiting: Counter[str] = Counter()
     for line in snap.lines:
         waiting[line.task] += line.length
+    records = [b for b in snap.briefs if b.kind not in ("done", "foreign")]
+    partial: Counter[str] = Counter(b.task for b in records if b.state == "partial")
+    incomplete: Counter[str] = Counter(b.task for b in records if b.state != "partial" and b.holding < b.total)
     for name, help_, values in (
         ("celery_lock_held", "Locks held now per task (running, retry-wait, ending, cooldown, queued).", held),
         ("celery_lock_waiting", "Jobs waiting in a line now per task.", waiting),
+        ("celery_lock_partial", "Lock records (cooldowns, reservations too) on fewer than a quorum of nodes.", partial),
+        ("celery_lock_incomplete", "Lock records on a quorum but not on every lock node now.", incomplete),
     ):
         out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
         out += [f'{name}{{task="{_label(t)}"}} {n}' for t, n in sorted(values.items())]
@@ -404,15 +420,22 @@ table{border-collapse:collapse}td,th{padding:2px 8px;border-bottom:1px solid #ee
 th{background:#f6f6f6}code{font-size:12px}.err{color:#b00020}.warn{color:#a15c00}.ok{color:#2e7d32}
 .muted{color:#777}.chart{display:inline-block;margin:0 2em 1em 0}.legend span{margin-right:1em}
 form.release{display:inline}form.release input{width:9em}
+tr.partial td{background:#fde0e0}tr.incomplete td{background:#fff4d6}details{margin:.5em 0}
+summary{cursor:pointer;color:#1e5fa8}
 """
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
-    """An HTML table; ``rows`` are already escaped HTML."""
+def _table(
+    head: Sequence[str], rows: Sequence[Sequence[str]], cls: str, row_classes: Sequence[str] | None = None
+) -> str:
+    """An HTML table; ``rows`` are already escaped HTML; ``row_classes``: a class per row ("" for none)."""
     if not rows:
         return '<p class="muted">none</p>'
     cells = "".join(f"<th>{e(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    marks = [f' class="{c}"' if c else "" for c in (row_classes or [""] * len(rows))]
+    body = "".join(
+        f"<tr{m}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row, m in zip(rows, marks, strict=True)
+    )
     return f'<table class="{cls}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -471,15 +494,29 @@ def _held_rows(snap: Snapshot, shown: Sequence[LockInfo], base: str, *, release:
             e(f"{len(i.nodes)}/{i.total}"),
         ]
         if release:
-            row.append(
-                f'<form class="release" method="post" action="{e(base)}/release">'
-                f'<input type="hidden" name="key" value="{e(i.key)}">'
-                f'<input type="hidden" name="owner" value="{e(_owner_digest(i.owner))}">'
-                '<input type="password" name="secret" placeholder="secret" autocomplete="off" required>'
-                "<button>release</button></form>"
-            )
+            row.append(_release_form(i, base))
         rows.append(row)
     return rows
+
+
+def _release_form(i: LockInfo, base: str) -> str:
+    """A release form naming the key and a digest of its holder's owner token (never the token: see
+    :func:`_owner_digest`); the release is owner-checked as ``celery locks release`` is."""
+    return (
+        f'<form class="release" method="post" action="{e(base)}/release">'
+        f'<input type="hidden" name="key" value="{e(i.key)}">'
+        f'<input type="hidden" name="owner" value="{e(_owner_digest(i.owner))}">'
+        '<input type="password" name="secret" placeholder="secret" autocomplete="off" required>'
+        "<button>release</button></form>"
+    )
+
+
+def _mark(i: LockInfo) -> str:
+    """A row's class: ``partial`` (on fewer than a quorum: it guards nothing), ``incomplete`` (on a quorum, not on
+    every node), or none."""
+    if i.state == "partial":
+        return "partial"
+    return "incomplete" if len(i.nodes) < i.total else ""
 
 
 def _owner_digest(owner: str | None) -> str:
@@ -506,13 +543,17 @@ def render(
     prefix: str,
     message: str = "",
     reload_to: str | None = None,
+    search: str = "",
+    call: tuple[str, str, str] = ("", "[]", "{}"),
 ) -> str:
     """The page's HTML (every value escaped); its refresh loads ``reload_to`` (the page's URL, when this answers a
-    POST) or reloads itself."""
+    POST) or reloads itself. ``search``: the key substring (or task name) the rows were filtered by; ``call``: the
+    task, args and kwargs of the call searched for, as typed."""
     counts = {name: n for name, (n, _) in snap.sections.items()}
-    held, reserved, cooling, done, foreign = (
-        snap.sections[name][1] for name in ("held", "reserved", "cooldown", "done", "foreign")
+    held, beat, reserved, cooling, done, foreign = (
+        snap.sections[name][1] for name in ("held", "beat", "reserved", "cooldown", "done", "foreign")
     )
+    partial = sum(b.state == "partial" for b in snap.briefs if b.kind not in ("done", "foreign"))
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>celery_singleton_lock</title>",
         f"<style>{STYLE}</style></head><body>",
@@ -522,21 +563,44 @@ def render(
     parts.append(
         f'<p class="{status}" id="nodes">{snap.answered} of {snap.total} lock node(s) answered (quorum {snap.quorum}); '
         f"{counts['held']} held, {sum(x.length for x in snap.lines)} waiting, {counts['reserved']} reserved, "
-        f"{counts['cooldown']} cooling down, {counts['done']} done markers. "
+        f"{counts['cooldown']} cooling down, {counts['beat']} beat claims, {counts['done']} done markers. "
         f'<span class="muted">Read at {e(time.strftime("%H:%M:%S", time.gmtime(snap.now)))} UTC'
         f"{f'; refreshes every {refresh:g}s' if refresh else ''}. "
         f'<a href="{e(base)}/metrics">/metrics</a></span></p>'
     )
     for error in snap.errors:
         parts.append(f'<p class="err">node {e(error.node)} did not answer: {e(error.error)}</p>')
+    if partial:
+        parts.append(
+            f'<p class="err" id="partial">{partial} partial record(s): on fewer than a quorum of nodes, they guard '
+            "nothing (a cooldown or reservation there lets a second call run); highlighted below</p>"
+        )
     if message:
         parts.append(f'<p class="warn" id="message">{e(message)}</p>')
+    task, args, kwargs = call
+    parts.append(
+        f'<form method="get" action="{e(base)}/" id="search">'
+        f'<input name="q" value="{e(search if not task else "")}" placeholder="key part or task name" size="30"> '
+        f"<button>search</button> <span class='muted'>or a call:</span> "
+        f'<input name="task" value="{e(task)}" placeholder="task, e.g. shop.charge" size="22">'
+        f'<input name="args" value="{e(args)}" placeholder="args JSON" size="12">'
+        f'<input name="kwargs" value="{e(kwargs)}" placeholder="kwargs JSON" size="12"> <button>find its key</button>'
+        + (f' <a href="{e(base)}/">clear</a>' if search else "")
+        + "</form>"
+    )
+    if search:
+        parts.append(f'<p class="muted" id="searched">only keys containing <code>{e(search)}</code></p>')
     shown, nav = held, _nav(counts["held"], page, base)
     head = ["key", "state", "task", "holder task id", "worker", "age", "time left", "fencing token", "nodes"]
     parts += [
         "<h2>Held</h2>",
         nav,
-        _table([*head, "release"] if release else head, _held_rows(snap, shown, base, release=release), "held"),
+        _table(
+            [*head, "release"] if release else head,
+            _held_rows(snap, shown, base, release=release),
+            "held",
+            [_mark(i) for i in shown],
+        ),
     ]
     if not release:
         parts.append('<p class="muted">Read-only: start with a secret to release locks here.</p>')
@@ -566,17 +630,39 @@ def render(
                 e(i.state),
                 e(i.task_name or "-"),
                 f"<code>{e(i.task_id or '-')}</code>",
+                e(holder_label(i)),
                 e(format_duration(i.ttl, none="never")),
+                e(f"{len(i.nodes)}/{i.total}"),
+                *([_release_form(i, base)] if release else []),
             ]
             for i in shown
         ]
-        parts += [f"<h2>{e(title)}</h2>", nav, _table(["key", "state", "task", "task id", "time left"], rows, cls)]
+        head = ["key", "state", "task", "task id", "sent or run by", "time left", "nodes"]
+        table = _table([*head, "release"] if release else head, rows, cls, [_mark(i) for i in shown])
+        parts += [f"<h2>{e(title)}</h2>", nav, table]
+    opened = " open" if search else ""
+    shown, nav = beat, _nav(counts["beat"], page, base)
+    rows = _held_rows(snap, shown, base, release=release)
+    head = ["key", "state", "task", "holder task id", "claimed by", "age", "time left", "fencing token", "nodes"]
+    parts += [
+        f'<details id="beat"{opened}><summary>{counts["beat"]} beat claim(s): one per schedule slot, kept about a '
+        "minute (show)</summary>",
+        nav,
+        _table([*head, "release"] if release else head, rows, "beat", [_mark(i) for i in shown]),
+        "</details>",
+    ]
     shown, nav = done, _nav(counts["done"], page, base)
     rows = [
         [f"<code>{e(i.lock_key)}</code>", f"<code>{e(i.task_id)}</code>", e(format_duration(i.ttl, none="never"))]
         for i in shown
     ]
-    parts += ["<h2>Done markers</h2>", nav, _table(["lock", "task id", "time left"], rows, "done")]
+    parts += [
+        f'<details id="done"{opened}><summary>{counts["done"]} done marker(s): finished task ids, not locks '
+        "(show)</summary>",
+        nav,
+        _table(["lock", "task id", "time left"], rows, "done"),
+        "</details>",
+    ]
     if foreign:
         shown, nav = foreign, _nav(counts["foreign"], page, base)
         rows = [[f"<code>{e(i.key)}</code>", e(i.redis_type)] for i in shown]
@@ -727,7 +813,12 @@ def make_app(
         except ValueError:
             number = 1
         current = settings()
-        snap = snapshot(current, number)
+        search = query.get("q", [""])[0].strip()[:200]
+        call = (query.get("task", [""])[0].strip()[:200], query.get("args", ["[]"])[0], query.get("kwargs", ["{}"])[0])
+        if call[0]:
+            search, why = _key_of_call(app, *call)
+            message = message or why
+        snap = snapshot(current, number, search)
         span, per_task, _ = read_minutes(current.nodes, current.prefix, 60, skip=_down(current, snap))
         nonce = secrets.token_urlsafe(16)
         base = environ.get("SCRIPT_NAME", "").rstrip("/")
@@ -743,6 +834,8 @@ def make_app(
             prefix=current.prefix,
             message=message,
             reload_to=f"{base}/" if environ.get("REQUEST_METHOD") == "POST" else None,
+            search=search,
+            call=call,
         )
         return _respond(start, status, body, nonce=nonce)
 
@@ -817,6 +910,25 @@ def make_app(
         return _respond(start, "404 Not Found", "not found\n", "text/plain; charset=utf-8")
 
     return wsgi
+
+
+def _key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> tuple[str, str]:
+    """The lock key of a call (``args``/``kwargs`` as JSON, as ``celery call`` takes them) and what the page says:
+    ``(key, "")``, or ``("\x00", why)`` when there is none (a search nothing matches)."""
+    task = getattr(app, "tasks", {}).get(task_name)
+    if task is None or not callable(getattr(task, "lock_key_for", None)):
+        return "\x00", f"no LockedTask named {task_name!r} in this app"
+    try:
+        call_args, call_kwargs = json.loads(args or "[]"), json.loads(kwargs or "{}")
+    except ValueError as exc:
+        return "\x00", f"args and kwargs must be JSON, e.g. [7] and {{}} ({str(exc)[:200]})"
+    if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
+        return "\x00", "args must be a JSON list and kwargs a JSON object, e.g. [7] and {}"
+    try:
+        key = str(task.lock_key_for(*call_args, **call_kwargs))
+    except (TypeError, ValueError, ConfigurationError) as exc:
+        return "\x00", f"{task_name}: these arguments give no lock key ({type(exc).__name__}: {str(exc)[:200]})"
+    return key, f"{task_name}(*{args}, **{kwargs}) locks {key}"
 
 
 def _host_name(host: str) -> str:

@@ -387,7 +387,7 @@ def test_unreachable_node_is_named_without_its_password(trio_urls: list[str], pr
     app = make_app([*trio_urls, f"redis://:s3cret@127.0.0.1:{port}/0"], prefix)
 
     result = run(app, "list")
-    assert result.exit_code == 0, result.output  # 3 of 4 answered: a quorum
+    assert result.exit_code == 1, result.output  # 3 of 4 answered: the listing lacks what the fourth holds
     assert "task-dead" in result.stdout
     assert f"127.0.0.1:{port}" in result.stderr
     assert "s3cret" not in result.output
@@ -472,3 +472,90 @@ def test_every_state_the_cli_can_show_is_explained(trio_urls: list[str], prefix:
         assert result.exit_code == 0, result.output
         assert f"{state}: {STATES[state]}; on 3/3 nodes" in result.stdout, result.stdout
         lock.release()
+
+
+def _cli_app(tmp_path: Path, urls: Sequence[str], prefix: str) -> dict[str, str]:
+    """A ``cli_app`` module in ``tmp_path`` (a LockedTask ``shop.charge(order_id)``); the env to run ``celery -A``."""
+    (tmp_path / "cli_app.py").write_text(
+        "from celery import Celery\n"
+        "from celery_singleton_lock import LockedTask\n"
+        "app = Celery('cli_app', broker='memory://')\n"
+        f"app.conf.singleton_lock_urls = {list(urls)!r}\n"
+        f"app.conf.singleton_lock_prefix = {prefix!r}\n"
+        "@app.task(base=LockedTask, name='shop.charge')\n"
+        "def charge(order_id, currency='EUR'):\n"
+        "    return order_id\n"
+    )
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+
+
+def celery_locks(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A cli_app locks ARGS`` in a real process, to its end."""
+    return subprocess.run(
+        [CELERY, "-A", "cli_app", "locks", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_exit_codes_say_a_node_is_down_and_a_key_holds_nothing(
+    tmp_path: Path, trio_urls: list[str], prefix: str
+) -> None:
+    """`list` and `stats` with one of four nodes down print what the others answer and exit 1; `show` of a key
+    nothing holds exits 1; `list --match X` that matches nothing names X."""
+    key = f"{prefix}reports.rebuild:ok"
+    hold(trio_urls, key, "task-ok")
+    dead = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+    down = _cli_app(tmp_path, [*trio_urls, dead], prefix)
+    listing = celery_locks(tmp_path, down, "list")
+    assert listing.returncode == 1 and "task-ok" in listing.stdout and "did not answer" in listing.stderr
+    stats = celery_locks(tmp_path, down, "stats")
+    assert stats.returncode == 1 and "did not answer" in stats.stderr
+    assert "s3cret" not in listing.stdout + listing.stderr + stats.stdout + stats.stderr
+    up = _cli_app(tmp_path, trio_urls, prefix)
+    assert celery_locks(tmp_path, up, "list").returncode == 0
+    assert celery_locks(tmp_path, up, "show", key).returncode == 0
+    missing = celery_locks(tmp_path, up, "show", f"{prefix}nosuchkey")
+    assert missing.returncode == 1 and "not held on any node" in missing.stdout
+    nothing = celery_locks(tmp_path, up, "list", "--match", "billing.*")
+    assert nothing.returncode == 0
+    assert nothing.stdout.strip() == f"no locks under {prefix!r} matching 'billing.*'"
+
+
+def test_show_finds_the_key_of_a_call(tmp_path: Path, trio_urls: list[str], prefix: str) -> None:
+    """`locks show --task shop.charge --args '[7]' --kwargs '{}'` (celery call's convention) names the key that call
+    locks and its state; a misspelt task name gets one line with the closest name."""
+    env = _cli_app(tmp_path, trio_urls, prefix)
+    free = celery_locks(tmp_path, env, "show", "--task", "shop.charge", "--args", "[7]", "--kwargs", "{}")
+    assert free.returncode == 1, free.stderr
+    first = free.stdout.splitlines()[0]
+    assert first.startswith("shop.charge(*[7], **{}) locks ") and "not held on any node" in free.stdout
+    key = first.rsplit(" ", 1)[1]
+    assert key.startswith(f"{prefix}shop.charge:")
+    hold(trio_urls, key, "task-7")
+    held = celery_locks(tmp_path, env, "show", "--task", "shop.charge", "--args", "[7]", "--kwargs", "{}")
+    assert held.returncode == 0, held.stderr
+    assert "running" in held.stdout and "task-7" in held.stdout
+    same = celery_locks(tmp_path, env, "show", "--task", "shop.charge", "--kwargs", '{"order_id": 7}', "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["lock"]["key"] == key
+    wrong = celery_locks(tmp_path, env, "show", "--task", "shop.charg", "--args", "[7]")
+    assert wrong.returncode != 0 and "did you mean 'shop.charge'?" in wrong.stderr
+    assert "Traceback" not in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1
+
+
+def test_web_on_a_port_in_use_says_so_in_one_line(tmp_path: Path, trio_urls: list[str], prefix: str) -> None:
+    """`locks web --port N` with N already taken exits non-zero with one line naming the port, no traceback."""
+    env = _cli_app(tmp_path, trio_urls, prefix)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = celery_locks(tmp_path, env, "web", "--port", str(port))
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line

@@ -167,3 +167,18 @@ def test_app_services_are_built_from_the_repo_dockerfile(services: dict[str, Any
     assert "pip install " in dockerfile
     assert " . " in dockerfile.split("pip install ", 1)[1].split("\n", 1)[0]
     assert "COPY examples/" in dockerfile
+
+
+def test_every_published_app_port_is_served_by_its_command(services: dict[str, Any]) -> None:
+    """A port published by an app service (not a Redis) is one its command listens on: the metrics service runs
+    ``celery locks web`` on it (the library's /metrics, summed over every worker), and no worker publishes a port
+    nothing listens on; the file's comments name the service that serves /metrics."""
+    apps = {name: s for name, s in services.items() if "redis" not in str(s.get("command"))}
+    published = {name: s["ports"] for name, s in apps.items() if s.get("ports")}
+    assert set(published) == {"metrics"}, published
+    words = tokens(services["metrics"]["command"])
+    assert words[:4] == ["celery", "-A", "examples.example_app", "locks"] and "web" in words
+    (port,) = published["metrics"]
+    assert default(port).startswith("127.0.0.1:") and default(port).endswith(":" + option_values(words, "--port")[0])
+    head = (ROOT / "docker-compose.yml").read_text().split("x-redis-healthcheck", 1)[0]
+    assert "each worker serves /metrics" not in head and "locks web" in head

@@ -581,3 +581,20 @@ def test_output_formats() -> None:
         "message": "appendonly no",
         "fix": "set appendonly yes",
     }
+
+
+@pytest.mark.parametrize("option", [{"lock_cooldown": 600}, {"lock_scope": "queue"}], ids=["cooldown", "queue"])
+def test_no_persistence_is_an_error_for_an_app_with_cooldowns_or_queue_scope(
+    good: list[Server], evicting: Server, option: dict[str, Any]
+) -> None:
+    """A node without AOF is a warning in general, but an error (exit 1) when a task uses lock_cooldown or queue
+    scope: a majority restarted empty would leave its cooldowns partial and a second charge would run."""
+    urls = [good[0].url(), good[1].url(), evicting.url()]
+    plain = run_cli({"singleton_lock_urls": urls, **CORRECT_CELERY}, "--json", broker=DEAD_REDIS_BROKER)
+    (finding,) = [f for f in json.loads(plain.stdout)["findings"] if f["code"] == "persistence" and f["level"] != "ok"]
+    assert finding["level"] == "warning"
+    conf = {"singleton_lock_urls": urls, **CORRECT_CELERY, "task_annotations": {"doctor_app.job": option}}
+    proc = run_cli(conf, broker=DEAD_REDIS_BROKER)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error    persistence" in proc.stdout and "doctor_app.job rely on lock records kept" in proc.stdout
+    assert "doctor FAILED" in proc.stdout

@@ -6,6 +6,7 @@ from the outside: every call's returned id, and the runs the tasks record.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ from celery.exceptions import TaskRevokedError
 from kombu.exceptions import EncodeError
 from worker_cluster import Cluster, cluster, new_key, overlapping, polling
 
-from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock import DuplicateTaskError, _reach
 
 pytestmark = pytest.mark.slow
 TTL = 3.0
@@ -193,6 +194,27 @@ def test_no_quorum_at_delay_sends_anyway_and_the_worker_guards(c: Cluster) -> No
         c.start_locks()
     assert result.get(timeout=30) == k
     assert len(c.runs(k)) == 1
+
+
+def test_no_quorum_at_delay_is_said_once_per_interval_not_per_call(
+    c: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With 2 of 3 lock nodes down, five delay() calls of queue-scope jobs publish unreserved and the producer says so
+    in one WARNING (naming the nodes that do not answer, no password), not five."""
+    mod = c.app_module()
+    keys = [new_key() for _ in range(5)]
+    _reach._last_said.clear()  # a warning an earlier test of this process logged starts its own interval
+    c.stop_locks(2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.task"):
+            results = [mod.q_work.delay(k, 0.0) for k in keys]
+    finally:
+        c.start_locks()
+    said = [r.getMessage() for r in caplog.records if "found no quorum" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "a queue-scope reservation found no quorum of lock nodes (1 of 3 answer, 2 needed" in said[0]
+    assert all(f"127.0.0.1:{s.port}" in said[0] for s in c.locks[:2])
+    assert all(r.get(timeout=30) == k for r, k in zip(results, keys, strict=True))
 
 
 def test_group_members_are_checked_at_the_worker_only(c: Cluster) -> None:

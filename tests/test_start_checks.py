@@ -20,10 +20,11 @@ from typing import Any, ClassVar
 import pytest
 from celery import Celery
 from matrix_cases import GROUP_CASES, refusal_classes, resolved
+from worker_cluster import polling
 
 from celery_singleton_lock import ConfigurationError, LockedTask
 from celery_singleton_lock.task import start_problems
-from celery_singleton_lock.testing import CeleryWorker, RedisServer
+from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port
 
 APPS = Path(__file__).parent / "apps"
 PASSWORD = "s3cr3t-start-pw"
@@ -255,3 +256,69 @@ def test_each_refusal_of_the_options_matrix_stops_the_worker_and_fails_the_docto
     assert status == 1, output
     assert any(line.split()[:1] == ["error"] and says in line for line in output.splitlines()), output
     assert "Traceback" not in output
+
+
+# -- unreachable lock nodes: said at worker and beat start (a warning, never a refusal) ------------------------------
+
+
+def _reach_env(trio: list[RedisServer], dead: int) -> tuple[dict[str, str], list[str]]:
+    """``config_app`` on three lock nodes, the last ``dead`` of them where nothing listens (with a password)."""
+    ports = [free_port() for _ in range(dead)]
+    urls = [s.url for s in trio[: 3 - dead]] + [f"redis://:{PASSWORD}@127.0.0.1:{p}/0" for p in ports]
+    env = {"CSL_BROKER": trio[0].url, "CSL_CONF": json.dumps({"singleton_lock_urls": urls}), "CSL_TASK": "{}"}
+    return env, [f"redis://127.0.0.1:{p}/0" for p in ports]
+
+
+@pytest.mark.parametrize("dead", [1, 2], ids=["one-down", "no-quorum"])
+def test_the_worker_names_unreachable_lock_nodes_and_the_quorum_at_start(
+    redis_trio: list[RedisServer], tmp_path: Path, dead: int
+) -> None:
+    """A worker whose lock nodes do not all answer still starts ("ready"), but says at start which ones do not
+    (redacted: no password) and whether a quorum still answers: a WARNING with one down, an ERROR with no quorum."""
+    env, names = _reach_env(redis_trio, dead)
+    worker = CeleryWorker("config_app", "reach", cwd=str(APPS), log_path=str(tmp_path / "w.log"), pool="solo", env=env)
+    try:
+        worker.start(timeout=60)
+    finally:
+        worker.kill()
+    output = worker.log()
+    assert " ready." in output
+    (line,) = [x for x in output.splitlines() if "lock node(s) unreachable" in x]
+    assert f"{dead} of 3 lock node(s) unreachable" in line and "at worker start" in line
+    assert all(name in line for name in names) and redis_trio[0].url not in line
+    if dead == 1:
+        assert "WARNING" in line and "quorum 2 of 3 still reachable" in line
+    else:
+        assert "ERROR" in line and "NO QUORUM: 1 of 3 answer, 2 needed" in line
+    assert PASSWORD not in output
+
+
+def test_beat_names_an_unreachable_lock_node_at_start(redis_trio: list[RedisServer], tmp_path: Path) -> None:
+    """``celery beat -S singleton`` with one of three lock nodes down starts and says so once, naming the node
+    (redacted) and that the quorum still answers."""
+    env, names = _reach_env(redis_trio, 1)
+    path = os.pathsep.join(filter(None, [str(APPS), os.environ.get("PYTHONPATH")]))
+    log = tmp_path / "beat.log"
+    args = ["-A", "config_app", "beat", "-S", "singleton", "--schedule", str(tmp_path / "s"), "-f", str(log)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", *args],
+        cwd=APPS,
+        env={**os.environ, "PYTHONPATH": path, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    output = ""
+    try:
+        for _ in polling(60, 0.2):
+            output = log.read_text(errors="replace") if log.exists() else ""
+            if "unreachable" in output or proc.poll() is not None:
+                break
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    (line,) = [x for x in output.splitlines() if "lock node(s) unreachable" in x]
+    assert "WARNING" in line and "1 of 3 lock node(s) unreachable" in line and names[0] in line
+    assert "quorum 2 of 3 still reachable" in line and "at beat start" in line
+    assert PASSWORD not in output

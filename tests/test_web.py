@@ -13,9 +13,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -548,3 +550,133 @@ def test_the_page_refreshes_itself(site: Site, browser: Browser) -> None:
         browser.evaluate("window.__first = true")
         reloaded = browser.wait_for("document.readyState === 'complete' && window.__first === undefined", 15)
         assert reloaded
+
+
+# -- what an operator reads: folded claims, partial records, the producer, the search, no tokens -------------------
+
+
+def _records(site: Site) -> dict[str, Any]:
+    """A beat claim, a done marker, a queued reservation by a producer, a cooldown on every node and one left on a
+    single node (partial), each written as the library writes it, under the page's prefix."""
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.record import done_key_for  # noqa: PLC0415
+
+    c, tag = site.c, uuid.uuid4().hex[:8]
+    prefix = c.app_module().app.conf.singleton_lock_prefix
+    at = str(int(time.time() * 1000))
+    made: dict[str, Any] = {}
+
+    def take(key: str, urls: list[str], **record: str) -> Redlock:
+        lock = Redlock(urls, f"{prefix}{key}", ttl=60.0, job=f"job-{key}", record=record or None, fencing=False)
+        assert lock.acquire(blocking=False), key
+        return lock
+
+    made["beat"] = take(f"beat:tick-{tag}:2026-01-01T00:00", c.lock_urls)
+    made["queued"] = take(f"ops.charge-{tag}", c.lock_urls, state="queued", name="ops.charge", worker="4242@shop-web")
+    made["cool"] = take(f"ops.cool-{tag}", c.lock_urls, state="cooldown", name="ops.cool", worker="77@w1", at=at)
+    made["partial"] = take(f"ops.gone-{tag}", c.lock_urls[:1], state="cooldown", name="ops.gone", at=at)
+    done = done_key_for(f"{prefix}ops.cool-{tag}", f"done-{tag}")
+    for client in (c.lock_client(s) for s in c.locks):
+        client.set(done, "1", ex=60)
+    made["tag"] = tag
+    return made
+
+
+def test_the_page_folds_beat_claims_and_done_markers_and_names_the_producer(site: Site) -> None:
+    """Beat claims and done markers sit in folded sections (a count and a toggle), not in the Held table; a queued
+    reservation's writer reads "producer pid@host"; a cooldown has a release form, and its release (owner-checked,
+    by the digest the page shows) ends it."""
+    made = _records(site)
+    try:
+        tag = made["tag"]
+        status, body = site.get("/")
+        assert status == 200
+        held = body.split("<h2>Held</h2>", 1)[1].split("<h2>", 1)[0]
+        assert f"tick-{tag}" not in held
+        beat = body.split('<details id="beat">', 1)[1].split("</details>", 1)[0]
+        assert f"tick-{tag}" in beat and "beat claim(s)" in beat.split("</summary>")[0]
+        done = body.split('<details id="done">', 1)[1].split("</details>", 1)[0]
+        assert f"done-{tag}" in done
+        reserved = body.split("<h2>Queue-scope reservations</h2>", 1)[1].split("<h2>", 1)[0]
+        assert "producer 4242@shop-web" in reserved
+        cooling = body.split("<h2>Cooldowns</h2>", 1)[1].split("<h2>", 1)[0]
+        row = next(r for r in cooling.split("<tr") if f"ops.cool-{tag}" in r)
+        assert 'action="/release"' in row
+        digest = row.split('name="owner" value="', 1)[1].split('"', 1)[0]
+        status, answer = site.post("/release", {"key": made["cool"].name, "owner": digest, "secret": SECRET})
+        assert status == 200 and "released" in answer
+        assert not made["cool"].owned()
+    finally:
+        for lock in (made[k] for k in ("beat", "queued", "cool", "partial")):
+            lock.release()
+
+
+def test_partial_records_are_highlighted_and_counted_in_metrics(site: Site) -> None:
+    """A cooldown left on one node of three (two restarted empty) shows as a highlighted partial row with a warning
+    above the tables, and /metrics counts it in celery_lock_partial{task}; a record on all three is not counted."""
+    made = _records(site)
+    try:
+        tag = made["tag"]
+        _status, body = site.get("/")
+        assert 'id="partial"' in body
+        row = next(r for r in body.split("<tr") if f"ops.gone-{tag}" in r)
+        assert row.startswith(' class="partial"')
+        _status, text = site.get("/metrics")
+        families = metrics_families(text)
+        partial = {s.labels["task"]: s.value for s in families["celery_lock_partial"].samples}
+        assert partial.get("ops.gone") == 1 and "ops.cool" not in partial
+        assert "celery_lock_incomplete" in families
+    finally:
+        for lock in (made[k] for k in ("beat", "queued", "cool", "partial")):
+            lock.release()
+
+
+def test_the_page_finds_a_key_by_substring_or_by_a_call(site: Site) -> None:
+    """The search box keeps only keys containing the text; a call (task, args and kwargs as JSON) shows its key and
+    only that key's rows."""
+    c = site.c
+    mod = c.app_module()
+    made = _records(site)
+    result, k, _ = _running(site, 3.0)
+    try:
+        tag = made["tag"]
+        status, body = site.get(f"/?q=charge-{tag}")
+        assert status == 200 and f"ops.charge-{tag}" in body and f"ops.cool-{tag}" not in body
+        query = urllib.parse.urlencode({"task": mod.work.name, "args": json.dumps([k, 3.0]), "kwargs": "{}"})
+        status, body = site.get(f"/?{query}")
+        key = mod.work.lock_key_for(k)
+        assert status == 200 and f"locks {key}" in body
+        held = body.split("<h2>Held</h2>", 1)[1].split("<h2>", 1)[0]
+        assert key in held and f"ops.cool-{tag}" not in body
+    finally:
+        result.revoke()
+        for lock in (made[kind] for kind in ("beat", "queued", "cool", "partial")):
+            lock.release()
+
+
+def test_no_owner_token_nor_a_piece_of_one_is_in_any_output(site: Site) -> None:
+    """With a secret set, the page, a search, /metrics and /locks.json hold no owner token of any holder, nor any 8
+    characters of its random part: the release forms carry a digest of it."""
+    c = site.c
+    made = _records(site)
+    result, _, _ = _running(site, 3.0)
+    try:
+        tokens = set()
+        for client in (c.lock_client(s) for s in c.locks):
+            for key in client.scan_iter(match=f"{c.app_module().app.conf.singleton_lock_prefix}*", count=1000):
+                with contextlib.suppress(Exception):
+                    owner = client.hget(key, "owner")
+                    if owner:
+                        tokens.add(owner.decode())
+        assert len(tokens) >= 4
+        outputs = [site.get(path)[1] for path in ("/", "/metrics", "/locks.json", f"/?q={made['tag']}")]
+        for token in tokens:
+            random_part = token[-32:]  # the label before it (beat@host:pid:...) is no secret
+            pieces = {random_part[i : i + 8] for i in range(len(random_part) - 7)}
+            for out in outputs:
+                assert token not in out
+                assert not [p for p in pieces if p in out], token
+    finally:
+        result.revoke()
+        for lock in (made[kind] for kind in ("beat", "queued", "cool", "partial")):
+            lock.release()
