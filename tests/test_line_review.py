@@ -364,7 +364,7 @@ def test_a_killed_job_s_redelivery_keeps_its_place_against_lock_max_waiting(c: C
     short = {"CSL_VISIBILITY": "15"}  # only these workers restore unacked messages, 15 s after their delivery
     doomed = _worker(c, appdir, "wdoomed", queues="redeliver", concurrency=1, env=short)
     k = new_key()
-    killed = mod.a_capped_one.apply_async((k, 60.0), queue="redeliver")
+    killed = mod.a_capped_one.apply_async((k, 8.0), queue="redeliver")
     c.wait_started(k)
     doomed.kill()  # its message stays unacked; its lease ends within 2 s (nobody renews it)
     heir = _worker(c, appdir, "wheir", queues="redeliver", concurrency=3, env=short)
