@@ -236,12 +236,8 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
 def wait(task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, blob: str) -> None:
     """Re-send this job's delivery for its due time, carrying the burst's newest arguments; this one stops."""
     loaded = kombu_json.loads(blob)  # type: ignore[no-untyped-call]
-    merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
-    merged[DEBOUNCE_HEADER] = seq
     countdown = _countdown(options, due)
-    copy = task.signature_from_request(
-        request, args=list(loaded[0]), kwargs=dict(loaded[1]), headers=merged, countdown=countdown
-    )
+    copy = resend.copy(task, {DEBOUNCE_HEADER: seq}, args=list(loaded[0]), kwargs=dict(loaded[1]), countdown=countdown)
     copy.apply_async()
     said = f"debounced: re-sent to run in {countdown:.1f}s (its burst's quiet period)"
     logger.debug("Task %s[%s] %s: lock %s", task.name, run.task_id, said, run.key)

@@ -56,6 +56,7 @@ from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
 from .policies import policy_for
 from .policies import rate as rate_policy
+from .record import limits_key_for
 from .redlock import Redlock
 from .renewal import watchdog
 
@@ -92,10 +93,11 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
         # No lock at all (lock_limit=None): the rate alone decides. Nothing to hold, release or mark done.
         rate_gate(task, run, None, options)
         return
-    lock = task._new_lock(key, task_id, options, retries, run.limit)
-    acquired = lock.acquire(blocking=False)
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
+    scan = slots_to_scan(task, options, run.limit, redelivered or retries > 0) if callable(type(task).lock_limit) else 0
+    lock = task._new_lock(key, task_id, options, retries, run.limit, scan)
+    acquired = lock.acquire(blocking=False)
     reserved = task.lock_scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
     if acquired and not redelivered and not reserved:
         # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
@@ -128,7 +130,7 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # token: take that over (a few times at most).
             for _ in range(3):
                 holder_owner = lock.held_by
-                lock = task._new_lock(key, task_id, options, retries, run.limit)
+                lock = task._new_lock(key, task_id, options, retries, run.limit, scan)
                 lock.replaces = holder_owner
                 acquired = lock.acquire(blocking=False)
                 record = lock.holder_record or {}
@@ -158,6 +160,45 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
         carry_out(task, run, decision, facts, lock, options)
         return
     raise AssertionError(f"no decision settled for {task.name}[{task_id}]: {facts}")  # pragma: no cover
+
+
+#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes, by limits key.
+_limits_noted: dict[str, int] = {}
+
+
+def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) -> int:  # noqa: FBT001
+    """A callable ``lock_limit``: how many slots this delivery's acquire looks at for its own job's record.
+
+    Timeline of what it prevents: a run takes slot 2 under a limit of 3; the function then answers 1; the run's
+    redelivery (a visibility timeout, the run still alive) would look at slot 0 only, find it free and run the job a
+    second time beside the live run. So every limit used is noted on the nodes before a slot is taken under it (once
+    per process and limit: no round trip after the first), and a copy of a job (redelivered, re-sent as one, a
+    retry) looks at every slot the highest one noted may have given it (one more round trip, for copies only).
+    """
+    settings = options.settings
+    space = limits_key_for(settings.prefix, task.lock_group or task.name)
+    if limit > _limits_noted.get(space, 1):
+        noted = 0
+        for client in settings.nodes.clients:
+            try:
+                client.zadd(space, {str(limit): limit})
+                noted += 1
+            except Exception:  # a node that missed it: the others still say it (the highest of any node counts)
+                logger.debug("could not note limit %d of %s", limit, task.name, exc_info=True)
+        if noted:
+            _limits_noted[space] = limit
+    if not copy:
+        return 0
+    highest = limit
+    for client in settings.nodes.clients:
+        try:
+            top = client.zrange(space, -1, -1, withscores=True)
+        except Exception:  # cannot tell from this node: the others answer
+            logger.debug("could not read the limits of %s", task.name, exc_info=True)
+            continue
+        if top:
+            highest = max(highest, int(top[0][1]))
+    return highest
 
 
 def gather(
@@ -272,9 +313,10 @@ def settle_done(task: LockedTask, run: Run, task_id: str) -> bool:
 def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options) -> bool:
     """``lock_rate``: count this start if the window allows it (one more round trip), True then: the body runs.
 
-    Over the rate, the lock (if any) is given back at once, as if never taken, and ``lock_on_rate_limit`` acts:
-    ``wait`` re-sends this delivery for the moment the window lets a start in (never early: that copy asks again),
-    ``skip`` stores REVOKED, ``fail`` raises RateLimitedError. Without a quorum, ``lock_on_unavailable`` acts.
+    Over the rate, ``lock_on_rate_limit`` acts: ``wait`` re-sends this delivery for the moment the window lets a start
+    in (never early: that copy asks again; see :func:`wait_for_rate` for what it keeps meanwhile), ``skip`` stores
+    REVOKED, ``fail`` raises RateLimitedError; the lock (if any) is given back at once, as if never taken. Without a
+    quorum, ``lock_on_unavailable`` acts (``run``: the body starts uncounted, under its lock).
     """
     rate, key = options.rate, run.rate_key
     if rate is None or key is None:
@@ -286,15 +328,6 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         run.rate_token = verdict.token
         return True
     request = task.request
-    if lock is not None:
-        try:
-            lock.release()
-        except Exception:  # it expires within its ttl
-            logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
-        if run.parked or getattr(request, PARKED_HEADER, None):
-            line.unpark(task, run.key, run.task_id, options)
-        if options.waits_in_line:
-            line.wake_next(task, run.key, options)
     task_id = run.task_id
     if verdict.outcome == "unavailable":
         policy = options.on_unavailable
@@ -309,9 +342,11 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
             or request.is_eager
             or (options.settings.max_retries is not None and attempt + 1 > options.settings.max_retries)
         ):
+            give_back(task, run, lock, options)
             raise LockUnavailableError(key, node_errors=verdict.errors)
         delay = min(options.settings.retry_max_delay, options.settings.retry_delay * 2**attempt)
-        resend.defer(task, run, delay * (0.5 + 0.5 * random.random()), "unavailable", {ATTEMPT_HEADER: attempt + 1})  # noqa: S311
+        countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
+        wait_for_rate(task, run, lock, options, countdown, "unavailable", {ATTEMPT_HEADER: attempt + 1})
         return False
     task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
@@ -319,8 +354,10 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
     contended = verdict.contended and not request.is_eager
     if not contended and (options.on_rate_limit == "fail" or request.is_eager):
+        give_back(task, run, lock, options)
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
     if not contended and options.on_rate_limit == "skip":
+        give_back(task, run, lock, options)
         reason = f"{task.name} skipped: {said}"
         if not (task.ignore_result or request.ignore_result):
             task.backend.mark_as_revoked(task_id, reason, request=None)
@@ -333,8 +370,74 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
     countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
     waits = int(getattr(request, RATE_HEADER, 0) or 0)
-    resend.defer(task, run, countdown, "rate", {RATE_HEADER: waits + 1}, said)
+    wait_for_rate(task, run, lock, options, countdown, "rate", {RATE_HEADER: waits + 1}, said)
     return False
+
+
+def give_back(task: LockedTask, run: Run, lock: Redlock | None, options: Options) -> None:
+    """A delivery whose body does not start after all gives its lock back at once, leaves the line, wakes it."""
+    if lock is None:
+        return
+    try:
+        lock.release()
+    except Exception:  # it expires within its ttl
+        logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
+    if run.parked or getattr(task.request, PARKED_HEADER, None):
+        line.unpark(task, run.key, run.task_id, options)
+    if options.waits_in_line:
+        line.wake_next(task, run.key, options)
+
+
+def wait_for_rate(
+    task: LockedTask,
+    run: Run,
+    lock: Redlock | None,
+    options: Options,
+    countdown: float,
+    reason: str,
+    headers: dict[str, Any],
+    detail: str = "",
+) -> None:
+    """Re-send this delivery for its rate's window; while it waits it keeps what its call holds against other calls:
+
+    - queue scope: the key stays reserved for this job (the lock handed back to ``queued`` under its task id, as a
+      reservation), so a later call of the key gets this job, and this job's copy takes the reservation over;
+    - ``replace``: it waits in the key's line (lua/park_replacing.lua), so of the calls waiting for the lock or the
+      window only the newest runs: an older one waiting is superseded by it, or it is superseded by a newer one;
+    - otherwise the lock is given back (its copy is this call again: it keeps its place, see _resend.copy).
+    """
+    task_id = run.task_id
+    reserved = task.lock_scope == "queue" and not run.retries  # a retry waits as in run scope (see decide)
+    if lock is not None and reserved and keep_reserved(task, run, lock, countdown):
+        if run.parked or getattr(task.request, PARKED_HEADER, None):
+            line.unpark(task, run.key, task_id, options)
+    elif lock is not None and options.policy.replaces and not task.request.chord:
+        try:
+            lock.release()
+        except Exception:  # it expires within its ttl
+            logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
+        run.parked = line.park(task, run, task_id, options)
+        if run.superseded_by is not None:  # a newer call waits: it runs, this one does not
+            line.wake_next(task, run.key, options)
+            line.replaced(task, run, task_id, run.superseded_by)
+            return
+        if run.parked:  # the only one waiting now (park_replacing took every older one out): nobody to wake
+            headers = {**headers, PARKED_HEADER: 1}
+        else:
+            line.wake_next(task, run.key, options)
+    else:
+        give_back(task, run, lock, options)
+    resend.defer(task, run, countdown, reason, headers, detail)
+
+
+def keep_reserved(task: LockedTask, run: Run, lock: Redlock, countdown: float) -> bool:
+    """Queue scope: hand the lock this delivery took over back to a reservation (``queued``, this task id) for its
+    re-sent copy, lasting its countdown plus ``lock_queue_ttl`` (as a reservation made at ``apply_async``)."""
+    try:
+        return lock.transfer(countdown + float(task.lock_queue_ttl), {"state": QUEUED, "open": "1"})
+    except Exception:  # not kept: released as any refused start (it expires within its ttl otherwise)
+        logger.debug("could not keep the reservation of lock %s", run.key, exc_info=True)
+        return False
 
 
 def uncount_rate(run: Run, options: Options) -> None:
@@ -436,11 +539,9 @@ class _Duplicate:
         # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
         # lease must have ended (a live holder's renewals keep it ~ttl away).
         run = self.run
+        # A call that could not park (its line's node unreachable) waits uncapped: its copy is that call again,
+        # never a new duplicate for lock_max_waiting (every copy says when its call arrived, see _resend.copy).
         headers: dict[str, Any] = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
-        if not run.parked and self.task._options().max_waiting is not None:
-            # lock_max_waiting: a call that could not park (its line's node unreachable) waits uncapped; its own
-            # copy is never a new duplicate when the line is back (the cap refuses calls, not waiting ones).
-            headers[PARKED_HEADER] = 1
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.task, run, countdown, "duplicate", headers, detail, self.holder_id)
 

@@ -79,8 +79,9 @@ def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
         cap = options.max_waiting
         if cap is not None:
             # lock_max_waiting: a new duplicate that finds the line full is not parked (the caller skips it). A
-            # waiting job's own copies (its fallback, the copy a release woke) carry PARKED_HEADER: never new.
-            new = not getattr(request, PARKED_HEADER, None) and not request.chord
+            # call's own re-sent copies (every one carries SINCE_HEADER, see _resend.copy) and the broker's
+            # redelivery of a job that was received before are that call again: never new.
+            new = not (getattr(request, SINCE_HEADER, None) or run.redelivered or request.chord)
             parked, length = client.eval(
                 _PARK_CAPPED, 2, line, messages, task_id, arrived, message, expire_ms, cap, "1" if new else "0"
             )

@@ -34,9 +34,6 @@ def defer(
         if reason == "unavailable":
             raise LockUnavailableError(run.key)
         raise DuplicateTaskError(run.key, task_name=task.name, holder_task_id=holder_id)
-    # Every copy carries when its call first reached a worker: "replace" orders calls by first arrival, and a
-    # first delivery re-sent for any reason (no quorum, a split vote, a "sending" holder) is still that call.
-    headers = {SINCE_HEADER: since(request), **headers}
     if run.redelivered or reason == "redelivered":
         # Another copy of this message may exist (or will: the broker's own redelivery): the copy sent here
         # keeps saying so, so that when it runs it asks whether the job already succeeded, and its success
@@ -59,11 +56,17 @@ def defer(
 def copy(task: LockedTask, headers: dict[str, Any], **options: Any) -> Any:
     """A signature re-sending this delivery (same task id and options) with our ``headers`` added.
 
+    Every re-send of a call goes through here (a deferred copy, the message a line wakes, a debounced job's copy for
+    its due time), and every copy carries when its call first reached a worker (SINCE_HEADER): the copy is that call
+    again, never a new one. "replace" orders calls by first arrival, and ``lock_max_waiting`` counts new duplicates
+    only (a re-sent call keeps its place whatever sent it: its rate window, a split vote, no quorum, a twin).
+
     RabbitMQ's x-death headers are dropped from the copy (as Celery does for retry()): RabbitMQ < 4.0.1 drops a
     message it sees cycling through dead-lettering, and quorum queues' delayed delivery dead-letters.
     """
     request = task.request
     merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
+    merged[SINCE_HEADER] = since(request)
     merged.update(headers)
     return task.signature_from_request(request, headers=merged, **options)
 

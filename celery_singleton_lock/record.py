@@ -47,6 +47,7 @@ __all__ = [
     "done_key_for",
     "fence_key_for",
     "fence_key_in_slot",
+    "limits_key_for",
     "newest_claim_key_for",
     "record_of",
     "sibling_key",
@@ -151,6 +152,12 @@ def claimed_key_for(key: str, job: str) -> str:
 def newest_claim_key_for(key: str) -> str:
     """The task id of the newest debounced job that claimed a burst of ``key``: same slot as ``key``."""
     return sibling_key(key, ":debounced-newest")
+
+
+def limits_key_for(prefix: str, space: str) -> str:
+    """The limits a task (or ``lock_group``) with a callable ``lock_limit`` has used: a sorted set, each limit scored by
+    itself, so a copy of a job looks at every slot it may hold, however the limit changed since (one key per task)."""
+    return f"{prefix}limits:{space}"
 
 
 def sibling_key(key: str, suffix: str) -> str:

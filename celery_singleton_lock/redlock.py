@@ -210,8 +210,13 @@ class _LeaseSpec:
         fence_key: str,
         limit: int,
         clock: Callable[[], float],
+        scan: int = 0,
     ) -> None:
-        """The lease's spec from checked arguments (``fence_key`` resolved by the caller, who knows its nodes)."""
+        """The lease's spec from checked arguments (``fence_key`` resolved by the caller, who knows its nodes).
+
+        ``scan`` (> ``limit``): the acquire also looks at the slots above the limit, up to ``scan``, for this job's own
+        record (a slot it took while the limit was higher), never taking one of them.
+        """
         self.name = name
         self.fence_key = fence_key
         self.ttl = float(ttl)
@@ -223,13 +228,13 @@ class _LeaseSpec:
             fields["job"] = job
         self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
         self.limit = limit
-        self._slots = slot_keys(name, limit)
+        self._slots = slot_keys(name, max(limit, scan))
         self._keys: tuple[str, ...] = (
             (name, fence_key, *self._slots[1:])
             if job is None
             else (name, fence_key, *self._slots[1:], done_key_for(name, job))
         )
-        self._limit_arg = str(limit)
+        self._limit_arg = f"{limit}/{scan}" if scan > limit else str(limit)
         self._fencing = "1" if fencing else "0"
         self._clock = clock
         self._lease: _Lease | None = None
@@ -393,6 +398,7 @@ class Redlock(_LeaseSpec):
         fencing: bool = True,
         fence_key: str | None = None,
         limit: int = 1,
+        scan: int = 0,
         socket_timeout: float = 0.5,
         auto_renewal: bool = True,
         interrupt_on_loss: bool = False,
@@ -414,6 +420,7 @@ class Redlock(_LeaseSpec):
             fence_key=self.nodes.same_slot(fence_key, name) if fence_key else fence_key_for(name),
             limit=limit,
             clock=clock,
+            scan=scan,
         )
         self._sleep = sleep
         self._mutex = threading.Lock()  # orders release/transfer against the watchdog's extend
@@ -462,7 +469,7 @@ class Redlock(_LeaseSpec):
             (token, ttl_ms, self._fencing, self.replaces or "", self.job or "", self._limit_arg, *self._fields),
             undo_on_timeout=(_UNDO, self._slots, (token,)),
         )
-        if self.limit == 1 and all(type(a) is list and a[0] == ACQUIRED for a in answers):
+        if len(self._slots) == 1 and all(type(a) is list and a[0] == ACQUIRED for a in answers):
             # The common case, every node granted the one key: the general path below with nothing to undo, fence
             # or settle, when every node gave the same fencing token (always so on one node).
             fence = int(answers[0][1])

@@ -354,7 +354,9 @@ class LockedTask(Task):  # type: ignore[misc]
             raise ConfigurationError(f"lock_limit of {self.name} must return a whole number >= 1, got {value!r}")
         return value
 
-    def _new_lock(self, key: str, task_id: str, options: Options, retries: int, limit: int | None = None) -> Redlock:
+    def _new_lock(
+        self, key: str, task_id: str, options: Options, retries: int, limit: int | None = None, scan: int = 0
+    ) -> Redlock:
         settings = options.settings
         if limit is None:
             static = type(self).lock_limit
@@ -366,6 +368,7 @@ class LockedTask(Task):  # type: ignore[misc]
             fence_key=settings.fence_key,
             job=task_id,
             limit=limit,
+            scan=scan,
             record={
                 "state": RUNNING,
                 "name": self.name,

@@ -134,3 +134,23 @@ def test_a_run_beyond_the_limit_is_skipped_naming_the_limit(c: Cluster) -> None:
         third.get(timeout=5)
     for r in running:
         assert r.get(timeout=20) == key
+
+
+def test_a_redelivery_finds_its_own_slot_after_the_callable_limit_was_lowered(c: Cluster) -> None:
+    """Issue 29 finding 5: a run holds slot 2 of a callable limit of 3; the limit is lowered to 1 and the lower
+    slots are free; the run's redelivery (visibility timeout) finds its own job's slot and never runs beside it."""
+    app = c.app_module()
+    c.worker("dial-a", queues="dial", concurrency=3)
+    key = new_key("dial")
+    c.record.set(f"limit:{key}", 3)
+    short = [app.dialed.apply_async((key, 2.0), queue="dial") for _ in range(2)]
+    c.wait_started(key, 2)
+    long = app.dialed.apply_async((key, 20.0), queue="dial")  # the third slot: slot 2
+    c.wait_started(key, 3)
+    c.record.set(f"limit:{key}", 1)
+    for r in short:
+        assert r.get(timeout=20) == key
+    assert long.get(timeout=60) == key
+    starts = [s for s in c.started(key) if s[1] == long.id]
+    assert len(starts) == 1, starts  # redelivered after 8 s (visibility timeout), never run a second time
+    assert "redelivered" in "".join(w.log() for w in c.workers if w.name == "dial-a")

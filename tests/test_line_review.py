@@ -53,6 +53,15 @@ def a_later(self: Any, key: str, duration: float = 0.0, fail: bool = False, retr
     return {"id": self.request.id, "parent": self.request.parent_id, "root": self.request.root_id}
 
 
+@app.task(
+    base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule", lock_max_waiting=1, lock_ttl=2
+)
+def a_capped_one(self: Any, key: str, duration: float = 0.0) -> str:
+    """reschedule with at most 1 waiting duplicate per key, a 2 s lease."""
+    _run(self, key, duration)
+    return self.request.id
+
+
 @app.task(base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule", serializer="pickle")
 def a_pickled(self: Any, key: str, duration: float = 0.0, info: Any = None) -> str:
     """reschedule, sent with pickle: returns the repr of what it was given."""
@@ -344,3 +353,30 @@ def _host() -> str:
     import socket  # noqa: PLC0415
 
     return socket.gethostname()
+
+
+def test_a_killed_job_s_redelivery_keeps_its_place_against_lock_max_waiting(c: Cluster) -> None:
+    """Issue 29 finding 4 (another re-send): a job whose whole worker was SIGKILLed comes back by the visibility
+    timeout while another job holds its key and the line is full (lock_max_waiting=1): it is that job again, so it
+    waits in line and runs; it is not REVOKED "line full" as a new duplicate."""
+    mod = attack(c)
+    appdir = c.appdir  # type: ignore[attr-defined]
+    short = {"CSL_VISIBILITY": "15"}  # only these workers restore unacked messages, 15 s after their delivery
+    doomed = _worker(c, appdir, "wdoomed", queues="redeliver", concurrency=1, env=short)
+    k = new_key()
+    killed = mod.a_capped_one.apply_async((k, 8.0), queue="redeliver")
+    c.wait_started(k)
+    doomed.kill()  # its message stays unacked; its lease ends within 2 s (nobody renews it)
+    heir = _worker(c, appdir, "wheir", queues="redeliver", concurrency=3, env=short)
+    try:
+        assert c.wait_lock_free(mod.a_capped_one.lock_key_for(k), 10) is not None
+        holder = mod.a_capped_one.apply_async((k, 20.0), queue="redeliver")
+        c.wait_started(k, 2)
+        queued = mod.a_capped_one.apply_async((k, 0.0), queue="redeliver")
+        wait_log(c, rf"a_capped_one\[{queued.id}\] deferred")  # it waits in line: the line is full
+        assert killed.get(timeout=60) == killed.id
+        assert holder.get(timeout=30) == holder.id
+        assert queued.get(timeout=10) == queued.id
+        assert not overlapping(c.runs(k))
+    finally:
+        heir.kill()

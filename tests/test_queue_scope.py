@@ -235,3 +235,20 @@ def test_group_members_are_checked_at_the_worker_only(c: Cluster) -> None:
             outcomes.append("revoked")
     assert sorted(outcomes) == sorted([k, "revoked"])
     assert len(c.runs(k)) == 1
+
+
+def test_a_job_waiting_for_its_rate_stays_the_key_s_job(c: Cluster) -> None:
+    """Issue 29 finding 6: queue scope with lock_rate: while the reserved job waits for its rate's window, the key
+    stays reserved for it: a later delay() gets that job (no message of its own), and the job runs once."""
+    mod = c.app_module()
+    k = new_key()
+    assert mod.q_rated.delay(k).get(timeout=30) == k  # the window is used for 3 s
+    waiting = mod.q_rated.delay(k)
+    for _ in polling(20, 0.05):
+        lines = "".join(w.log() for w in c.workers).splitlines()
+        if any(waiting.id in line and "re-sent to run in" in line and "(rate)" in line for line in lines):
+            break
+    later = [mod.q_rated.delay(k) for _ in range(3)]
+    assert {r.id for r in later} == {waiting.id}
+    assert waiting.get(timeout=30) == k
+    assert len(c.wait_runs(k, 2, 5)) == 2

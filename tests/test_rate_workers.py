@@ -21,6 +21,7 @@ from celery.exceptions import TimeoutError as ResultTimeout
 from worker_cluster import Cluster, cluster, new_key, polling
 
 from celery_singleton_lock import RateLimitedError
+from celery_singleton_lock.record import sibling_key
 
 pytestmark = pytest.mark.timeout(300)
 #: Node clocks of one machine, read in separate calls: a counted start's time is the earliest TIME of the nodes
@@ -280,3 +281,55 @@ def test_a_debounced_delivery_that_is_not_due_yet_uses_no_share_of_the_rate(c: C
     first.get(timeout=60, propagate=False)
     assert first.state == "SUCCESS", first.result
     assert len(_rows(c, key)) == 1
+
+
+def _resent_for_rate(c: Cluster, task_id: str, timeout: float = 30.0) -> None:
+    """Wait until a worker logged ``task_id`` re-sent to wait for its rate's window (bounded)."""
+    for _ in polling(timeout, 0.05):
+        lines = "".join(w.log() for w in c.workers).splitlines()
+        if any(task_id in line and "re-sent to run in" in line and "(rate)" in line for line in lines):
+            return
+    raise AssertionError(f"{task_id} was not re-sent for its rate within {timeout} s")
+
+
+def _line_length(c: Cluster, lock_key: str) -> int:
+    with c.lock_client(c.locks[0]) as client:
+        return int(client.zcard(sibling_key(lock_key, ":waiters")))
+
+
+def test_a_call_waiting_for_its_rate_keeps_its_place_against_lock_max_waiting(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 29 finding 4: a call re-sent to wait for its rate window is that call again when it comes back: with
+    lock_max_waiting=1 and the line full, it waits in line (runs), it is not REVOKED as a new duplicate."""
+    key = new_key("capped")
+    b1, b2, b3 = new_key("b1"), new_key("b2"), new_key("b3")
+    assert tasks.rated_capped.apply_async((key, b1, 0.0), queue="rate").get(timeout=30) == key  # b1's window used
+    waiting = tasks.rated_capped.apply_async((key, b1, 0.0), queue="rate")  # the lock is free, the window is not
+    _resent_for_rate(c, waiting.id)
+    holder = tasks.rated_capped.apply_async((key, b2, 6.0), queue="rate")
+    for _ in polling(20, 0.02):
+        if any(r[1] == holder.id for r in _rows(c, key, "rate_started")):
+            break
+    lock_key = tasks.rated_capped.lock_key_for(key, b1)
+    queued = tasks.rated_capped.apply_async((key, b3, 0.0), queue="rate")  # fills the line (1 waiting)
+    for _ in polling(20, 0.02):
+        if _line_length(c, lock_key) >= 1:
+            break
+    assert _line_length(c, lock_key) == 1
+    for r in (waiting, holder, queued):
+        r.get(timeout=60, propagate=False)
+    assert [waiting.state, holder.state, queued.state] == ["SUCCESS"] * 3, waiting.result
+
+
+def test_replace_keeps_only_the_newest_of_calls_waiting_for_the_rate(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 29 finding 8: with replace, two calls waiting for the rate's window (v2, then v3) are a line of their
+    own: only the newest (v3) runs; v2 ends REVOKED "superseded" naming v3, never run after it."""
+    key = new_key("latest")
+    assert tasks.rated_latest.apply_async((key, 1), queue="rate").get(timeout=30) == key  # the window is used
+    v2 = tasks.rated_latest.apply_async((key, 2), queue="rate")
+    _resent_for_rate(c, v2.id)
+    v3 = tasks.rated_latest.apply_async((key, 3), queue="rate")
+    _resent_for_rate(c, v3.id)
+    assert v3.get(timeout=60) == key
+    with pytest.raises(TaskRevokedError, match=f"superseded by task {v3.id}"):
+        v2.get(timeout=30)
+    assert v2.id not in {r[1] for r in _rows(c, key, "rate_started")}

@@ -2,15 +2,17 @@
 -- protocol: acquire, reserve, take over, refuse, done, claim, end a killed run, free a reservation (docs/protocol.md, Transitions)
 -- KEYS[1] - lock key: a hash, the holder record (owner, fence, and the fields of ARGV[7..]); slot 0 of a limit
 -- KEYS[2] - fencing counter key (never expires)
--- KEYS[3..n+1] - the other slots of a lock with a limit of n (ARGV[6]): each one holder record, like KEYS[1]
--- KEYS[n+2] - optional: the done marker of this job (present when a run of the job finished, see FINISH_SCRIPT)
+-- KEYS[3..m+1] - the other slots of a lock with a limit of n (ARGV[6]), and up to m: each one holder record, like
+--           KEYS[1]; slots n+1..m (a limit that was higher when this job may have taken a slot) are only looked at
+--           for this job's own record, never taken
+-- KEYS[m+2] - optional: the done marker of this job (present when a run of the job finished, see FINISH_SCRIPT)
 -- ARGV[1] - owner token, fresh for every attempt
 -- ARGV[2] - lease in milliseconds
 -- ARGV[3] - '1' to bump the fencing counter, '0' for a lock without fencing tokens (no counter key is created)
 -- ARGV[4] - the owner token of a record we may take over (handed over to us, see TRANSFER_SCRIPT), or ''
 -- ARGV[5] - this job's id, or '': a refusal by a holder of the same job marks that record 'waiting' (unless the
 --           record is 'open': handed over for this job to take over, so the refused attempt is the job's own)
--- ARGV[6] - n, the number of slots (the limit; 1 for a plain lock)
+-- ARGV[6] - n, the number of slots (the limit; 1 for a plain lock), or 'n/m': look at m slots for this job's own
 -- ARGV[7..] - field, value pairs of our holder record
 -- A slot is taken in this order: the one holding our token or the token we may take over; else, when a slot is
 -- held by this same job, none (refused by that holder: a job never holds two slots); else the first free one.
@@ -26,8 +28,14 @@
 --         {DONE} when the done marker exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
-local n = tonumber(ARGV[6])
-if #KEYS > n + 1 and redis.call('EXISTS', KEYS[n + 2]) == 1 then
+local n, m = string.match(ARGV[6], '^(%d+)/(%d+)$')
+if n then
+  n, m = tonumber(n), tonumber(m)
+else
+  n = tonumber(ARGV[6])
+  m = n
+end
+if #KEYS > m + 1 and redis.call('EXISTS', KEYS[m + 2]) == 1 then
   return {2}
 end
 -- A refusal's reply: the brief (owner, job, state, try, worker) of the record under k, or '' for a foreign key.
@@ -48,23 +56,26 @@ local function refusal(k, brief, owners)
 end
 local key, slot, owner, busy, busy_brief = nil, 0, nil, nil, nil
 local owners = n > 1 and {} or nil
-for s = 1, n do
+for s = 1, m do
   local k = KEYS[s == 1 and 1 or s + 1]
+  local within = s <= n
   if redis.call('EXISTS', k) == 0 then
-    if not key then
+    if within and not key then
       key, slot = k, s - 1
     end
-    if owners then
+    if within and owners then
       owners[s] = '0:'
     end
   elseif redis.call('TYPE', k).ok ~= 'hash' then
-    busy = busy or k
-    if owners then
-      owners[s] = '1:#'
+    if within then
+      busy = busy or k
+      if owners then
+        owners[s] = '1:#'
+      end
     end
   else
     local brief = redis.call('HMGET', k, 'owner', 'job', 'state', 'try', 'worker', 'open')
-    if owners then
+    if within and owners then
       local o = brief[1] or ''
       owners[s] = #o .. ':' .. o
     end
@@ -78,7 +89,7 @@ for s = 1, n do
       end
       return refusal(k, brief)
     end
-    if not busy then
+    if within and not busy then
       busy, busy_brief = k, brief
     end
   end

@@ -513,3 +513,30 @@ def debounced_retrying(self: Any, key: str, version: int = 0) -> list[Any]:
     if self.request.retries == 0:
         raise self.retry(countdown=0.5)
     return [key, version]
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_scope="queue",
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+)
+def q_rated(self: Any, key: str, duration: float = 0.0) -> str:
+    """Queue scope and 1 start per 3 s per ``key``: a job waiting for its window stays the key's job."""
+    _run(self, key, duration)
+    return key
+
+
+def _dialed_limit(key: str, duration: float = 0.0) -> int:
+    """The limit the test dials for ``key`` (record key ``limit:<key>``), 1 when none."""
+    return int(record.get(f"limit:{key}") or 1)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=_dialed_limit, lock_unique_on=["key"], lock_ttl=2.0)
+def dialed(self: Any, key: str, duration: float = 0.0) -> str:
+    """At most ``_dialed_limit(key)`` runs of ``key`` at once (a callable limit the test changes while runs hold)."""
+    _run(self, key, duration)
+    return key

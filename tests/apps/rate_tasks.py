@@ -103,6 +103,38 @@ def per_tier(self: Any, customer: str, duration: float = 0.0, n: int = 0) -> str
     return _run(self, customer, duration)
 
 
+# -- the rate beside the waiting line (issue 29) ----------------------------------------------------------------
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="reschedule",
+    lock_max_waiting=1,
+    lock_rate=(1, 3.0),
+    lock_rate_on=["bucket"],
+)
+def rated_capped(self: Any, key: str, bucket: str, duration: float = 0.0) -> str:
+    """One job per ``key`` at once, at most 1 waiting in its line; 1 start per 3 s per ``bucket``."""
+    return _run(self, key, duration)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="replace",
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+)
+def rated_latest(self: Any, key: str, version: int) -> str:
+    """Keep-latest (replace) and 1 start per 3 s per ``key``."""
+    return _run(self, key, 0.0)
+
+
 # -- checking the record against the window (used by the tests and benchmarks/rate_storm.py) -----------------------
 
 
