@@ -63,7 +63,7 @@ class LockSettings:
     ``singleton_lock_max_retries``        None (forever)               retries before giving up when unavailable
     ``singleton_lock_renew_fraction``     1/3                          renew every ``ttl * fraction`` seconds
     ``singleton_lock_skip_before_pool``   True                         skip a clear duplicate in the worker's main
-                                                                       process, before the pool (docs: README)
+                                                                       process, before the pool (docs/how-it-works.md)
     ===================================== ============================ ==============================================
     """
 
