@@ -59,6 +59,7 @@ OUTCOMES: dict[str, str] = {
     "replaced": "a waiting job was superseded by a newer call (lock_on_duplicate='replace')",
     "rate-limited": "a run was held back by a rate limit",
     "lost": "a lock was lost while its task ran",
+    "killed": "a run's pool child died under it (SIGKILL, OOM, hard time limit): counted by the worker's main process",
     "renew-failed": "a renewal got no quorum (retried; 'lost' follows if it never succeeds)",
     "unavailable": "no quorum of lock nodes answered an acquire",
     "released": "a run gave its lock up",
