@@ -24,6 +24,8 @@ from celery import chord, group
 from celery.exceptions import SoftTimeLimitExceeded, TaskRevokedError
 from worker_cluster import Cluster, cluster, new_key, overlapping, polling
 
+from celery_singleton_lock import metrics
+from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.errors import LockUnavailableError, UnserializableArgumentsError
 
 PASSWORD = "s3cr3t-lock-pw"
@@ -180,6 +182,15 @@ def test_sigkill_of_a_pool_child_ends_its_lease_at_once(c: Cluster, quick_lost: 
     # and a requeue: a bound of 15 s under the lease's end, which only a stall of 15 s on a loaded machine misses.
     assert started[1][3] < lease_end - 15, (started[1][3], lease_end)
     assert [r[1] for r in c.runs(k)] == [first.id]
+    # The main process counted the kill (its watchdog flushes every 5 s; the dead child's own counts are gone).
+    settings = settings_for(mod.app)
+    killed = 0
+    for _ in polling(30, 0.25):
+        report = metrics.read_metrics(settings.nodes, settings.prefix)
+        killed = report.tasks.get(mod.long_lease.name, {}).get("killed", 0)
+        if killed:
+            break
+    assert killed >= 1
 
 
 def test_a_paused_pool_child_keeps_its_lease(c: Cluster, quick_lost: str) -> None:

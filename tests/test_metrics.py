@@ -9,10 +9,13 @@ difference once a further flush interval has passed (a count made twice would sh
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -23,6 +26,8 @@ from worker_cluster import Cluster, cluster, new_key, polling
 from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.renewal import STATS_FLUSH_INTERVAL, flush_stats
+
+APPS = Path(__file__).parent / "apps"
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +162,19 @@ def test_a_joined_result_is_still_an_async_result() -> None:
     back = pickle.loads(pickle.dumps(result))
     assert type(back) is AsyncResult and back.id == "job-1"
     assert getattr(back, "joined", None) is None
+
+
+def test_a_producer_that_exits_flushes_its_counts(c: Cluster) -> None:
+    """A producer process that calls delay() and exits at once (no 5 s flush yet) still writes its ``joined``
+    counts: it flushes them at exit."""
+    mod = c.app_module()
+    name = mod.q_work.name
+    k = new_key()
+    first = mod.q_work.delay(k, 1.5)
+    before = counts(c, name)
+    code = f"import locked_app as m\nfor _ in range(2): m.q_work.delay({k!r}, 1.5)\n"
+    env = {**os.environ, **c.env, "PYTHONPATH": os.pathsep.join([str(APPS), *sys.path])}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=str(APPS), check=True, timeout=60)
+    assert first.get(timeout=30) == k
+    got = counted(c, name, before, {"joined": 2})
+    assert got.get("joined") == 2, got
