@@ -21,7 +21,7 @@ from kombu.utils import json as kombu_json
 from . import _resend as resend
 from . import signals
 from ._monitoring import Skipped
-from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Options, Run, is_locked_task, text
+from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Options, Run, is_locked_task, mark_joined, text
 from .policies.debounce import (
     CLAIM_GONE,
     CLAIM_LATER,
@@ -78,7 +78,7 @@ def send(
     the call's own countdown or ETA (s), added to its quiet period."""
     if linked or task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
         # Links belong to one call, a group's member is its own job: sent as is (the worker's lock guards it).
-        return publish(args, kwargs, task_id=task_id, **options)
+        return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
     args, kwargs = args or (), kwargs or {}
     opts = task._options()
     own_id = task_id is not None
@@ -119,7 +119,7 @@ def send(
         if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
             drop(task, key, task_id)
         logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", task.name, key)
-        return publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), **options)
+        return mark_joined(publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), **options), None)
     job, agreed = found
     due = max(int(a[2]) for a in agreed) / 1000.0
     seq = max(int(a[3]) for a in agreed)
@@ -145,8 +145,9 @@ def send(
             nodes.run(DEBOUNCE_CLAIM, [burst, claimed_key_for(key, job)], ["sent", job])
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
-        return sent
+        return mark_joined(sent, None)
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
+    task._count("debounced")
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
@@ -161,7 +162,7 @@ def send(
             task.backend.mark_as_revoked(task_id, reason, request=None)
         except Exception:
             logger.debug("could not store the debounced state of %s", task_id, exc_info=True)
-    return task.AsyncResult(job)
+    return mark_joined(task.AsyncResult(job), job)
 
 
 def drop(task: LockedTask, key: str, job: str) -> bool:
