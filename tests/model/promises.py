@@ -118,8 +118,9 @@ def _named(reason: str) -> str | None:
     """The task id a skip's, a failure's or a replacement's reason names."""
     if reason.startswith("DuplicateTaskError: "):  # its args: key, task name, holder
         return reason.rsplit(" ", 1)[-1]
-    for pattern in (r"held by task (\S+?)[ )]", r"held by task (\S+)$", r"one by task (\S+?)\)", r"task (\S+) finished;",
-                    r"superseded by task (\S+?):", r"is held by task (\S+)"):  # fmt: skip
+    patterns = (r"held by task (\S+?)[ )]", r"held by task (\S+)$", r"one by task (\S+?)\)", r"task (\S+) finished;",
+                r"superseded by task (\S+?):")  # fmt: skip
+    for pattern in patterns:
         m = re.search(pattern, reason)
         if m:
             return m.group(1)
@@ -227,7 +228,7 @@ def _check_duplicates(h: History) -> list[str]:
             if h.tasks[c.task].opts.get("lock_max_waiting") is None:
                 out.append(f"call {c.index}: line full without lock_max_waiting: {reason[:160]}")
             continue
-        if "rate" in reason and "not started" in reason or re.search(r"rate .* reached", reason):
+        if ("rate" in reason and "not started" in reason) or re.search(r"rate .* reached", reason):
             if h.tasks[c.task].opts.get("lock_on_rate_limit") != "skip":
                 out.append(f"call {c.index}: skipped for its rate without lock_on_rate_limit='skip': {reason[:160]}")
             continue
@@ -240,7 +241,9 @@ def _check_duplicates(h: History) -> list[str]:
         holder = _named(reason)
         other = ids.get(holder or "")
         if other is None or other is c or h.space_key(other.task, other.key) != h.space_key(c.task, c.key):
-            out.append(f"call {c.index} ({c.task} {c.key}) skipped naming {holder!r}, no other call of its key: {reason[:200]}")
+            out.append(
+                f"call {c.index} ({c.task} {c.key}) skipped naming {holder!r}, no other call of its key: {reason[:200]}"
+            )
             continue
         cooldown = float(h.tasks[other.task].opts.get("lock_cooldown", 0))
         spans = [_span(a, h) for a in h.attempts if a.id == holder]
@@ -271,7 +274,11 @@ def _check_once(h: History) -> list[str]:
             t.policy == "replace" and c is max(by_space[h.space_key(c.task, c.key)], key=lambda x: x.sent)
         )
         if must and o.state == "REVOKED":
-            allowed = ("waiting line", "rate") if t.opts.get("lock_max_waiting") or t.opts.get("lock_on_rate_limit") == "skip" else ()
+            allowed = (
+                ("waiting line", "rate")
+                if t.opts.get("lock_max_waiting") or t.opts.get("lock_on_rate_limit") == "skip"
+                else ()
+            )
             if t.policy == "replace":
                 allowed += ("superseded",)  # a copy reaching a worker after its newer sibling: ORDER bounds it
             if not any(a in o.reason for a in allowed):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for worker_cluster
 
-from tests.model.suite import Deployment, bench, check_schedule  # noqa: E402
+from tests.model.suite import Deployment, bench, check_schedule
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,7 +75,9 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
             if isinstance(opts.get("lock_rate"), list):
                 opts["lock_rate"] = tuple(opts["lock_rate"])
 
-            def run(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0) -> int:
+            def run(
+                self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0
+            ) -> int:
                 return ver
 
             tasks.append(
@@ -89,8 +91,8 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
             from celery_singleton_lock.policies import matrix  # type: ignore[attr-defined]  # noqa: PLC0415
         except ImportError:
             matrix = None
-        for task in tasks:
-            task = app.tasks[task.name]
+        for registered in tasks:
+            task = app.tasks[registered.name]
             try:
                 check_options(task)
                 check_group(task, [app.tasks[t.name] for t in tasks])
@@ -105,23 +107,27 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
         app.close()
 
 
-def facets(specs: list[dict[str, Any]], faults: bool) -> frozenset[str]:
-    """The deployment's features, in KNOWN_OPEN's words."""
-    out = {"fault"} if faults else set()
-    policies = set()
-    for spec in specs:
-        o = spec["opts"]
-        policies.add(o.get("lock_on_duplicate", "skip"))
-        out |= {name for name, on in [
-            ("rate", o.get("lock_rate") is not None), ("max_waiting", o.get("lock_max_waiting") is not None),
-            ("limit_callable", o.get("lock_limit") == "per_key"), ("queue", o.get("lock_scope") == "queue"),
-            ("replace", o.get("lock_on_duplicate") == "replace"), ("debounce", bool(o.get("lock_debounce"))),
-            ("group", bool(o.get("lock_group"))),
-        ] if on}  # fmt: skip
-    groups = [s["opts"].get("lock_group") for s in specs if s["opts"].get("lock_group")]
-    if groups and len({s["opts"].get("lock_on_duplicate", "skip") for s in specs if s["opts"].get("lock_group")}) > 1:
+def facets(spec: dict[str, Any], specs: list[dict[str, Any]], faults: bool) -> frozenset[str]:
+    """One task's features in KNOWN_OPEN's words (its group's mixed policies, the deployment's faults)."""
+    o = spec["opts"]
+    out = {name for name, on in [
+        ("fault", faults), ("rate", o.get("lock_rate") is not None),
+        ("max_waiting", o.get("lock_max_waiting") is not None), ("limit_callable", o.get("lock_limit") == "per_key"),
+        ("queue", o.get("lock_scope") == "queue"), ("replace", o.get("lock_on_duplicate") == "replace"),
+        ("debounce", bool(o.get("lock_debounce"))), ("group", bool(o.get("lock_group"))),
+    ] if on}  # fmt: skip
+    group = o.get("lock_group")
+    if (
+        group
+        and len({s["opts"].get("lock_on_duplicate", "skip") for s in specs if s["opts"].get("lock_group") == group}) > 1
+    ):
         out.add("mixed_policy")
     return frozenset(out)
+
+
+def open_pairs(specs: list[dict[str, Any]], faults: bool) -> list[frozenset[str]]:
+    """The KNOWN_OPEN pairs some task of the deployment holds."""
+    return [p for p in KNOWN_OPEN if any(p <= facets(s, specs, faults) for s in specs)]
 
 
 # -- a deployment ----------------------------------------------------------------------------------------------------
@@ -178,8 +184,7 @@ def draw_deployment(seed: int, *, known_open: bool, faults: bool = True) -> Depl
             for t in tasks[:2]:
                 t["opts"]["lock_group"] = f"g{seed}"
         fault_kinds = sorted(rng.sample(FAULTS, rng.choice([0, 2, 3]))) if faults else []
-        f = facets(tasks, bool(fault_kinds))
-        if not known_open and any(pair <= f for pair in KNOWN_OPEN):
+        if not known_open and open_pairs(tasks, bool(fault_kinds)):
             continue
         if refused(tasks):
             continue
@@ -187,6 +192,47 @@ def draw_deployment(seed: int, *, known_open: bool, faults: bool = True) -> Depl
         short = rng.random() < 0.3 or "kill-worker" in fault_kinds
         return Deployment(seed, tasks, workers=rng.choice([1, 2]), short_visibility=short, faults=fault_kinds)
     raise RuntimeError(f"no supported deployment drawn from seed {seed} in 200 tries")
+
+
+# The CI budget's deployments: between them every row of the README's policy table (skip naming the holder, fail,
+# reschedule, replace, lock_limit and a limit per key, max_waiting, cooldown, queue scope, the enqueue check,
+# lock_rate with wait and skip, debounce, a group); the long budget draws the rest (draw_deployment).
+CI_DEPLOYMENTS = [
+    Deployment(1, [
+        {"name": "ci1_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace"}},
+        {"name": "ci1_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                                         "lock_max_waiting": 2}},
+        {"name": "ci1_cool", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_cooldown": 1.5}},
+    ], workers=2, faults=["kill-child", "pause-node"]),
+    Deployment(2, [
+        {"name": "ci2_debounce", "opts": {"lock_ttl": TTL, "lock_debounce": QUIET, "lock_on_duplicate": "reschedule"}},
+        {"name": "ci2_rate", "opts": {"lock_ttl": TTL, "lock_limit": None, "lock_rate": [2, 1.5],
+                                      "lock_rate_on": ["key"]}},
+        {"name": "ci2_queue", "opts": {"lock_ttl": TTL, "lock_scope": "queue"}},
+        {"name": "ci2_limit", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_limit": "per_key"}},
+    ], workers=1),
+    Deployment(3, [
+        {"name": "ci3_fail", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "fail", "lock_enqueue_check": True}},
+        {"name": "ci3_g1", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_group": "ci3",
+                                    "lock_rate": [3, 2.0], "lock_on_rate_limit": "skip"}},
+        {"name": "ci3_g2", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_group": "ci3",
+                                    "lock_rate": [3, 2.0], "lock_on_rate_limit": "skip"}},
+    ], workers=2, short_visibility=True, faults=["kill-worker", "restart-node-data", "restart-node-empty",
+                                                 "slow-publish"]),
+]  # fmt: skip
+
+
+def storm(d: Deployment) -> list[dict[str, Any]]:
+    """The explicit first schedule of every deployment: per task, three calls of one key 0.05 s apart (1 s each)
+    and one more 0.2 s later, then a call of the other key: every policy meets a duplicate of a running job."""
+    steps: list[dict[str, Any]] = []
+    for i in range(len(d.tasks)):
+        for gap, key, duration in [(0.0, "a", 1.0), (0.05, "a", 1.0), (0.05, "a", 1.0), (0.2, "a", 0.3),
+                                   (0.0, "bp", 1.0), (0.05, "bp", 1.0)]:  # fmt: skip
+            steps.append({"op": "call", "task": i, "key": key, "gap": gap, "duration": duration, "fail": False,
+                          "retries": 0})  # fmt: skip
+        steps.append({"op": "call", "task": i, "key": "a", "gap": 2.5, "duration": 0.0, "fail": False, "retries": 0})
+    return steps
 
 
 # -- a schedule --------------------------------------------------------------------------------------------------------
@@ -353,8 +399,17 @@ class Bench:
         mine = lambda a: a["key"].startswith(prefix)  # noqa: E731
         ends = {(a["id"], a["attempt"], a["start"]): a["end"] for a in self._records("model:ended") if mine(a)}
         attempts = [
-            Attempt(a["id"], a["task"], a["key"], a["ver"], a["attempt"], a["pid"], a["start"], a["rate_at"],
-                    ends.get((a["id"], a["attempt"], a["start"])))  # fmt: skip
+            Attempt(
+                a["id"],
+                a["task"],
+                a["key"],
+                a["ver"],
+                a["attempt"],
+                a["pid"],
+                a["start"],
+                a["rate_at"],
+                ends.get((a["id"], a["attempt"], a["start"])),
+            )
             for a in self._records("model:started")
             if mine(a)
         ]
@@ -402,8 +457,10 @@ def check_schedule(b: Bench, steps: list[dict[str, Any]], seed: int = 0) -> tupl
     h = b.run(steps, seed)
     violations = check(h)
     states = sorted(o.state for o in h.outcomes.values())
-    print(f"schedule of {len(steps)} steps, {len(h.calls)} calls, {len(h.attempts)} attempts, faults {h.faults}, "
-          f"{states}: {time.monotonic() - start:.1f} s, {len(violations)} broken")
+    print(
+        f"schedule of {len(steps)} steps, {len(h.calls)} calls, {len(h.attempts)} attempts, faults {h.faults}, "
+        f"{states}: {time.monotonic() - start:.1f} s, {len(violations)} broken"
+    )
     return h, violations
 
 
