@@ -309,6 +309,13 @@ def _check_replace_order(h: History) -> list[str]:
                     out.append(f"{space}/{key}: call {c.index} superseded by no call of its key: {o.reason[:160]}")
                 elif newer.sent < c.sent - ORDER and not c.slow_publish:
                     out.append(f"{space}/{key}: v{c.ver} superseded by the older v{newer.ver}")
+        # At most one call waits per key: of the calls sent while one run held the key, at most one runs after it.
+        for r in (a for a in h.attempts if a.id in sent and a.end is not None and not _faulted(h)):
+            waiting = [c for c in calls if r.start + ORDER < c.sent < r.end - ORDER and c.returned != r.id]
+            ran = [c.ver for c in waiting if _ran(h, c.returned or "")]
+            if len(ran) > 1:
+                out.append(f"{space}/{key}: {len(ran)} calls sent while v{r.ver} ran all ran after it: v{ran}")
+                break
         starts = sorted((a.start, sent[a.id]) for a in h.attempts if a.id in sent and a.attempt == 0)
         for (s1, c1), (s2, c2) in itertools.combinations(starts, 2):
             if c2.sent < c1.sent - ORDER and not (c1.slow_publish or c2.slow_publish) and not _faulted(h):

@@ -223,15 +223,16 @@ CI_DEPLOYMENTS = [
 
 
 def storm(d: Deployment) -> list[dict[str, Any]]:
-    """The explicit first schedule of every deployment: per task, three calls of one key 0.05 s apart (1 s each)
-    and one more 0.2 s later, then a call of the other key: every policy meets a duplicate of a running job."""
+    """The explicit first schedule of every deployment, per task: a 2 s run of key "a", three calls of it while it
+    runs (from 0.65 s on: past promises.ORDER), two calls of key "bp", a call just after the run (in a cooldown),
+    and one well after: every policy meets duplicates of a running job, waiting calls and a finished one."""
     steps: list[dict[str, Any]] = []
-    for i in range(len(d.tasks)):
-        for gap, key, duration in [(0.0, "a", 1.0), (0.05, "a", 1.0), (0.05, "a", 1.0), (0.2, "a", 0.3),
-                                   (0.0, "bp", 1.0), (0.05, "bp", 1.0)]:  # fmt: skip
+    for i, task in enumerate(d.tasks):
+        first = 0.3 if task["opts"].get("lock_debounce") else 0.65  # a debounce burst stays one burst
+        for gap, key, duration in [(0.0, "a", 2.0), (first, "a", 1.0), (0.05, "a", 1.0), (0.05, "a", 0.3),
+                                   (0.0, "bp", 1.0), (0.05, "bp", 1.0), (1.9, "a", 0.0), (2.5, "a", 0.0)]:  # fmt: skip
             steps.append({"op": "call", "task": i, "key": key, "gap": gap, "duration": duration, "fail": False,
                           "retries": 0})  # fmt: skip
-        steps.append({"op": "call", "task": i, "key": "a", "gap": 2.5, "duration": 0.0, "fail": False, "retries": 0})
     return steps
 
 
