@@ -39,13 +39,8 @@ FAULTS = ("kill-child", "kill-worker", "pause-node", "restart-node-empty", "rest
 KNOWN_OPEN: frozenset[frozenset[str]] = frozenset(
     frozenset(p)
     for p in [
-        ("rate", "max_waiting"),
-        ("limit_callable", "fault"),
-        ("queue", "rate"),
-        ("replace", "rate"),
         ("debounce", "rate"),
         ("debounce", "fault"),
-        ("group", "mixed_policy"),
     ]
 )
 
