@@ -36,7 +36,7 @@ from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "send"]
+__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "rate_refused", "send"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -231,6 +231,15 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
             run.key,
         )
     return True
+
+
+def rate_refused(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
+    """A burst's job refused by its rate (``lock_on_rate_limit`` skip or fail): its burst ends here as if it ran (the
+    claim), so a call from now on starts a new burst instead of joining one whose job is REVOKED or FAILED. False:
+    the job was not due yet (a later call joined): it was re-sent for its due time and asks the rate again then."""
+    if not task.lock_debounce or not getattr(request, DEBOUNCE_HEADER, None) or run.retries:
+        return True
+    return claim(task, run, options, request)
 
 
 def wait(task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, blob: str) -> None:

@@ -507,6 +507,26 @@ def test_a_revoked_pending_job_ends_its_burst_when_a_worker_meets_it(c: Cluster)
     assert debounced_runs(c, k) == [(fresh.id, 2)]
 
 
+def test_a_burst_skipped_for_its_rate_ends_and_the_next_call_starts_a_new_burst(c: Cluster) -> None:
+    """lock_rate 1 per 3 s with lock_on_rate_limit='skip': a burst due while the window is full is REVOKED for the
+    rate and ends on the nodes; a call made once the window is free starts a new burst (a new task id) and runs."""
+    mod = c.app_module()
+    task = mod.debounced_rated
+    k = new_key()
+    first = task.delay(k, 1)
+    assert first.get(timeout=30) == [k, 1]
+    ran_at = time.monotonic()
+    skipped = task.delay(k, 2)
+    with pytest.raises(Exception, match="rate"):
+        skipped.get(timeout=30)
+    assert skipped.state == "REVOKED"
+    time.sleep(max(0.0, 3.3 - (time.monotonic() - ran_at)))  # the window (3 s from the first run) is free again
+    fresh = task.delay(k, 3)
+    assert fresh.id != skipped.id, "the call joined the burst that was skipped for the rate"
+    assert fresh.get(timeout=30) == [k, 3]
+    assert debounced_runs(c, k) == [(first.id, 1), (fresh.id, 3)]
+
+
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
     from celery import Celery  # noqa: PLC0415
 
