@@ -527,6 +527,47 @@ def test_a_burst_skipped_for_its_rate_ends_and_the_next_call_starts_a_new_burst(
     assert debounced_runs(c, k) == [(first.id, 1), (fresh.id, 3)]
 
 
+def test_a_burst_kept_going_past_its_first_call_s_expires_runs_with_its_last_call_s(c: Cluster) -> None:
+    """The first call expires in 2 s, the burst goes on for 3 s with calls that expire in 30 s: the run is due by
+    the last call's expiry (each call's expires counts for the arguments it carries), so it runs once with the last
+    call's arguments; nobody is REVOKED as expired."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced.apply_async((k, 0), expires=2.0)]
+    for i in range(1, 8):  # bounded: 7 calls, ~3.5 s
+        time.sleep(0.5)
+        results.append(mod.debounced.apply_async((k, i), expires=30.0))
+    assert {r.id for r in results} == {results[0].id}
+    assert results[-1].get(timeout=30) == [k, 7], results[-1].state
+    assert debounced_runs(c, k) == [(results[0].id, 7)]
+
+
+def test_a_call_sent_on_its_own_leaves_its_arguments_in_no_burst_and_the_burst_runs_a_quorum_s_version(
+    c: Cluster,
+) -> None:
+    """Call 1 starts burst J, which node 3 missed (lost, a restart); call 2 is made while node 1 is paused: node 2
+    says J, node 3 says call 2's own burst, no quorum, so call 2 is sent on its own. Its arguments must not stay in
+    J (on node 2 alone): J runs call 1's arguments and call 2 runs its own, once each, call 1's first."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    first = mod.debounced.delay(k, 1)
+    with contextlib.closing(c.lock_client(c.locks[2])) as client:
+        client.delete(burst)  # node 3 missed call 1's start
+    c.locks[0].pause()
+    try:
+        second = mod.debounced.delay(k, 2)
+    finally:
+        c.locks[0].resume()
+    assert second.id != first.id, "call 2 was expected to get no quorum"
+    assert first.get(timeout=30) == [k, 1]
+    assert second.get(timeout=30) == [k, 2]
+    c.wait_runs(k, 2, 10)
+    assert debounced_runs(c, k) == [(first.id, 1), (second.id, 2)]
+
+
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
     from celery import Celery  # noqa: PLC0415
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError
 
@@ -31,7 +31,9 @@ __all__ = [
     "CLAIM_SUPERSEDED",
     "JOIN_STANDIN",
     "JOIN_STARTED",
+    "Version",
     "check_debounce",
+    "choose",
     "majority",
 ]
 
@@ -97,3 +99,31 @@ def majority(answers: Sequence[Any], quorum: int, key: Any) -> tuple[Any, list[A
     if count < quorum:
         return None
     return value, [a for a in answers if not isinstance(a, BaseException) and a is not None and key(a) == value]
+
+
+class Version(NamedTuple):
+    """One call of a burst as a node keeps it: its number on that node, its task id (the version's name), its
+    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms) and its expiry (Unix ms, 0: none)."""
+
+    n: int
+    call: str
+    args: str
+    due: int
+    expires: int
+
+
+def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version | None:
+    """The newest version that at least ``quorum`` of the nodes hold (one list per node that answered); None when
+    none does. Newest: the highest number any node gave it (calls that raced may be numbered differently on two
+    nodes: the tie goes to the larger task id, the same on every reader)."""
+    held: Counter[str] = Counter()
+    best: dict[str, Version] = {}
+    for versions in nodes_versions:
+        for v in {v.call: v for v in versions}.values():
+            held[v.call] += 1
+            if v.call not in best or v.n > best[v.call].n:
+                best[v.call] = v
+    agreed = [best[c] for c, count in held.items() if count >= quorum]
+    if not agreed:
+        return None
+    return max(agreed, key=lambda v: (v.n, v.call))
