@@ -568,6 +568,81 @@ def test_a_call_sent_on_its_own_leaves_its_arguments_in_no_burst_and_the_burst_r
     assert debounced_runs(c, k) == [(first.id, 1), (second.id, 2)]
 
 
+def test_debounce_with_one_lock_node_out_at_a_time_keeps_its_three_promises(c: Cluster) -> None:
+    """A seeded schedule (seed printed; CSL_DEBOUNCE_SEED replays one): 16 calls of one key 0.05-0.6 s apart while
+    one lock node at a time is paused (0.3-1.5 s) or restarted empty. From the recorded runs: every call's arguments
+    run (its burst's last call, or on its own), no version runs twice, a run carries only a call whose caller was
+    given its task id."""
+    import random  # noqa: PLC0415
+
+    seed = int(os.environ.get("CSL_DEBOUNCE_SEED") or random.randrange(1 << 30))
+    print(f"debounce fault schedule: CSL_DEBOUNCE_SEED={seed}")
+    rng = random.Random(seed)
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    paused, resume_at, faults = None, 0.0, []
+    try:
+        for i in range(16):  # bounded: 16 calls, at most ~10 s with the faults
+            if paused is None and rng.random() < 0.3:
+                paused, resume_at = rng.choice(c.locks), time.monotonic() + rng.uniform(0.3, 1.5)
+                paused.pause()
+                faults.append(f"pause node {c.locks.index(paused) + 1} before call {i}")
+            elif paused is None and rng.random() < 0.15:
+                node = rng.choice(c.locks)
+                node.restart()
+                faults.append(f"restart node {c.locks.index(node) + 1} empty before call {i}")
+            results.append(mod.debounced.delay(k, i))
+            time.sleep(rng.uniform(0.05, 0.6))
+            if paused is not None and time.monotonic() >= resume_at:
+                paused.resume()
+                paused = None
+    finally:
+        if paused is not None:
+            paused.resume()
+    said = f"seed {seed}, faults {faults}"
+    got = [r.get(timeout=60, propagate=False) for r in results]
+    runs = debounced_runs(c, k)
+    versions = [v for _, v in runs]
+    assert sorted(set(versions)) == sorted(versions), f"a version ran twice: {runs} ({said})"
+    for task_id, v in runs:
+        assert results[v].id == task_id, f"run {task_id} carried call {v}, whose caller got {results[v].id} ({said})"
+    for i, r in enumerate(results):
+        ran = [v for t, v in runs if t == r.id]
+        assert ran and got[i] == [k, ran[-1]], f"call {i} ({r.id}) did not run: {got[i]}, runs {runs} ({said})"
+        last = max(j for j, other in enumerate(results) if other.id == r.id)
+        assert ran[-1] == last, f"call {i}'s run carried call {ran[-1]}, not its burst's last {last} ({said})"
+    # The order of versions across a call sent on its own is not held yet: see the strict xfail below.
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 29 finding 11: a call sent on its own (no quorum) runs at the end of its own quiet period; the "
+    "burst it could not join runs when it is due, which may be later: nothing orders the two runs by version yet "
+    "(needs a per-key newest-version marker on the nodes, read before a run)",
+)
+def test_a_call_sent_on_its_own_never_runs_before_the_older_burst_it_could_not_join(c: Cluster) -> None:
+    """Call 1 starts burst J due in 3 s (a countdown of 2 s), which node 3 missed; call 2, with node 1 paused, gets
+    no quorum and is sent on its own (due in 1 s): the older version (J's, call 1) must not run after call 2's."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    first = mod.debounced.apply_async((k, 1), countdown=2)
+    with contextlib.closing(c.lock_client(c.locks[2])) as client:
+        client.delete(burst)  # node 3 missed call 1's start
+    c.locks[0].pause()
+    try:
+        second = mod.debounced.delay(k, 2)
+    finally:
+        c.locks[0].resume()
+    assert second.id != first.id
+    first.get(timeout=30, propagate=False)
+    second.get(timeout=30, propagate=False)
+    assert [v for _, v in debounced_runs(c, k)] == [1, 2]
+
+
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
     from celery import Celery  # noqa: PLC0415
 
