@@ -137,7 +137,7 @@ def send(
     stale = {
         text(a[1])
         for a in answers
-        if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) > 0)
+        if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) >= 0)
     }
     for other in stale - {job}:
         drop(task, key, other)

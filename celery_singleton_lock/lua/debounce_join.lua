@@ -19,7 +19,8 @@
 -- returns {answer, job, due in ms, seq, past due in ms}: answer 1 when this call started the burst (it publishes the
 --         job's message), 0 when it joined it, 2 when it joined it and must publish a copy of the job's message (its
 --         starter never said it was sent: slow, or dead between its join and its publish; or the job is overdue);
---         past due: how long ago the burst was due when this call joined it (0: not yet, or started now)
+--         past due: how long ago the burst was due when this call joined it (negative: due later; 0: due now, or
+--         started now)
 local KEEP = 16
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -54,4 +55,4 @@ if (sent == 0 and now - first >= tonumber(ARGV[7]))
   redis.call('HSET', KEYS[1], 'sent', now)
   answer = 2
 end
-return {answer, job, math.max(due - now, 0), seq, math.max(now - was_due, 0)}
+return {answer, job, math.max(due - now, 0), seq, now - was_due}
