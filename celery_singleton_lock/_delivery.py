@@ -356,6 +356,8 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
     # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
     contended = verdict.contended and not request.is_eager
+    if not contended and options.on_rate_limit != "wait" and not debounced.rate_refused(task, run, options, request):
+        return False  # a burst's job not due yet: re-sent for its due time (the rate is asked again then)
     if not contended and (options.on_rate_limit == "fail" or request.is_eager):
         give_back(task, run, lock, options)
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)

@@ -515,6 +515,22 @@ def debounced_short_queue_ttl(self: Any, key: str, version: int = 0) -> list[Any
     return [key, version]
 
 
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_debounce=0.5,
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+    lock_on_rate_limit="skip",
+)
+def debounced_rated(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` with one start per 3 s per key (the rate); a burst due while the window is full is skipped."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, max_retries=2)
 def debounced_retrying(self: Any, key: str, version: int = 0) -> list[Any]:
     """``debounced`` whose first try retries (countdown 0.5 s): the retry runs with the burst's last arguments."""
