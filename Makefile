@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean soak-model
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ lint: $(BIN)/.installed
 # the suite mostly waits on leases, sleeps and real servers, so two at once about halve its time on two cores.
 test: lint
 	$(BIN)/pytest -q -n 2 --dist loadfile --durations=15
+
+# The model-based suite's long budget (docs/testing.md): 20 random deployments x 10 schedules each, the known-open
+# option pairs included, failures shrunk and written as JSON under $(CSL_MODEL_OUT) (default /tmp/model-soak).
+soak-model: $(BIN)/.installed
+	mkdir -p $${CSL_MODEL_OUT:-/tmp/model-soak}
+	CSL_MODEL_BUDGET=long CSL_MODEL_OUT=$${CSL_MODEL_OUT:-/tmp/model-soak} $(BIN)/pytest -q -s tests/test_model.py
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'

@@ -8,8 +8,10 @@ answer counts when a quorum of nodes gave it.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,13 +23,15 @@ from kombu.utils import json as kombu_json
 from . import _resend as resend
 from . import signals
 from ._monitoring import Skipped
-from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Options, Run, is_locked_task, text
+from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Options, Run, is_locked_task, mark_joined, text
 from .policies.debounce import (
     CLAIM_GONE,
     CLAIM_LATER,
     CLAIM_START,
     CLAIM_SUPERSEDED,
     JOIN_STANDIN,
+    Version,
+    choose,
     majority,
 )
 from .record import burst_key_for, claimed_key_for, newest_claim_key_for
@@ -36,7 +40,7 @@ from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "send"]
+__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "rate_refused", "send", "undo"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -78,7 +82,7 @@ def send(
     the call's own countdown or ETA (s), added to its quiet period."""
     if linked or task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
         # Links belong to one call, a group's member is its own job: sent as is (the worker's lock guards it).
-        return publish(args, kwargs, task_id=task_id, **options)
+        return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
     args, kwargs = args or (), kwargs or {}
     opts = task._options()
     own_id = task_id is not None
@@ -89,6 +93,7 @@ def send(
     options.pop("eta", None)
     nodes = opts.settings.nodes
     burst = burst_key_for(key)
+    expires = _expiry_ms(options.get("expires"))
     try:
         blob = kombu_json.dumps([list(args), dict(kwargs)])  # type: ignore[no-untyped-call]
         answers = nodes.run(
@@ -107,6 +112,7 @@ def send(
                 # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
                 # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
                 int(max(OVERDUE_AFTER, opts.ttl) * 1000),
+                expires,
             ],
         )
     except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard
@@ -116,10 +122,11 @@ def send(
     if found is None:
         # No quorum agrees on a burst (nodes down, or calls racing on a split): this call runs on its own, after its
         # quiet period, guarded by the lock at the worker (never two at once; each such call runs).
-        if any(not isinstance(a, BaseException) and a is not None and text(a[1]) == task_id for a in answers):
-            drop(task, key, task_id)
+        # Its version leaves every burst it joined or started (on the nodes that answered, and those whose answer
+        # was lost): a burst's run never carries the arguments of a call that runs on its own.
+        undo(task, key, task_id)
         logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", task.name, key)
-        return publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), **options)
+        return mark_joined(publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), **options), None)
     job, agreed = found
     due = max(int(a[2]) for a in agreed) / 1000.0
     seq = max(int(a[3]) for a in agreed)
@@ -130,7 +137,7 @@ def send(
     stale = {
         text(a[1])
         for a in answers
-        if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) > 0)
+        if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) >= 0)
     }
     for other in stale - {job}:
         drop(task, key, other)
@@ -145,14 +152,15 @@ def send(
             nodes.run(DEBOUNCE_CLAIM, [burst, claimed_key_for(key, job)], ["sent", job])
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
-        return sent
+        return mark_joined(sent, None)
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
+    task._count("debounced")
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
         # A quorum must say so: a node that missed the 'sent' mark (paused, a lost reply) alone is no reason.
+        # The copy carries this call's arguments, so its expiry too (each call's expires counts for its arguments).
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, REDELIVERY_HEADER: 1}
-        options.pop("expires", None)
         publish(args, kwargs, task_id=job, countdown=_countdown(opts, due), headers=headers, **options)
     if own_id and not task.ignore_result:
         # The caller chose this id and may wait on it: say at once that the burst's job runs in its place.
@@ -161,7 +169,7 @@ def send(
             task.backend.mark_as_revoked(task_id, reason, request=None)
         except Exception:
             logger.debug("could not store the debounced state of %s", task_id, exc_info=True)
-    return task.AsyncResult(job)
+    return mark_joined(task.AsyncResult(job), job)
 
 
 def drop(task: LockedTask, key: str, job: str) -> bool:
@@ -173,6 +181,35 @@ def drop(task: LockedTask, key: str, job: str) -> bool:
         logger.warning("could not drop the burst of %s[%s] on lock %s", task.name, job, key, exc_info=True)
         return False
     return sum(1 for a in answers if not isinstance(a, BaseException) and a == 1) >= nodes.quorum
+
+
+def undo(task: LockedTask, key: str, call: str) -> None:
+    """Take ``call``'s version back from the key's burst on every node (it found no quorum and is sent on its own):
+    a burst it started there ends, one it joined goes back to its newest version left."""
+    nodes = task._options().settings.nodes
+    try:
+        nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, call)], ["undo", call])
+    except Exception:  # a node that kept it is a minority: the claim runs only a version a quorum holds
+        logger.warning("could not take back the call %s[%s] from the burst of %s", task.name, call, key, exc_info=True)
+
+
+def _expiry_ms(expires: Any) -> int:
+    """A call's ``expires`` (seconds from now, a datetime or an ISO text) as Unix ms; 0: none."""
+    if expires is None:
+        return 0
+    if isinstance(expires, int | float):
+        return int((time.time() + float(expires)) * 1000)
+    if isinstance(expires, str):
+        expires = dt.datetime.fromisoformat(expires)
+    if isinstance(expires, dt.datetime):
+        if expires.tzinfo is None:
+            expires = expires.replace(tzinfo=dt.timezone.utc)
+        return int(expires.timestamp() * 1000)
+    return 0
+
+
+def _expires(ms: int) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(ms / 1000.0, tz=dt.timezone.utc) if ms else None
 
 
 def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
@@ -210,8 +247,9 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
     started = [a for a in ok if int(a[0]) == CLAIM_START]
     if later and len(started) < nodes.quorum:
         due = max(int(a[1]) for a in later) / 1000.0
-        newest = max(later, key=lambda a: int(a[2]))
-        wait(task, run, options, request, due, int(newest[2]), text(newest[3]))
+        seq = max(int(a[2]) for a in later)
+        versions = [_versions(a[3]) for a in later] + [_versions(a[2]) for a in started]
+        wait(task, run, options, request, due, seq, choose(versions, nodes.quorum))
         return False
     if started:
         if later:
@@ -219,10 +257,14 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
             # before the claim, or a node answered late): end it there too, or it would split the next bursts'
             # quorum until it expires (each call then sent on its own once a node is down).
             drop(task, run.key, run.task_id)
-        newest = max(started, key=lambda a: int(a[1]))
-        loaded = kombu_json.loads(text(newest[2]))  # type: ignore[no-untyped-call]
-        run.debounced = (tuple(loaded[0]), dict(loaded[1]))
-        request.args, request.kwargs = list(run.debounced[0]), run.debounced[1]
+        # Only a version a quorum of the nodes holds runs: one a minority alone holds may be a call that found no
+        # quorum and runs on its own (its take-back missed that node). No quorum for any (nodes out): the message's
+        # own arguments, which a quorum agreed on when it was sent (its starter's, or its last re-send's).
+        chosen = choose([_versions(a[2]) for a in started], nodes.quorum)
+        if chosen is not None:
+            loaded = kombu_json.loads(chosen.args)  # type: ignore[no-untyped-call]
+            run.debounced = (tuple(loaded[0]), dict(loaded[1]))
+            request.args, request.kwargs = list(run.debounced[0]), run.debounced[1]
     elif all(int(a[0]) == CLAIM_GONE for a in ok):
         logger.debug(
             "%s[%s]: no burst on lock %s (revoked, expired or never debounced): running",
@@ -233,11 +275,36 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
     return True
 
 
-def wait(task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, blob: str) -> None:
-    """Re-send this job's delivery for its due time, carrying the burst's newest arguments; this one stops."""
-    loaded = kombu_json.loads(blob)  # type: ignore[no-untyped-call]
+def rate_refused(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
+    """A burst's job refused by its rate (``lock_on_rate_limit`` skip or fail): its burst ends here as if it ran (the
+    claim), so a call from now on starts a new burst instead of joining one whose job is REVOKED or FAILED. False:
+    the job was not due yet (a later call joined): it was re-sent for its due time and asks the rate again then."""
+    if not task.lock_debounce or not getattr(request, DEBOUNCE_HEADER, None) or run.retries:
+        return True
+    return claim(task, run, options, request)
+
+
+def _versions(raw: Any) -> list[Version]:
+    """A node's versions of a burst (its ``hist``, oldest first); a burst written before versions: its arguments."""
+    if raw is None:
+        return []
+    loaded = kombu_json.loads(text(raw))  # type: ignore[no-untyped-call]
+    if len(loaded) == 2 and isinstance(loaded[1], dict):  # [args, kwargs]: claimed before versions existed
+        return [Version(0, "", text(raw), 0, 0)]
+    return [Version(int(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4] or 0)) for v in loaded]
+
+
+def wait(
+    task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, version: Version | None
+) -> None:
+    """Re-send this job's delivery for its due time, carrying the newest version a quorum holds (its arguments and
+    its call's expiry; none: the message's own); this one stops."""
     countdown = _countdown(options, due)
-    copy = resend.copy(task, {DEBOUNCE_HEADER: seq}, args=list(loaded[0]), kwargs=dict(loaded[1]), countdown=countdown)
+    extra: dict[str, Any] = {}
+    if version is not None:
+        loaded = kombu_json.loads(version.args)  # type: ignore[no-untyped-call]
+        extra = {"args": list(loaded[0]), "kwargs": dict(loaded[1]), "expires": _expires(version.expires)}
+    copy = resend.copy(task, {DEBOUNCE_HEADER: seq}, countdown=countdown, **extra)
     copy.apply_async()
     said = f"debounced: re-sent to run in {countdown:.1f}s (its burst's quiet period)"
     logger.debug("Task %s[%s] %s: lock %s", task.name, run.task_id, said, run.key)

@@ -331,9 +331,10 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     task_id = run.task_id
     if verdict.outcome == "unavailable":
         policy = options.on_unavailable
-        task._count("unavailable")
-        signals.lock_unavailable.send(sender=task, key=key, task_id=task_id, policy=policy, errors=verdict.errors)
         attempt = int(getattr(request, ATTEMPT_HEADER, 0) or 0)
+        if not attempt:  # once per call, not per retry
+            task._count("unavailable")
+        signals.lock_unavailable.send(sender=task, key=key, task_id=task_id, policy=policy, errors=verdict.errors)
         if policy == "run":
             logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", task.name, task_id, key)
             return True
@@ -348,11 +349,15 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
         wait_for_rate(task, run, lock, options, countdown, "unavailable", {ATTEMPT_HEADER: attempt + 1})
         return False
-    task._count("rate-limited")
+    waits = int(getattr(request, RATE_HEADER, 0) or 0)
+    if not waits:  # once per call: its re-sent copies asking again are the same call
+        task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
     # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
     # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
     contended = verdict.contended and not request.is_eager
+    if not contended and options.on_rate_limit != "wait" and not debounced.rate_refused(task, run, options, request):
+        return False  # a burst's job not due yet: re-sent for its due time (the rate is asked again then)
     if not contended and (options.on_rate_limit == "fail" or request.is_eager):
         give_back(task, run, lock, options)
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
@@ -369,7 +374,6 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
     # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
     countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
-    waits = int(getattr(request, RATE_HEADER, 0) or 0)
     wait_for_rate(task, run, lock, options, countdown, "rate", {RATE_HEADER: waits + 1}, said)
     return False
 
@@ -494,7 +498,7 @@ def duplicate(task: LockedTask, run: Run, decision: Decision, facts: Facts) -> N
     """Another job holds the lock: say so, then let the task's policy act (chord members always reschedule)."""
     task_id, holder_id = facts.task_id, facts.holder_job
     policy = policy_for("reschedule" if facts.in_chord else task._options().on_duplicate)
-    task._count("skipped")
+    # Counted by what the policy does (_Duplicate): skipped, failed-duplicate; one that waits counts when it runs.
     signals.duplicate_skipped.send(
         sender=task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy.name
     )
@@ -530,9 +534,11 @@ class _Duplicate:
         # who can read it (ignore_result on the task or the message means nobody will).
         if not (request.is_eager or task.ignore_result or request.ignore_result):
             task.backend.mark_as_revoked(run.task_id, reason, request=None)
+        task._count("skipped")
         resend.skip_quietly(task, run, Skipped(reason, run.key, self.holder_id))
 
     def fail(self) -> NoReturn:
+        self.task._count("failed-duplicate")
         raise DuplicateTaskError(self.run.key, task_name=self.task.name, holder_task_id=self.holder_id)
 
     def wait(self, countdown: float) -> None:
@@ -562,7 +568,8 @@ def unavailable(
     attempt: int = 0,
 ) -> None:
     errors = [str(e) for e in lock.node_errors]
-    task._count("unavailable")
+    if not getattr(task.request, ATTEMPT_HEADER, None):  # once per call, not per retry
+        task._count("unavailable")
     signals.lock_unavailable.send(sender=task, key=run.key, task_id=task_id, policy=policy, errors=errors)
     if policy == "run":
         logger.warning(

@@ -25,7 +25,7 @@ from . import _debounced as debounced
 from . import signals
 from ._handover import ending_lease
 from ._reach import no_quorum_at_producer
-from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, worker_id
+from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, mark_joined, worker_id
 from .aio import AsyncNodes, AsyncRedlock, _spawn
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
 from .errors import ConfigurationError, DuplicateTaskError
@@ -83,7 +83,7 @@ def send(
         reservation = reserve(task, args or (), kwargs or {}, task_id, options, own_id=own_id)
         plan = _plan(task, args, kwargs, task_id, options, reservation)
         if plan.existing is not None:
-            return plan.existing
+            return mark_joined(plan.existing, plan.existing.id)
         try:
             sent = publish(args, kwargs, task_id=plan.task_id, **plan.options)
         except BaseException:
@@ -95,14 +95,14 @@ def send(
         if plan.lock is not None:
             # Sent: now a duplicate may be told to wait on it. (Refused when a worker took it over already.)
             plan.lock.transfer(plan.lease, {"state": QUEUED})
-        return sent
+        return mark_joined(sent, plan.task_id if plan.joined else None)
     if task.lock_enqueue_check and not (
         linked or task.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
     ):
         running = running_run(task, args or (), kwargs or {}, task_id)
         if running is not None:
-            return running
-    return publish(args, kwargs, task_id=task_id, **options)
+            return mark_joined(running, running.id)
+    return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
 
 
 def _reserves(task: LockedTask, task_id: str | None, options: dict[str, Any]) -> bool:
@@ -125,6 +125,7 @@ class _Plan(NamedTuple):
     lock: Redlock | AsyncRedlock | None  # the reservation: freed if the publish fails, marked queued once it is sent
     lease: float
     duplicate: DuplicateTaskError | None  # raised once the stand-in's publish is done
+    joined: bool = False  # the publish is a copy of another call's job (a stand-in): this call joined that job
 
 
 def _plan(
@@ -152,7 +153,7 @@ def _plan(
         if task._options().policy.raises:
             key = task.lock_key_for(*(args or ()), **(kwargs or {}))
             duplicate = DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
-        return _Plan(None, stand_in, {**options, "headers": headers}, None, 0.0, duplicate)
+        return _Plan(None, stand_in, {**options, "headers": headers}, None, 0.0, duplicate, joined=True)
     if lock is not None:
         # Reserved: a delivery of this message that finds its reservation gone (its job ran as another call's
         # copy, or the reservation ran out) asks the result backend before it runs (see decide).
@@ -265,7 +266,7 @@ async def asend(
     reservation = await areserve(task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id)
     plan = _plan(task, args, kwargs, task_id, options, reservation)
     if plan.existing is not None:
-        return plan.existing
+        return mark_joined(plan.existing, plan.existing.id)
     lock = plan.lock if isinstance(plan.lock, AsyncRedlock) else None  # areserve's: an AsyncRedlock or None
     # Shielded: a cancelled caller does not cancel the publish (its thread runs on) nor the settling after it.
     publishing = _spawn(_apublish(publish, args, kwargs, plan, lock))
@@ -320,7 +321,7 @@ async def _apublish(publish: Callable[..., Any], args: Any, kwargs: Any, plan: _
         raise plan.duplicate
     if lock is not None:
         await lock.transfer(plan.lease, {"state": QUEUED})
-    return sent
+    return mark_joined(sent, plan.task_id if plan.joined else None)
 
 
 _async_nodes_cache: dict[tuple[Any, ...], AsyncNodes | None] = {}
@@ -407,6 +408,7 @@ def _verdict(
         running = task.request.id
     options_ = task._options()
     if lock.done:  # this very task id already ran
+        task._count("joined")
         return task.AsyncResult(task_id), None, 0.0, None
     record = lock.holder_record or {}
     holder, state = record.get("job"), record.get("state")
@@ -425,6 +427,7 @@ def _verdict(
     if state == SENDING and policy.waits_in_line:
         return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
     if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
+        task._count("joined")
         return task.AsyncResult(task_id), None, 0.0, None
     if holder == running and state == RUNNING:
         # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
@@ -433,6 +436,7 @@ def _verdict(
     if policy.waits_in_line:  # it runs after the holder: sent, and waits at the worker
         return None, None, 0.0, None
     signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
+    task._count("failed-duplicate" if policy.raises else "joined")  # a stand-in under "fail" raises after its publish
     if policy.raises and state != SENDING:
         raise DuplicateTaskError(key, task_name=task.name, holder_task_id=holder)
     if state == SENDING:
@@ -504,6 +508,7 @@ def running_run(task: LockedTask, args: Any, kwargs: Any, task_id: str | None) -
     if record is None or holder_id is None or record.get("state") in (ENDING, COOLDOWN):
         return None
     signals.duplicate_skipped.send(sender=task, key=key, task_id=None, holder_task_id=holder_id, policy="enqueue")
+    task._count("joined")
     logger.info("%s not sent: the same job is running as task %s (lock %s)", task.name, holder_id, key)
     return task.AsyncResult(holder_id)
 

@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
 from celery.signals import worker_process_shutdown, worker_shutdown
 from celery.worker.request import Request
 
@@ -123,13 +125,13 @@ def _flush_stats_at_exit(**_: Any) -> None:
 
 
 class LockedRequest(Request):  # type: ignore[misc]
-    """The worker's request for a LockedTask: after a hard time limit, end the killed run's lease within ~1 s.
+    """The worker's request for a LockedTask: when its pool child is killed, end the dead run's lease within ~1 s.
 
-    Celery handles a hard time limit in the worker's main process (``Request.on_timeout``), where this request
+    Celery handles a hard time limit in the worker's main process (``Request.on_timeout``), and a pool child that
+    died mid-task (SIGKILL, the OOM killer: ``on_failure`` with ``WorkerLostError``) there too, where this request
     knows the pool child that ran the task (``worker_pid``); ``after_return`` there is given no request, so it
-    could not tell the killed run from another delivery of the same task id. A SIGKILLed or OOM-killed child gets
-    no such call: its lease simply runs out, within ttl. A task that names its own ``Request`` class must subclass
-    this one.
+    could not tell the killed run from another delivery of the same task id. A task that names its own ``Request``
+    class must subclass this one.
     """
 
     def send_event(self, type_: str, **fields: Any) -> None:
@@ -171,12 +173,40 @@ class LockedRequest(Request):  # type: ignore[misc]
 
     def on_timeout(self, soft: bool, timeout: float) -> None:  # noqa: FBT001 - Celery's signature
         super().on_timeout(soft, timeout)
+        if not soft:
+            self._end_killed_run()
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:  # noqa: FBT001, FBT002 - Celery's signature
+        """A pool child that died running this request (``WorkerLostError``): end its run's lease now, before Celery
+        requeues the message (``reject_on_worker_lost``), so the redelivery waits ~1 s, not the dead run's lease.
+
+        Safe because the child is known dead here: billiard reports ``WorkerLostError`` only for a child whose exit
+        it has reaped (``_join_exited_workers``, then ``worker_lost_wait`` s for a result it may have sent), and a
+        dead child renews nothing. A paused child (SIGSTOP, a debugger, swapped out) has not exited: no
+        ``WorkerLostError``, and its lease stands (it ends within ttl if the pause outlasts it). A job that raised
+        ``SystemExit`` itself reaches Celery as such (turned into ``WorkerLostError`` inside Celery's handler, not
+        before): its body has ended and released already, and is not touched here.
+        """
+        exc = getattr(exc_info, "exception", None)
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, WorkerLostError):
+            self._end_killed_run()
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def _end_killed_run(self) -> None:
+        """End the lease of this request's run in the pool child just killed (owner-checked by that child's pid and
+        the task id: see ``_handover.end_lease_of``), and count it."""
         task = self.task
-        if soft or not is_locked_task(task) or not self.worker_pid:
-            return
+        if not is_locked_task(task) or not self.worker_pid:
+            return  # never accepted by a child: no body ran, nothing was held
         try:
+            task._count("killed")
             args, kwargs = self.args or (), self.kwargs or {}
+            limit = task.lock_limit_for(*args, **kwargs)
+            if limit is None:  # lock_limit=None: a rate only, no lock held
+                return
             key = task.lock_key_for(*args, **kwargs)
-            handover.end_lease_of(task, self.id, key, f"{self.worker_pid}@{HOST}", task.lock_limit_for(*args, **kwargs))
+            handover.end_lease_of(task, self.id, key, f"{self.worker_pid}@{HOST}", limit)
         except Exception:
             logger.exception("could not end the lease of %s[%s]", task.name, self.id)

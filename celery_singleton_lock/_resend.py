@@ -42,8 +42,10 @@ def defer(
     if task._options().whole_seconds:
         # Native delayed delivery (quorum queues) takes whole seconds, and kombu refuses a countdown below 1 s.
         countdown = float(max(1, math.ceil(countdown)))
+    first = getattr(request, SINCE_HEADER, None) is None  # every re-sent copy carries it: once per call
     copy(task, headers, countdown=countdown).apply_async()
-    task._count("deferred")
+    if first:
+        task._count("deferred")
     signals.lock_waiting.send(sender=task, key=run.key, task_id=request.id, countdown=countdown, reason=reason)
     said = f"re-sent to run in {countdown:.1f}s ({reason})" + (f": {detail}" if detail else "")
     logger.debug("Task %s[%s] %s: lock %s", task.name, request.id, said, run.key)

@@ -40,6 +40,7 @@ __all__ = [
     "Options",
     "Run",
     "is_locked_task",
+    "mark_joined",
     "since",
     "text",
     "try_of",
@@ -150,6 +151,18 @@ class Options:
     def waits_in_line(self) -> bool:
         """A duplicate waits in its key's line, woken by a holder's release (only these policies' holders wake it)."""
         return self.policy.waits_in_line
+
+
+def mark_joined(result: Any, holder_id: str | None) -> Any:
+    """Say on the ``AsyncResult`` a call returns whether it joined an existing job: ``result.joined`` (bool) and
+    ``result.holder_id`` (that job's task id, also ``result.id``; None for a new job). Plain attributes of this one
+    object: it stays the app's own ``AsyncResult`` class, pickled and serialized as before (without them)."""
+    try:
+        result.joined = holder_id is not None
+        result.holder_id = holder_id
+    except (AttributeError, TypeError):  # a result class of the app's own that takes no attributes: left as it is
+        pass
+    return result
 
 
 def since(request: Any) -> int:

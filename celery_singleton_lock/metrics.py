@@ -50,17 +50,24 @@ __all__ = [
     "write",
 ]
 
-#: Every outcome counted, with what it means (the order is the display order).
+#: Every outcome counted, with what it means (the order is the display order). Each is counted once per call (per
+#: delivery attempt: a retry is a new one), where it is decided, never once per re-sent copy; docs/metrics.md has the
+#: table of where each is counted.
 OUTCOMES: dict[str, str] = {
+    "started": "a body started (under its lock, or with a rate only, or unguarded): once per run",
     "acquired": "a run took its lock",
-    "skipped": "a duplicate did not run: another job holds the lock (the policy decides what else happens)",
-    "deferred": "a delivery was re-sent to run later (reschedule, an outage back-off, a split vote)",
-    "waited": "a run took its lock after waiting (re-sent or in a line); its wait is in the wait time",
+    "joined": "a call at delay() got an existing job's result and sent nothing (queue scope, lock_enqueue_check)",
+    "debounced": "a call at delay() joined a burst already pending (lock_debounce): it runs as the burst's one job",
+    "skipped": "a duplicate did not run and will not (lock_on_duplicate='skip', or a full line)",
+    "failed-duplicate": "a duplicate failed with DuplicateTaskError (lock_on_duplicate='fail'), at delay() or a worker",
+    "deferred": "a call was re-sent to run later (a duplicate waiting, an outage, a split vote): once per call",
+    "waited": "a run started after waiting (re-sent or in a line): once per call; its wait is in the wait time",
     "replaced": "a waiting job was superseded by a newer call (lock_on_duplicate='replace')",
-    "rate-limited": "a run was held back by a rate limit",
+    "rate-limited": "a call was held back by its rate (waited, skipped or failed): once per call, not per re-send",
     "lost": "a lock was lost while its task ran",
+    "killed": "a run's pool child died under it (SIGKILL, OOM, hard time limit): counted by the worker's main process",
     "renew-failed": "a renewal got no quorum (retried; 'lost' follows if it never succeeds)",
-    "unavailable": "no quorum of lock nodes answered an acquire",
+    "unavailable": "no quorum of lock nodes answered a call's acquire or rate: once per call, not per retry",
     "released": "a run gave its lock up",
 }
 #: Field suffixes for the time waited in a line: the sum in ms, and how many waits.

@@ -26,6 +26,7 @@ It holds the locks it renews and is told about each run's end, so it never outli
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -106,6 +107,12 @@ class Watchdog:
         return lease
 
     def _ensure_thread(self) -> None:
+        global _flush_at_exit  # noqa: PLW0603 - once per process (a forked child inherits the registration)
+        if not _flush_at_exit:
+            # A producer (a web app counting its ``joined`` calls) that exits normally flushes its last counts; a
+            # pool child exits with os._exit: it flushes on worker_process_shutdown instead.
+            _flush_at_exit = True
+            atexit.register(_flush_quietly)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="singleton-lock-watchdog", daemon=True)
             self._thread.start()
@@ -252,6 +259,16 @@ class Watchdog:
 
 
 _watchdog: Watchdog | None = None
+_flush_at_exit = False
+
+
+def _flush_quietly() -> None:
+    try:
+        flush_stats()
+    except Exception:  # never block an exit: the counts are only statistics
+        logger.debug("flushing lock counters at exit failed", exc_info=True)
+
+
 _watchdog_lock = threading.Lock()
 
 

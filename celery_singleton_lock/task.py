@@ -41,7 +41,7 @@ from . import signals
 from ._brokers import native_delayed_delivery, visibility_timeout
 from ._enqueue import DEFAULT_QUEUE_TTL
 from ._monitoring import SKIP_MARK, LockedRequest, Skipped, parse_skipped
-from ._run import DONE_MARGIN, Options, Run, worker_id
+from ._run import DONE_MARGIN, Options, Run, mark_joined, worker_id
 from ._startup import (
     SettingsStep,
     StartError,
@@ -282,7 +282,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if self.lock_scope != "queue" and not self.lock_enqueue_check and not self.lock_debounce:
             # By name, as every path here: a base class after LockedTask in the MRO may take only
             # apply_async(args, kwargs, **options).
-            return publish(
+            sent = publish(
                 args,
                 kwargs,
                 task_id=task_id,
@@ -292,6 +292,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 shadow=shadow,
                 **options,
             )
+            return mark_joined(sent, None)
 
         def publish_as(args_: Any, kwargs_: Any, **more: Any) -> Any:
             return publish(args_, kwargs_, producer=producer, link=link, link_error=link_error, shadow=shadow, **more)
@@ -387,6 +388,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if run.outcome is not None:
             return run.outcome
         run.entered = True
+        self._count("started")
         succeeded = ended = False
         if run.debounced is not None:  # lock_debounce: the burst's last call's arguments
             args, kwargs = run.debounced

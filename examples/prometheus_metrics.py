@@ -60,7 +60,7 @@ def main(app_module: ModuleType) -> dict[str, Any]:
         batch = f"2026-11-{uuid.uuid4().hex[:4]}"
         print(f"\nexport_invoices({batch!r}) sent 4 times at once: 1 runs, 3 are skipped duplicates.")
         seen = outcomes([export_invoices.delay(batch) for _ in range(4)], timeout=30)
-        expected = {"acquired": 1, "skipped": 3, "released": 1}
+        expected = {"started": 1, "acquired": 1, "skipped": 3, "released": 1}
         this_run: dict[str, int] = {}
         for _ in range(60):  # the workers flush every 5 s: wait up to 15 s
             after = events(url, export_invoices.name)

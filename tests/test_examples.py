@@ -109,9 +109,9 @@ def test_long_report_holds_its_lock_throughout(app_module: ModuleType) -> None:
 
 
 def test_prometheus_counters_come_from_the_pool_processes(app_module: ModuleType) -> None:
-    """One endpoint reading Redis shows the pool children's counts of both workers: acquired, skipped, released."""
+    """One endpoint reading Redis shows the pool children's counts of both workers: started, skipped, released..."""
     figures = prometheus_metrics.main(app_module)
-    assert figures["this_run"] == {"acquired": 1, "skipped": 3, "released": 1}
+    assert figures["this_run"] == {"started": 1, "acquired": 1, "skipped": 3, "released": 1}
     assert figures["ok"]
 
 

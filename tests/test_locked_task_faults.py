@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,9 +21,11 @@ from typing import Any
 import pytest
 from billiard.exceptions import TimeLimitExceeded
 from celery import chord, group
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TaskRevokedError
 from worker_cluster import Cluster, cluster, new_key, overlapping, polling
 
+from celery_singleton_lock import metrics
+from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.errors import LockUnavailableError, UnserializableArgumentsError
 
 PASSWORD = "s3cr3t-lock-pw"
@@ -145,6 +149,70 @@ def test_sigkill_of_a_whole_worker_frees_the_lock_within_ttl(c: Cluster) -> None
     assert again.id in other_logs(c, "w1", "w2")
     # The killed delivery stays unacked in Redis until the visibility timeout (3600 s here): nothing re-ran it.
     assert [r[1] for r in c.started(k)] == [first.id, again.id]
+
+
+@pytest.fixture(scope="module")
+def quick_lost(c: Cluster) -> Iterator[str]:
+    """A worker (one pool child) that reports a dead child after 1 s (``worker_lost_wait``, Celery's default 10 s);
+    yields its queue."""
+    worker = c.worker("quick-lost", queues="quick-lost", concurrency=1, env={"CSL_LOST_WAIT": "1"})
+    yield "quick-lost"
+    worker.stop(timeout=30)
+
+
+def test_sigkill_of_a_pool_child_ends_its_lease_at_once(c: Cluster, quick_lost: str) -> None:
+    """A pool child SIGKILLed mid-run (acks_late, reject_on_worker_lost): the worker's main process ends the dead
+    run's 30 s lease when Celery reports it (WorkerLostError), so the redelivery runs within seconds, not after it."""
+    mod = c.app_module()
+    k = new_key()
+    name = mod.long_lease.lock_key_for(k)
+    first = mod.long_lease.apply_async((k, 2.0), queue=quick_lost)
+    pid = c.wait_started(k)[0][2]
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    pttls = sorted((ms for _, ms in c.lock_state(name)), reverse=True)
+    assert pttls[1] > 20_000, pttls  # the dead run's lease had most of its 30 s left
+    lease_end = killed_at + pttls[1] / 1000
+    assert first.get(timeout=60) == k
+    started = c.started(k)
+    assert [s[1] for s in started] == [first.id, first.id]
+    assert started[1][2] != pid
+    # Waiting the lease out would start the redelivery at lease_end (the test of the same kill in test_locked_task
+    # asserts that of a lease Celery's 10 s wait outlasts). Here it takes worker_lost_wait (1 s), the ~1 s end lease
+    # and a requeue: a bound of 15 s under the lease's end, which only a stall of 15 s on a loaded machine misses.
+    assert started[1][3] < lease_end - 15, (started[1][3], lease_end)
+    assert [r[1] for r in c.runs(k)] == [first.id]
+    # The main process counted the kill (its watchdog flushes every 5 s; the dead child's own counts are gone).
+    settings = settings_for(mod.app)
+    killed = 0
+    for _ in polling(30, 0.25):
+        report = metrics.read_metrics(settings.nodes, settings.prefix)
+        killed = report.tasks.get(mod.long_lease.name, {}).get("killed", 0)
+        if killed:
+            break
+    assert killed >= 1
+
+
+def test_a_paused_pool_child_keeps_its_lease(c: Cluster, quick_lost: str) -> None:
+    """A pool child paused mid-run (SIGSTOP) has not died: its lease stands (a duplicate sent meanwhile is skipped),
+    and once resumed its run ends, the only run."""
+    mod = c.app_module()
+    k = new_key()
+    name = mod.long_lease.lock_key_for(k)
+    first = mod.long_lease.apply_async((k, 1.0), queue=quick_lost)
+    pid = c.wait_started(k)[0][2]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(3.0)  # three times the worker's worker_lost_wait: a pause taken for a death would be acted on
+        assert c.holder_states(name).count(b"run") >= 2, c.holder_states(name)
+        duplicate = mod.long_lease.delay(k, 0.0)
+        with pytest.raises(TaskRevokedError):
+            duplicate.get(timeout=30)
+        assert c.holder_states(name).count(b"run") >= 2, c.holder_states(name)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert first.get(timeout=30) == k
+    assert [r[1] for r in c.runs(k)] == [first.id]
 
 
 def test_revoke_terminate_releases_the_lock(c: Cluster) -> None:

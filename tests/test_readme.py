@@ -22,6 +22,7 @@ RUN = [
     "docs/redlock.md",
     "docs/asyncio.md",
     "docs/monitoring.md",
+    "docs/metrics.md",
     "docs/signals.md",
     "docs/how-it-works.md",
     "docs/guarantees.md",

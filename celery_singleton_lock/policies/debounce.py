@@ -11,7 +11,23 @@ The burst lives on the lock nodes, never only in a process (docs/protocol.md, "D
   running holds it: the job waits in the key's line, as ``reschedule``), then claims its burst
   (``lua/debounce_claim``): not due yet, it gives the lock back and is re-sent for the due time, carrying the newest
   arguments; due, the burst ends and the job runs with its last call's arguments. A call from then on starts a new
-  burst, which runs after this run (never beside it: the lock).
+  burst, which runs after this run (never beside it: the lock). A job refused by its rate (``lock_on_rate_limit``
+  skip or fail) or revoked or expired ends its burst too: every way a burst's run ends, a call from then on starts
+  a new burst.
+
+Each call is a *version* of its burst (named by its own task id, kept on each node it reached). Promises, with one
+lock node out at a time (paused, or restarted empty):
+
+* every call's arguments run at least once: as its burst's last call (the newest version a quorum of the nodes
+  holds), or on its own when no quorum agreed on a burst at its call (it then takes its version back from every
+  node: the burst never runs it too);
+* no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
+* a run carries only a call whose caller was given its task id;
+* ``expires`` counts from the call whose arguments a message carries (a burst re-sent for its due time carries its
+  newest version's call's expiry; its first message, the first call's).
+
+Not promised yet: the order of versions between a call sent on its own and the older burst it could not join (each
+runs at its own due time; tests/test_debounce.py holds this as a strict xfail).
 
 This module is the policy's pure part: its options' check, and how the nodes' answers are counted.
 """
@@ -20,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError
 
@@ -31,7 +47,9 @@ __all__ = [
     "CLAIM_SUPERSEDED",
     "JOIN_STANDIN",
     "JOIN_STARTED",
+    "Version",
     "check_debounce",
+    "choose",
     "majority",
 ]
 
@@ -82,3 +100,31 @@ def majority(answers: Sequence[Any], quorum: int, key: Any) -> tuple[Any, list[A
     if count < quorum:
         return None
     return value, [a for a in answers if not isinstance(a, BaseException) and a is not None and key(a) == value]
+
+
+class Version(NamedTuple):
+    """One call of a burst as a node keeps it: its number on that node, its task id (the version's name), its
+    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms) and its expiry (Unix ms, 0: none)."""
+
+    n: int
+    call: str
+    args: str
+    due: int
+    expires: int
+
+
+def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version | None:
+    """The newest version that at least ``quorum`` of the nodes hold (one list per node that answered); None when
+    none does. Newest: the highest number any node gave it (calls that raced may be numbered differently on two
+    nodes: the tie goes to the larger task id, the same on every reader)."""
+    held: Counter[str] = Counter()
+    best: dict[str, Version] = {}
+    for versions in nodes_versions:
+        for v in {v.call: v for v in versions}.values():
+            held[v.call] += 1
+            if v.call not in best or v.n > best[v.call].n:
+                best[v.call] = v
+    agreed = [best[c] for c, count in held.items() if count >= quorum]
+    if not agreed:
+        return None
+    return max(agreed, key=lambda v: (v.n, v.call))

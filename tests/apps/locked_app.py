@@ -37,6 +37,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
     worker_max_tasks_per_child=int(os.environ.get("CSL_MAX_TASKS_PER_CHILD", "0")) or None,
+    # How long the main process waits, after a pool child died, for a result it may have sent (Celery's 10 s).
+    worker_lost_wait=float(os.environ.get("CSL_LOST_WAIT", "10")),
 )
 if BROKER.startswith("redis"):
     app.conf.broker_transport_options = {
@@ -67,6 +69,13 @@ def work(self: Any, key: str, duration: float = 0.0, fail: bool = False) -> str:
     _run(self, key, duration)
     if fail:
         raise RuntimeError("failing on purpose")
+    return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_ttl=30, lock_unique_on=["key"])
+def long_lease(self: Any, key: str, duration: float = 0.0) -> str:
+    """``work`` with a 30 s lease: a killed run's redelivery that waited it out would start 30 s late."""
+    _run(self, key, duration)
     return key
 
 
@@ -502,6 +511,22 @@ def debounced_max(self: Any, key: str, version: int = 0, duration: float = 0.0) 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, lock_queue_ttl=1)
 def debounced_short_queue_ttl(self: Any, key: str, version: int = 0) -> list[Any]:
     """``debounced`` with ``lock_queue_ttl=1``: the burst must still outlive a message held up to the done window."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_debounce=0.5,
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+    lock_on_rate_limit="skip",
+)
+def debounced_rated(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` with one start per 3 s per key (the rate); a burst due while the window is full is skipped."""
     record.rpush("debounced", json.dumps([key, self.request.id, version]))
     return [key, version]
 

@@ -1,0 +1,66 @@
+"""The app the model-based suite (tests/test_model.py) runs in real workers: locked_app's configuration, plus the
+tasks of one drawn deployment, defined from the JSON spec in ``CSL_MODEL_SPEC`` so one worker start serves every
+schedule of that deployment.
+
+The spec: ``{"tasks": [{"name": "m0", "opts": {"lock_on_duplicate": "replace", ...}}, ...]}``; ``"lock_limit":
+"per_key"`` stands for :func:`per_key_limit`. Every task has one signature, ``(key, ver, duration, fail, retries)``,
+and is keyed on ``key`` (``lock_unique_on=["key"]``); ``ver`` tells the calls of one key apart. Each attempt records
+``{"id", "task", "key", "ver", "attempt", "pid", "start", "rate_at"}`` on ``model:started`` when its body starts and
+the same with ``"end"`` on ``model:ended`` when it ends (a retry's attempt ends at its ``retry()``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from locked_app import app, record
+
+from celery_singleton_lock import LockedTask
+
+__all__ = ["app", "per_key_limit"]
+
+
+def per_key_limit(key: str, *args: Any, **kwargs: Any) -> int:
+    """A ``lock_limit`` computed per key: 2 runs at once of a key ending in "p" (a premium key), else 1."""
+    return 2 if key.endswith("p") else 1
+
+
+def _body(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0) -> int:
+    rate_at = getattr(self, "rate_started_at", None)
+    attempt = {
+        "id": self.request.id, "task": self.name, "key": key, "ver": ver, "attempt": self.request.retries,
+        "pid": os.getpid(), "start": time.time(), "rate_at": rate_at,
+    }  # fmt: skip
+    record.rpush("model:started", json.dumps(attempt))
+    end_by = time.monotonic() + duration
+    for _ in range(int(duration / 0.02) + 2):  # bounded by count and by duration
+        if time.monotonic() >= end_by:
+            break
+        time.sleep(min(0.02, max(0.0, end_by - time.monotonic())))
+    record.rpush("model:ended", json.dumps({**attempt, "end": time.time()}))
+    if self.request.retries < retries:
+        raise self.retry(countdown=0.2, max_retries=retries)
+    if fail:
+        raise RuntimeError("failing on purpose")
+    return ver
+
+
+def _define(spec: dict[str, Any]) -> None:
+    for task in spec.get("tasks", []):
+        opts = dict(task["opts"])
+        if opts.get("lock_limit") == "per_key":
+            opts["lock_limit"] = per_key_limit
+        if isinstance(opts.get("lock_rate"), list):
+            opts["lock_rate"] = tuple(opts["lock_rate"])
+
+        def run(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0) -> int:
+            return _body(self, key, ver, duration, fail, retries)
+
+        run.__name__ = task["name"]
+        app.task(shared=False, base=LockedTask, bind=True, name=task["name"], lock_unique_on=["key"], **opts)(run)
+
+
+_define(json.loads(os.environ.get("CSL_MODEL_SPEC") or "{}"))

@@ -1,0 +1,431 @@
+"""The README's promises written as code: given what a schedule did (calls, runs, final states, faults), the
+violations of the promises of each task's options (an empty list: the record keeps every promise).
+
+Small on purpose: each ``_check_*`` function is one row of the README's policy table (or one option), and reads
+only the history. What it cannot know (when a message first reached a worker, the instant a worker decided) it
+bounds with the margins below, so a violation it reports is a broken promise, never a timing guess.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Margins (seconds). Every time here is time.time() of one host (the workers, the test, the result backend's
+# date_done) or a lock node's clock on that host (rate_started_at): one clock.
+DECIDE = 0.5  # a worker's decision precedes its stored date_done by at most this (the store's round trip, load)
+ORDER = 0.6  # two calls sent closer than this may reach workers in either order (prefetch, two workers)
+RATE_CLOCK = 0.05  # rate windows are counted on the nodes' clock: starts closer than window - this break it
+COOLDOWN_CLOCK = 0.2  # the cooldown starts at the release, a little after the recorded end
+
+
+@dataclass(frozen=True)
+class TaskOpts:
+    """The options of one drawn task, as the spec gives them (tests/apps/model_app.py)."""
+
+    name: str
+    opts: dict[str, Any]
+
+    @property
+    def space(self) -> str:
+        """The key space: the group's name, else the task's."""
+        return str(self.opts.get("lock_group") or self.name)
+
+    @property
+    def policy(self) -> str:
+        return "reschedule" if self.opts.get("lock_debounce") else str(self.opts.get("lock_on_duplicate", "skip"))
+
+    def limit(self, key: str) -> int | None:
+        limit = self.opts.get("lock_limit", 1)
+        if limit == "per_key":
+            return 2 if key.endswith("p") else 1
+        return None if limit is None else int(limit)
+
+    @property
+    def rate(self) -> tuple[int, float] | None:
+        rate = self.opts.get("lock_rate")
+        return None if rate is None else (int(rate[0]), float(rate[1]))
+
+
+@dataclass
+class Call:
+    """One ``apply_async``: what the schedule sent and what it got back."""
+
+    index: int
+    task: str
+    key: str
+    ver: int
+    sent: float  # time.time() just before the call
+    returned: str | None  # the AsyncResult's id; None when delay() raised
+    raised: str = ""  # the exception delay() raised, if any
+    duration: float = 0.0
+    fail: bool = False
+    retries: int = 0
+    revoked: bool = False  # the schedule revoked it (app.control.revoke)
+    slow_publish: bool = False  # published through a slowed broker connection
+
+
+@dataclass
+class Attempt:
+    """One start of a body, as the worker recorded it; ``end`` None: killed mid-run."""
+
+    id: str
+    task: str
+    key: str
+    ver: int
+    attempt: int
+    pid: int
+    start: float
+    rate_at: float | None
+    end: float | None = None
+
+
+@dataclass
+class Outcome:
+    state: str  # SUCCESS, FAILURE, REVOKED, PENDING, ...
+    reason: str = ""  # the exception's text (a REVOKED's reason, a FAILURE's error)
+    done: float | None = None  # date_done, time.time()
+
+
+@dataclass
+class History:
+    tasks: dict[str, TaskOpts]
+    calls: list[Call]
+    attempts: list[Attempt]
+    outcomes: dict[str, Outcome]
+    faults: list[tuple[float, str]] = field(default_factory=list)  # (time, "kill-child" | "kill-worker" | ...)
+
+    def space_key(self, task: str, key: str) -> tuple[str, str]:
+        return self.tasks[task].space, key
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------------
+
+
+def _span(a: Attempt, h: History) -> tuple[float, float]:
+    """When an attempt held its slot: start to end, or to the first kill after its start (a killed run)."""
+    if a.end is not None:
+        return a.start, a.end
+    kills = [t for t, kind in h.faults if kind.startswith("kill") and t >= a.start]
+    return a.start, min(kills) if kills else float("inf")
+
+
+def _named(reason: str) -> str | None:
+    """The task id a skip's, a failure's or a replacement's reason names."""
+    if reason.startswith("DuplicateTaskError: "):  # its args: key, task name, holder
+        return reason.rsplit(" ", 1)[-1]
+    patterns = (r"held by task (\S+?)[ )]", r"held by task (\S+)$", r"one by task (\S+?)\)", r"task (\S+) finished;",
+                r"superseded by task (\S+?):")  # fmt: skip
+    for pattern in patterns:
+        m = re.search(pattern, reason)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _ran(h: History, task_id: str) -> list[Attempt]:
+    """Completed final attempts of a task id (a retried attempt is not the job's end)."""
+    return [a for a in h.attempts if a.id == task_id and a.end is not None and a.attempt >= _retries(h, task_id)]
+
+
+def _retries(h: History, task_id: str) -> int:
+    return max((c.retries for c in h.calls if c.returned == task_id), default=0)
+
+
+def _by_space(h: History) -> dict[tuple[str, str], list[Call]]:
+    out: dict[tuple[str, str], list[Call]] = defaultdict(list)
+    for c in h.calls:
+        out[h.space_key(c.task, c.key)].append(c)
+    return out
+
+
+def _faulted(h: History) -> bool:
+    return bool(h.faults)
+
+
+# -- the promises ----------------------------------------------------------------------------------------------------
+
+
+def check(h: History) -> list[str]:
+    """Every broken promise of the history, one line each."""
+    out: list[str] = []
+    for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_replace_order, _check_rate,
+                    _check_debounce, _check_cooldown, _check_queue_scope):  # fmt: skip
+        out += checker(h)
+    return out
+
+
+def _check_ends(h: History) -> list[str]:
+    """Every call ends (SUCCESS, FAILURE or REVOKED); none stays PENDING. Excused: a call whose message a whole
+    worker's SIGKILL lost in kombu's Redis transport (docs/reliability.md, Finding 2) or that the schedule revoked."""
+    out = []
+    worker_kills = [t for t, kind in h.faults if kind == "kill-worker"]
+    for c in h.calls:
+        if c.returned is None or c.revoked:
+            continue
+        o = h.outcomes.get(c.returned)
+        if o is None or o.state not in ("SUCCESS", "FAILURE", "REVOKED"):
+            if any(t >= c.sent for t in worker_kills):
+                continue
+            out.append(f"call {c.index} ({c.task} {c.key} v{c.ver}, id {c.returned}) never ended: {o and o.state}")
+    return out
+
+
+def _check_limit(h: History) -> list[str]:
+    """lock_limit=N: never more than N runs of a key at once (1 by default; None: no lock, nothing to check)."""
+    out = []
+    spaces: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
+    for a in h.attempts:
+        spaces[h.space_key(a.task, a.key)].append(a)
+    for (space, key), attempts in spaces.items():
+        limit = min((h.tasks[a.task].limit(key) or 10**6) for a in attempts)
+        events = sorted(
+            [(s, 1, a.id) for a in attempts for s, _ in [_span(a, h)]]
+            + [(e, -1, a.id) for a in attempts for _, e in [_span(a, h)]]
+        )  # an end sorts before a start at the same instant
+        now = 0
+        for _, step, task_id in events:
+            now += step
+            if now > limit:
+                out.append(f"{space}/{key}: {now} runs at once (limit {limit}), the last started {task_id}")
+                break
+    return out
+
+
+def _check_duplicates(h: History) -> list[str]:
+    """skip / fail: a duplicate skipped (REVOKED) or failed (DuplicateTaskError) names a holder: another call of the
+    same key whose job held it then (ran around that time, or finished within its cooldown). A line that is full
+    names its cap, a rate its rate; replace's "superseded" is checked with the order."""
+    out = []
+    ids = {c.returned: c for c in h.calls if c.returned}
+    for c in h.calls:
+        o = h.outcomes.get(c.returned or "")
+        if c.raised:
+            reason, done = c.raised, c.sent + DECIDE
+            if "Duplicate" not in reason:
+                out.append(f"call {c.index}: delay() raised {reason}")
+                continue
+        elif o is None or o.state not in ("REVOKED", "FAILURE") or c.revoked:
+            continue
+        else:
+            reason, done = o.reason, o.done or 0.0
+        if o is not None and o.state == "FAILURE" and "Duplicate" not in reason and not c.raised:
+            if "RateLimited" in reason or "failing on purpose" in reason or "LockUnavailable" in reason:
+                if "RateLimited" in reason and h.tasks[c.task].opts.get("lock_on_rate_limit") != "fail":
+                    out.append(f"call {c.index} failed for its rate without lock_on_rate_limit='fail'")
+                continue
+            out.append(f"call {c.index} ({c.task} {c.key}) FAILURE: {reason[:200]}")
+            continue
+        if "superseded" in reason:
+            if h.tasks[c.task].policy != "replace" and not h.tasks[c.task].opts.get("lock_debounce"):
+                out.append(f"call {c.index} ({h.tasks[c.task].policy}) REVOKED superseded: {reason[:160]}")
+            continue
+        if "waiting line" in reason:
+            if h.tasks[c.task].opts.get("lock_max_waiting") is None:
+                out.append(f"call {c.index}: line full without lock_max_waiting: {reason[:160]}")
+            continue
+        if ("rate" in reason and "not started" in reason) or re.search(r"rate .* reached", reason):
+            if h.tasks[c.task].opts.get("lock_on_rate_limit") != "skip":
+                out.append(f"call {c.index}: skipped for its rate without lock_on_rate_limit='skip': {reason[:160]}")
+            continue
+        if "revoked" in reason.lower() and "duplicate" not in reason:
+            continue  # Celery's own revoke (the schedule's), expiry
+        policy = h.tasks[c.task].policy
+        if policy in ("reschedule", "replace"):
+            out.append(f"call {c.index} ({policy}) was skipped as a duplicate: {reason[:200]}")
+            continue
+        holder = _named(reason)
+        other = ids.get(holder or "")
+        if other is None or other is c or h.space_key(other.task, other.key) != h.space_key(c.task, c.key):
+            out.append(
+                f"call {c.index} ({c.task} {c.key}) skipped naming {holder!r}, no other call of its key: {reason[:200]}"
+            )
+            continue
+        cooldown = float(h.tasks[other.task].opts.get("lock_cooldown", 0))
+        spans = [_span(a, h) for a in h.attempts if a.id == holder]
+        held = any(s <= done + DECIDE and e + cooldown + DECIDE >= c.sent for s, e in spans)
+        queued = h.tasks[c.task].opts.get("lock_scope") == "queue" and other.sent <= done
+        if not held and not queued:
+            out.append(f"call {c.index} ({c.task} {c.key}) skipped naming {holder}, which did not hold the key then")
+    return out
+
+
+def _check_once(h: History) -> list[str]:
+    """Each call that runs, runs to its end once (a killed attempt is run again under the same id; a finished job is
+    never run again by its copies). reschedule (and replace's newest call of a key, and every rate 'wait' call):
+    every call runs."""
+    out = []
+    by_space = _by_space(h)
+    for c in h.calls:
+        if c.returned is None:
+            continue
+        finals = _ran(h, c.returned)
+        if len(finals) > 1:
+            out.append(f"call {c.index} ({c.task} {c.key} id {c.returned}) ran to its end {len(finals)} times")
+        t = h.tasks[c.task]
+        o = h.outcomes.get(c.returned)
+        if c.revoked or o is None or t.opts.get("lock_debounce"):
+            continue
+        must = t.policy == "reschedule" or (
+            t.policy == "replace" and c is max(by_space[h.space_key(c.task, c.key)], key=lambda x: x.sent)
+        )
+        if must and o.state == "REVOKED":
+            allowed = (
+                ("waiting line", "rate")
+                if t.opts.get("lock_max_waiting") or t.opts.get("lock_on_rate_limit") == "skip"
+                else ()
+            )
+            if t.policy == "replace":
+                allowed += ("superseded",)  # a copy reaching a worker after its newer sibling: ORDER bounds it
+            if not any(a in o.reason for a in allowed):
+                out.append(f"call {c.index} ({t.policy} {c.key} v{c.ver}) must run, got REVOKED: {o.reason[:200]}")
+        if o.state == "SUCCESS" and not finals and c.returned == _own(c):
+            out.append(f"call {c.index} ({c.key} v{c.ver}) is SUCCESS but no run of it was recorded")
+    return out
+
+
+def _own(c: Call) -> str | None:
+    return c.returned
+
+
+def _check_replace_order(h: History) -> list[str]:
+    """replace: a newer call supersedes an older one, never the other way round; and older arguments never run
+    last: a call sent more than ORDER before another of its key never starts after it. reschedule runs each call
+    once (above), in any order the line gives."""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        if not any(h.tasks[c.task].policy == "replace" for c in calls):
+            continue
+        sent = {c.returned: c for c in calls if c.returned}
+        for c in calls:
+            o = h.outcomes.get(c.returned or "")
+            if o is not None and "superseded" in o.reason:
+                newer = sent.get(_named(o.reason) or "")
+                if newer is None:
+                    out.append(f"{space}/{key}: call {c.index} superseded by no call of its key: {o.reason[:160]}")
+                elif newer.sent < c.sent - ORDER and not c.slow_publish:
+                    out.append(f"{space}/{key}: v{c.ver} superseded by the older v{newer.ver}")
+        # At most one call waits per key: of the calls sent while one run held the key, at most one runs after it.
+        for r in (a for a in h.attempts if a.id in sent and a.end is not None and not _faulted(h)):
+            waiting = [c for c in calls if r.start + ORDER < c.sent < r.end - ORDER and c.returned != r.id]
+            ran = [c.ver for c in waiting if _ran(h, c.returned or "")]
+            if len(ran) > 1:
+                out.append(f"{space}/{key}: {len(ran)} calls sent while v{r.ver} ran all ran after it: v{ran}")
+                break
+        starts = sorted((a.start, sent[a.id]) for a in h.attempts if a.id in sent and a.attempt == 0)
+        for (s1, c1), (s2, c2) in itertools.combinations(starts, 2):
+            if c2.sent < c1.sent - ORDER and not (c1.slow_publish or c2.slow_publish) and not _faulted(h):
+                out.append(f"{space}/{key}: v{c2.ver} (sent {c1.sent - c2.sent:.2f} s earlier) ran after v{c1.ver}")
+    return out
+
+
+def _check_rate(h: History) -> list[str]:
+    """lock_rate=(N, S): never more than N starts in any S-second window per rate key (the task's or group's name,
+    plus lock_rate_on's arguments), counted at the nodes' start time (rate_started_at); RATE_CLOCK is the margin."""
+    out = []
+    windows: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
+    for a in h.attempts:
+        t = h.tasks[a.task]
+        if t.rate is None:
+            continue
+        on = t.opts.get("lock_rate_on")
+        windows[(t.space, a.key if on else "*")].append(a)
+    for (space, key), attempts in windows.items():
+        n, secs = h.tasks[attempts[0].task].rate  # type: ignore[misc]
+        starts = sorted(a.rate_at if a.rate_at is not None else a.start for a in attempts)
+        for i in range(len(starts) - n):
+            if starts[i + n] - starts[i] < secs - RATE_CLOCK:
+                out.append(
+                    f"rate {space}/{key}: {n + 1} starts within {starts[i + n] - starts[i]:.3f} s (rate {n}/{secs} s)"
+                )
+                break
+    return out
+
+
+def bursts(calls: Iterable[Call], quiet: float) -> list[list[Call]]:
+    """Calls of one key split where the gap is at least ``quiet`` (the generator never draws a gap near it)."""
+    out: list[list[Call]] = []
+    for c in sorted(calls, key=lambda x: x.sent):
+        if out and c.sent - out[-1][-1].sent < quiet:
+            out[-1].append(c)
+        else:
+            out.append([c])
+    return out
+
+
+def _check_debounce(h: History) -> list[str]:
+    """lock_debounce=S: a burst (calls less than S apart) runs once, with its last call's arguments; every call of
+    it gets the burst's one AsyncResult. With lock_debounce_max, a long burst may run more than once, never older
+    arguments after newer."""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        t = h.tasks[calls[0].task]
+        quiet = t.opts.get("lock_debounce")
+        if not quiet:
+            continue
+        for burst in bursts(calls, float(quiet)):
+            ids = {c.returned for c in burst}
+            last = burst[-1]
+            if len(ids) != 1 and not _faulted(h):
+                out.append(f"{space}/{key}: one burst got {len(ids)} AsyncResults (v{[c.ver for c in burst]})")
+            runs = [a for a in h.attempts if a.id in ids and a.end is not None and a.attempt == 0]
+            vers = [a.ver for a in sorted(runs, key=lambda a: a.start)]
+            if last.revoked:
+                continue
+            if vers.count(last.ver) != 1:
+                out.append(f"{space}/{key}: the burst's last call v{last.ver} ran {vers.count(last.ver)} times: {vers}")
+            if not t.opts.get("lock_debounce_max") and any(v != last.ver for v in vers):
+                out.append(f"{space}/{key}: a burst ran other arguments than its last call's v{last.ver}: {vers}")
+            if vers != sorted(vers):
+                out.append(f"{space}/{key}: older arguments ran after newer: {vers}")
+    return out
+
+
+def _check_cooldown(h: History) -> list[str]:
+    """lock_cooldown=C: after a success, no other run of the key starts within C s of its end (a failure holds
+    nothing)."""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        cooldown = max(float(h.tasks[c.task].opts.get("lock_cooldown", 0)) for c in calls)
+        if not cooldown:
+            continue
+        ids = {c.returned for c in calls}
+        attempts = sorted((a for a in h.attempts if a.id in ids), key=lambda a: a.start)
+        for a in attempts:
+            if a.end is None or h.outcomes.get(a.id, Outcome("")).state != "SUCCESS" or a.attempt < _retries(h, a.id):
+                continue
+            for b in attempts:
+                if b.id != a.id and a.end < b.start < a.end + cooldown - COOLDOWN_CLOCK:
+                    out.append(f"{space}/{key}: {b.id} started {b.start - a.end:.2f} s into {a.id}'s cooldown")
+    return out
+
+
+def _check_queue_scope(h: History) -> list[str]:
+    """lock_scope="queue": a delay() while the key's job is queued or running returns that job's id (publishes
+    nothing). lock_enqueue_check: a delay() while the key's job runs returns the running job's id."""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        for c in calls:
+            t = h.tasks[c.task]
+            queue, enqueue = t.opts.get("lock_scope") == "queue", t.opts.get("lock_enqueue_check")
+            if not (queue or enqueue) or c.returned is None or _faulted(h) or c.slow_publish:
+                continue
+            for prior in calls:
+                if prior is c or prior.returned in (None, c.returned) or prior.sent >= c.sent - ORDER or prior.revoked:
+                    continue
+                spans = [_span(a, h) for a in h.attempts if a.id == prior.returned]
+                if not spans or h.outcomes.get(prior.returned or "", Outcome("")).state not in ("SUCCESS", "FAILURE"):
+                    continue
+                first, last = min(s for s, _ in spans), max(e for _, e in spans)
+                busy_from = prior.sent if queue else first
+                if busy_from + ORDER < c.sent < last - ORDER:
+                    out.append(
+                        f"{space}/{key}: v{c.ver} got its own job {c.returned} while {prior.returned} was "
+                        f"{'queued or running' if queue else 'running'}"
+                    )
+                    break
+    return out

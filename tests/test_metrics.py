@@ -1,0 +1,180 @@
+"""Lock metrics, end to end: each outcome counted once per call, where it is decided (the producer at ``delay()``, a
+pool child, the worker's main process), and the ``joined`` flag on the result a call returns.
+
+One broker, three lock nodes and one prefork worker (concurrency 2, ``rate_tasks`` imported) for the module. Each
+test uses a task of its own, so the counts it reads are its own: it reads them before, waits for the flushes (the
+test process's own counts are flushed by the test; a worker's watchdog flushes every 5 s), and asserts the exact
+difference once a further flush interval has passed (a count made twice would show by then).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+from worker_cluster import Cluster, cluster, new_key, polling
+
+from celery_singleton_lock import metrics
+from celery_singleton_lock.config import settings_for
+from celery_singleton_lock.renewal import STATS_FLUSH_INTERVAL, flush_stats
+
+APPS = Path(__file__).parent / "apps"
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("metrics"), ttl=3.0) as cl:
+        cl.worker("m1", concurrency=2, extra=["-I", "rate_tasks"])
+        cl.app_module()
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def rate_tasks(c: Cluster) -> ModuleType:
+    sys.modules.pop("rate_tasks", None)
+    import rate_tasks  # noqa: PLC0415 - imported with the cluster's env, after locked_app
+
+    return rate_tasks
+
+
+def counts(c: Cluster, task: str) -> dict[str, int]:
+    settings = settings_for(c.app_module().app)
+    return dict(metrics.read_metrics(settings.nodes, settings.prefix).tasks.get(task, {}))
+
+
+def counted(c: Cluster, task: str, before: dict[str, int], expected: dict[str, int]) -> dict[str, int]:
+    """The counts of ``task`` made since ``before``, once every one of ``expected`` has arrived (polled for 30 s)
+    and one more flush interval has passed, so that a count made more than once would show."""
+    flush_stats()  # the producer's (this process's) counts
+
+    def diff() -> dict[str, int]:
+        now = counts(c, task)
+        return {k: now.get(k, 0) - before.get(k, 0) for k in set(now) | set(before) if now.get(k, 0) != before.get(k)}
+
+    for _ in polling(30, 0.25):
+        if all(diff().get(k, 0) >= n for k, n in expected.items()):
+            break
+    time.sleep(STATS_FLUSH_INTERVAL + 1.0)  # a bound: every process's next flush has happened by then
+    flush_stats()
+    return diff()
+
+
+def test_queue_scope_duplicates_stopped_at_delay_are_joined(c: Cluster) -> None:
+    """Queue scope: three duplicate calls while the job is queued or running each count one ``joined`` (at delay(),
+    in the producer) and get the job's result flagged ``joined``; the job counts one ``started``."""
+    mod = c.app_module()
+    name = mod.q_work.name
+    before = counts(c, name)
+    k = new_key()
+    first = mod.q_work.delay(k, 1.5)
+    dupes = [mod.q_work.delay(k, 1.5) for _ in range(3)]
+    assert first.joined is False and first.holder_id is None
+    assert all(d.joined is True and d.holder_id == first.id == d.id for d in dupes)
+    assert first.get(timeout=30) == k
+    got = counted(c, name, before, {"joined": 3, "started": 1, "released": 1})
+    assert got == {"joined": 3, "started": 1, "acquired": 1, "released": 1}, got
+
+
+def test_enqueue_check_join_is_counted_and_flagged(c: Cluster) -> None:
+    """lock_enqueue_check: a call made while the job runs returns the running job flagged ``joined`` and counts one
+    ``joined``; a call after it ended is a new job (``joined`` False)."""
+    mod = c.app_module()
+    name = mod.enq_work.name
+    before = counts(c, name)
+    k = new_key()
+    first = mod.enq_work.delay(k, 1.5)
+    c.wait_started(k)
+    second = mod.enq_work.delay(k, 1.5)
+    assert second.joined is True and second.holder_id == first.id
+    assert first.get(timeout=30) == k
+    third = mod.enq_work.delay(k, 0.0)
+    assert third.joined is False
+    third.get(timeout=30)
+    got = counted(c, name, before, {"joined": 1, "started": 2})
+    assert got == {"joined": 1, "started": 2, "acquired": 2, "released": 2}, got
+
+
+def test_calls_that_join_a_burst_count_debounced(c: Cluster) -> None:
+    """lock_debounce: a burst of five calls counts four ``debounced`` (the calls that joined) and one ``started``;
+    the joiners' results are flagged ``joined``, naming the burst's job."""
+    mod = c.app_module()
+    name = mod.debounced.name
+    before = counts(c, name)
+    k = new_key()
+    results = [mod.debounced.delay(k, v) for v in range(5)]
+    assert results[0].joined is False
+    assert all(r.joined and r.holder_id == results[0].id for r in results[1:])
+    assert results[0].get(timeout=30) == [k, 4]
+    got = counted(c, name, before, {"debounced": 4, "started": 1, "released": 1})
+    assert got.get("debounced") == 4 and got.get("started") == 1, got
+    assert "skipped" not in got and "joined" not in got, got
+
+
+def test_a_rescheduled_duplicate_that_ran_is_not_counted_skipped(c: Cluster) -> None:
+    """reschedule: a duplicate that waits for the holder and then runs counts ``deferred`` and ``waited`` once each,
+    and ``started`` like the holder; never ``skipped``."""
+    mod = c.app_module()
+    name = mod.work_later.name
+    before = counts(c, name)
+    k = new_key()
+    first = mod.work_later.delay(k, 1.5)
+    c.wait_started(k)
+    later = mod.work_later.delay(k, 0.0)
+    assert first.get(timeout=30) == k
+    assert later.get(timeout=60) == k
+    got = counted(c, name, before, {"started": 2, "waited": 1, "released": 2})
+    assert "skipped" not in got, got
+    assert got.get("started") == 2 and got.get("waited") == 1 and got.get("deferred") == 1, got
+
+
+def test_a_rate_only_task_counts_started_and_rate_limited_once_per_call(c: Cluster, rate_tasks: Any) -> None:
+    """lock_limit=None with a rate of 3 per 1.5 s: six calls count six ``started``, and ``rate-limited`` once for
+    each call held back (at most 3: its re-sends asking again are not counted)."""
+    name = rate_tasks.rated_unlocked.name
+    before = counts(c, name)
+    k = new_key()
+    results = [rate_tasks.rated_unlocked.delay(k) for _ in range(6)]
+    for r in results:
+        r.get(timeout=60)
+    got = counted(c, name, before, {"started": 6})
+    assert got.get("started") == 6, got
+    assert 1 <= got.get("rate-limited", 0) <= 3, got
+    assert "acquired" not in got, got
+
+
+def test_a_joined_result_is_still_an_async_result() -> None:
+    """The flag is an attribute of the AsyncResult a call returns: it is still the app's AsyncResult, and pickles
+    as one (the flag belongs to the call, not to the job: not carried)."""
+    from celery_singleton_lock._run import mark_joined  # noqa: PLC0415 - the one helper every path uses
+
+    result = mark_joined(AsyncResult("job-1"), "job-1")
+    assert type(result) is AsyncResult
+    assert result.joined is True and result.holder_id == "job-1" and result.id == "job-1"
+    back = pickle.loads(pickle.dumps(result))
+    assert type(back) is AsyncResult and back.id == "job-1"
+    assert getattr(back, "joined", None) is None
+
+
+def test_a_producer_that_exits_flushes_its_counts(c: Cluster) -> None:
+    """A producer process that calls delay() and exits at once (no 5 s flush yet) still writes its ``joined``
+    counts: it flushes them at exit."""
+    mod = c.app_module()
+    name = mod.q_work.name
+    k = new_key()
+    first = mod.q_work.delay(k, 1.5)
+    before = counts(c, name)
+    code = f"import locked_app as m\nfor _ in range(2): m.q_work.delay({k!r}, 1.5)\n"
+    env = {**os.environ, **c.env, "PYTHONPATH": os.pathsep.join([str(APPS), *sys.path])}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=str(APPS), check=True, timeout=60)
+    assert first.get(timeout=30) == k
+    got = counted(c, name, before, {"joined": 2})
+    assert got.get("joined") == 2, got
