@@ -42,6 +42,7 @@ from celery.utils.time import timezone as celery_timezone
 
 from ._startup import StartError, check_start
 from .config import LockSettings, settings_for
+from .health import write_heartbeat
 from .redlock import Redlock
 
 __all__ = [
@@ -382,6 +383,18 @@ class SingletonSchedulerMixin:
             # Run the worker's start checks (settings, every LockedTask's options) when beat starts, not at the first
             # due run: a bad setting stops beat with one line, as it stops a worker.
             logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(check_start(self.app)))
+
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``tick``; then, with ``singleton_lock_liveness_file`` set, rewrite that file, due again after the
+        sleep the tick returned (``celery locks health --liveness``; see :mod:`celery_singleton_lock.health`)."""
+        interval = cast(Any, super()).tick(*args, **kwargs)
+        path = settings_for(self.app).liveness_file
+        if path:
+            try:
+                write_heartbeat(path, role="beat", due_in=float(interval or 0))
+            except OSError as exc:
+                logger.warning("beat: cannot write the liveness file: %s", exc)
+        return interval
 
     def is_due(self, entry: Any) -> Any:
         """Celery's ``is_due``; but a ``last_run_at`` on the second pass of a repeated (DST fall-back) hour is read

@@ -1,4 +1,4 @@
-"""``celery -A app locks list|show|release|stats|doctor|web``: see and force-release an app's locks; check its setup.
+"""``celery -A app locks list|show|release|stats|doctor|web|health|explain``: see and force-release locks; probes.
 
 The logic lives in plain functions taking a :class:`~celery_singleton_lock.config.LockSettings` (scan, merge,
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
@@ -34,6 +34,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from .config import LockSettings, settings_for
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
+from .health import DEFAULT_GRACE, Liveness, Readiness, liveness, readiness
 from .inventory import (
     _TASK_STATES,  # noqa: F401 - tests read it here
     KINDS,
@@ -393,6 +394,50 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
         pass
     finally:
         server.server_close()
+
+
+# --- locks health (the probes live in celery_singleton_lock.health) ------------------------------------------------
+
+
+@locks.command(name="health", cls=CeleryCommand)
+@click.option("--readiness", "probe", flag_value="readiness", default=True, help="A quorum of lock nodes answers.")
+@click.option("--liveness", "probe", flag_value="liveness", help="The worker's watchdog (or beat) writes its file.")
+@click.option("--file", "path", default=None, help="The liveness file (default: singleton_lock_liveness_file).")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0.0),
+    default=DEFAULT_GRACE,
+    show_default=True,
+    help="Seconds a heartbeat may be later than it said before the probe fails.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
+@click.pass_context
+def health_command(ctx: click.Context, *, probe: str, path: str | None, grace: float, as_json: bool) -> None:
+    """A probe for Kubernetes: exit 0 when healthy, 1 with one line saying why not.
+
+    --readiness (the default): at least a quorum of the lock nodes answers (each asked once, at the same time,
+    within singleton_lock_socket_timeout). --liveness: the heartbeat file a worker's lock watchdog or a beat
+    under the singleton scheduler rewrites is not overdue (see docs/ops.md).
+    """
+    settings = _settings(ctx)
+    found: Readiness | Liveness
+    if probe == "liveness":
+        path = path or settings.liveness_file
+        if not path:
+            raise click.UsageError("--liveness needs a file: set singleton_lock_liveness_file or pass --file PATH")
+        found = liveness(path, grace=grace)
+        ok = found.ok
+    else:
+        found = readiness(settings)
+        ok = found.ready
+    if as_json:
+        ctx.obj.echo(json.dumps(found.to_json()))
+    elif ok:
+        ctx.obj.echo(found.line())
+    else:
+        ctx.obj.error(found.line())
+    if not ok:
+        ctx.exit(1)
 
 
 # --- locks doctor (the checks live in celery_singleton_lock.doctor) --------------------------------------------------

@@ -64,6 +64,8 @@ class LockSettings:
     ``singleton_lock_renew_fraction``     1/3                          renew every ``ttl * fraction`` seconds
     ``singleton_lock_skip_before_pool``   True                         skip a clear duplicate in the worker's main
                                                                        process, before the pool (docs: README)
+    ``singleton_lock_liveness_file``      None                         a heartbeat file the worker's watchdog and
+                                                                       beat rewrite (``locks health --liveness``)
     ===================================== ============================ ==============================================
     """
 
@@ -78,6 +80,7 @@ class LockSettings:
     max_retries: int | None = None
     renew_fraction: float = 1 / 3
     skip_before_pool: bool = True
+    liveness_file: str | None = None
     nodes: NodeSet = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +103,11 @@ class LockSettings:
         if not isinstance(self.skip_before_pool, bool):
             raise ConfigurationError(
                 f"singleton_lock_skip_before_pool must be True or False, got {self.skip_before_pool!r}"
+            )
+        if self.liveness_file is not None and (not isinstance(self.liveness_file, str) or not self.liveness_file):
+            raise ConfigurationError(
+                f"singleton_lock_liveness_file must be a file path (e.g. '/tmp/celery-liveness.json') or None, "
+                f"got {self.liveness_file!r}"
             )
         object.__setattr__(self, "nodes", NodeSet(list(self.urls), socket_timeout=self.socket_timeout))
 
@@ -138,6 +146,7 @@ _FIELDS: Final = {
     "max_retries",
     "renew_fraction",
     "skip_before_pool",
+    "liveness_file",
 }
 
 

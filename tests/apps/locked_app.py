@@ -2,7 +2,8 @@
 
 Configured from the environment (the test writes it): CSL_BROKER, CSL_LOCK_URLS (comma-separated), CSL_RECORD
 (a Redis URL where runs are recorded), CSL_TTL; optionally CSL_BACKEND (default: db 1 of a Redis broker),
-CSL_QUEUE_TYPE (``quorum`` on RabbitMQ), CSL_PREFIX, CSL_VISIBILITY (seconds) and CSL_MAX_TASKS_PER_CHILD.
+CSL_QUEUE_TYPE (``quorum`` on RabbitMQ), CSL_PREFIX, CSL_VISIBILITY (seconds), CSL_MAX_TASKS_PER_CHILD and
+CSL_LIVENESS (a liveness file).
 Every run records ``[key, task_id, pid, start, end]`` so the test
 can check, after the fact, that no two runs of one key overlapped in time.
 """
@@ -38,6 +39,8 @@ app.conf.update(
     result_expires=600,
     worker_max_tasks_per_child=int(os.environ.get("CSL_MAX_TASKS_PER_CHILD", "0")) or None,
 )
+if os.environ.get("CSL_LIVENESS"):
+    app.conf.singleton_lock_liveness_file = os.environ["CSL_LIVENESS"]
 if BROKER.startswith("redis"):
     app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ.get("CSL_VISIBILITY", "3600")),
