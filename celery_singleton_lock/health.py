@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import LockSettings
-from .inventory import read_keys
+from .inventory import Report, read_keys
 from .nodes import NodeError
 
 __all__ = [
@@ -55,22 +55,18 @@ _HOST = socket.gethostname()
 
 
 @dataclass(frozen=True)
-class Readiness:
-    """Which lock nodes answered: ready while at least a quorum did."""
-
-    total: int
-    quorum: int
-    unreachable: tuple[NodeError, ...]  # redacted addresses and errors
-
-    @property
-    def answered(self) -> int:
-        """How many nodes answered."""
-        return self.total - len(self.unreachable)
+class Readiness(Report[None]):
+    """Which lock nodes answered (``errors``: the others, redacted): ready while at least a quorum did (``ok``)."""
 
     @property
     def ready(self) -> bool:
         """True while a quorum of the nodes answers."""
-        return self.answered >= self.quorum
+        return self.ok
+
+    @property
+    def unreachable(self) -> tuple[NodeError, ...]:
+        """The nodes that did not answer: redacted addresses and errors."""
+        return self.errors
 
     def line(self) -> str:
         """One line: ready or not, the quorum, and the nodes that did not answer."""
@@ -95,7 +91,7 @@ class Readiness:
 def readiness(settings: LockSettings) -> Readiness:
     """Ask every node at once (bounded by the socket timeout) whether it answers."""
     report = read_keys(settings, [])
-    return Readiness(report.total, report.quorum, report.errors)
+    return Readiness(None, report.errors, report.total, report.quorum)
 
 
 def write_heartbeat(path: str, *, role: str, due_in: float, leases: int = 0, overdue: float = 0.0) -> None:

@@ -516,3 +516,10 @@ def debounced_retrying(self: Any, key: str, version: int = 0) -> list[Any]:
     if self.request.retries == 0:
         raise self.retry(countdown=0.5)
     return [key, version]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(2, 60.0), lock_rate_on=["key"])
+def rated_work(self: Any, key: str) -> str:
+    """At most two starts per key in any minute (``celery locks explain`` reads its windows)."""
+    _run(self, key, 0.0)
+    return key
