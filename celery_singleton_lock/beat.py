@@ -533,6 +533,36 @@ class SingletonSchedulerMixin:
         return f"{base}\n{line}" if base else line
 
 
+_database_scheduler: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``SingletonDatabaseScheduler``, built on first use: django-celery-beat's ``DatabaseScheduler`` whose due runs
+    are sent once (``celery -A proj beat -S celery_singleton_lock.beat:SingletonDatabaseScheduler`` on every host).
+
+    Built here, not at import, because it needs Django and django-celery-beat (which this package does not), with
+    Django's settings configured (the Celery app module of a Django project does that). Every instance reads the
+    same ``PeriodicTask`` rows; the slot of a run comes from its schedule and the clock, never from the
+    ``last_run_at`` each instance writes back, so each run is claimed, and sent, once.
+    """
+    global _database_scheduler  # noqa: PLW0603 - built once per process
+    if name != "SingletonDatabaseScheduler":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _database_scheduler is None:
+        try:
+            from django_celery_beat.schedulers import DatabaseScheduler  # noqa: PLC0415 - Django is optional
+        except ImportError as exc:
+            raise ImportError(
+                f"SingletonDatabaseScheduler needs django-celery-beat (pip install django-celery-beat): {exc}"
+            ) from exc
+        _database_scheduler = type(
+            "SingletonDatabaseScheduler",
+            (SingletonSchedulerMixin, DatabaseScheduler),
+            {"__module__": __name__, "__qualname__": "SingletonDatabaseScheduler", "__doc__": __getattr__.__doc__},
+        )
+    return _database_scheduler
+
+
 class SingletonScheduler(SingletonSchedulerMixin, PersistentScheduler):  # type: ignore[misc]
     """Celery's default scheduler (a shelve file per instance) whose due runs are sent once across instances.
 

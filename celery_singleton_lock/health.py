@@ -24,16 +24,14 @@ The WSGI routes ``/healthz`` (readiness) and ``/livez`` (the serving process ans
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._heartbeat import write_heartbeat
 from .config import LockSettings
 from .inventory import Report, read_keys
 from .nodes import NodeError
@@ -50,8 +48,6 @@ __all__ = [
 
 #: Seconds a heartbeat may be later than its own ``due`` before the probe fails.
 DEFAULT_GRACE = 10.0
-
-_HOST = socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -92,31 +88,6 @@ def readiness(settings: LockSettings) -> Readiness:
     """Ask every node at once (bounded by the socket timeout) whether it answers."""
     report = read_keys(settings, [])
     return Readiness(None, report.errors, report.total, report.quorum)
-
-
-def write_heartbeat(path: str, *, role: str, due_in: float, leases: int = 0, overdue: float = 0.0) -> None:
-    """Atomically (write a sibling, then rename) record that this process is alive and writes again within ``due_in``
-    seconds. Errors propagate to the caller (which logs them without stopping)."""
-    now = time.time()
-    data = {
-        "pid": os.getpid(),
-        "host": _HOST,
-        "role": role,
-        "at": round(now, 3),
-        "due": round(now + due_in, 3),
-        "leases": leases,
-        "overdue": round(max(0.0, overdue), 3),
-    }
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".liveness-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @dataclass(frozen=True)

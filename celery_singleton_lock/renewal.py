@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError, ResponseError
 
 from . import metrics
+from ._heartbeat import write_heartbeat
 
 if TYPE_CHECKING:  # redlock imports this module (``with Redlock`` is renewed here): no import back at run time
     from .redlock import NodeSet, Redlock
@@ -164,8 +165,6 @@ class Watchdog:
 
     def _heartbeat(self, path: str, leases: int, overdue: float) -> None:
         """Rewrite the liveness file: alive, and due again within one flush interval (the longest sleep)."""
-        from .health import write_heartbeat  # noqa: PLC0415 - health reads the settings, which import redlock
-
         try:
             write_heartbeat(path, role="worker", due_in=STATS_FLUSH_INTERVAL, leases=leases, overdue=overdue)
         except OSError as exc:
