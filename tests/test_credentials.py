@@ -18,8 +18,7 @@ import redis
 from celery import Celery
 from redis.credentials import CredentialProvider
 
-from celery_singleton_lock import Redlock
-from celery_singleton_lock import aio
+from celery_singleton_lock import Redlock, aio
 from celery_singleton_lock.aio import AsyncNodes, AsyncRedlock
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.errors import ConfigurationError
