@@ -28,7 +28,8 @@ Every event is named ``celery_singleton_lock.<decision>``; attributes (absent wh
 attribute                                   value
 =========================================== ============================================================
 ``celery_singleton_lock.decision``          acquired, skipped, failed-duplicate, waiting, deferred, joined,
-                                            debounced, superseded, rate-limited, unavailable, lost, released
+                                            debounced, superseded, rate-limited, unavailable, lost, released,
+                                            done (a copy of a job that already ran: not run again)
 ``celery_singleton_lock.key.digest``        :func:`key_digest` of the lock key (never the key: it may hold arguments)
 ``celery_singleton_lock.task_id``           the task id of the call the decision is about
 ``celery_singleton_lock.holder.task_id``    the task id of the job holding the lock
@@ -102,6 +103,7 @@ def instrument(*, tracer_provider: TracerProvider | None = None, raw_keys: bool 
             (signals.duplicate_skipped, _duplicate),
             (signals.call_joined, _joined),
             (signals.lock_waiting, _waiting),
+            (signals.delivery_skipped, _copy_dropped),
             (signals.rate_limited, _rate_limited),
             (signals.lock_unavailable, _unavailable),
             (signals.lock_lost, _lost),
@@ -202,6 +204,12 @@ def _joined(sender: Any, key: str, task_id: str, holder_task_id: str | None = No
 
 def _waiting(sender: Any, key: str, task_id: str, countdown: float, reason: str, **_: Any) -> None:
     _record(sender, "deferred", key, task_id, countdown=float(countdown), reason=reason)
+
+
+def _copy_dropped(sender: Any, key: str, task_id: str, kind: str, **_: Any) -> None:
+    # The other kinds were recorded by their decision's own signal (duplicate_skipped, lock_waiting).
+    if kind in ("done", "settled"):
+        _record(sender, "done", key, task_id, reason=kind)
 
 
 def _rate_limited(sender: Any, key: str, task_id: str, rate: str, policy: str, **_: Any) -> None:
