@@ -194,6 +194,51 @@ def test_a_duplicate_skipped_in_the_pool_is_an_event_on_its_run_span(oc: tuple[C
     secrets_absent(texts, card, order, key, owner)
 
 
+def test_a_rescheduled_duplicate_says_it_waits_and_a_later_delivery_runs_it(
+    oc: tuple[Cluster, Any, Any],
+) -> None:
+    """A duplicate under "reschedule": its run span, in its caller's trace, says waiting (naming the holder) and
+    deferred (with the countdown); a later delivery of the same task id runs it and says acquired."""
+    c, app, memory = oc
+    order, card = f"o-{uuid.uuid4().hex[:10]}", f"card-{uuid.uuid4().hex}"
+    with worker(c, "w3"):
+        first = app.charge_later.apply_async((order, card, 2.0), queue="q-w3")
+        for _ in polling(20):
+            if c.record.llen(f"charged:{order}"):
+                break
+        second = app.charge_later.apply_async((order, card, 2.0), queue="q-w3")
+        assert first.get(timeout=30) == order
+        assert second.get(timeout=60) == order
+        trace_id = published(memory, second.id)["context"]["trace_id"]
+
+        def runs_of_second() -> list[dict[str, Any]]:
+            return [
+                s
+                for s in worker_spans(c)
+                if s["name"] == "run/otel_app.charge_later" and s["attributes"].get("messaging.message.id") == second.id
+            ]
+
+        for _ in polling(30, 0.1):
+            if any(events(s, "released") for s in runs_of_second()):
+                break
+    spans = runs_of_second()
+    (waited,) = [s for s in spans if events(s, "waiting")]
+    assert waited["context"]["trace_id"] == trace_id
+    (waiting,) = events(waited, "waiting")
+    assert waiting[f"{NS}.holder.task_id"] == first.id
+    assert waiting[f"{NS}.policy"] == "reschedule"
+    (deferred,) = events(waited, "deferred")
+    assert deferred[f"{NS}.reason"] == "duplicate"
+    assert deferred[f"{NS}.countdown"] > 0
+    # The copy that runs is the one the holder's release woke: the Celery instrumentation parents a message to the
+    # span that publishes it, so that run is in the holder's trace (docs/observability.md).
+    assert [s for s in spans if events(s, "acquired") and events(s, "released")], [
+        [e["name"] for e in s["events"]] for s in spans
+    ]
+    texts = [json.dumps(s) for s in worker_spans(c) + memory_spans(memory)]
+    secrets_absent(texts, card, order)
+
+
 def test_a_queue_scope_duplicate_at_delay_is_a_short_span_in_the_callers_trace(oc: tuple[Cluster, Any, Any]) -> None:
     """Under queue scope the second click sends nothing: a 'joined' span under the caller's own span names the job."""
     _, app, memory = oc

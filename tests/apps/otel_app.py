@@ -64,3 +64,11 @@ def charge_queued(self: Any, order_id: str, card: str, duration: float = 0.0) ->
     record.rpush(f"charged:{order_id}", self.request.id)
     time.sleep(duration)
     return order_id
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_key=_order_key, lock_on_duplicate="reschedule")
+def charge_later(self: Any, order_id: str, card: str, duration: float = 0.0) -> str:
+    """``charge`` whose duplicate waits for the holder and runs after it."""
+    record.rpush(f"charged:{order_id}", self.request.id)
+    time.sleep(duration)
+    return order_id
