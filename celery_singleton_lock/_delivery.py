@@ -353,6 +353,7 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     if not waits:  # once per call: its re-sent copies asking again are the same call
         task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
+    signals.rate_limited.send(sender=task, key=key, task_id=task_id, rate=str(rate), policy=options.on_rate_limit)
     # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
     # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
     contended = verdict.contended and not request.is_eager
