@@ -51,11 +51,12 @@ __all__ = [
     "check_debounce",
     "choose",
     "majority",
+    "stamp",
 ]
 
 #: debounce_join's first answer: this call started the burst / joined it and publishes a stand-in copy.
 JOIN_STARTED, JOIN_STANDIN = 1, 2
-#: debounce_claim's first answer.
+#: debounce_claim's first answer (claim; SUPERSEDED: 'ran', a newer version ran).
 CLAIM_GONE, CLAIM_START, CLAIM_LATER, CLAIM_SUPERSEDED = 0, 1, 2, 3
 
 
@@ -104,27 +105,43 @@ def majority(answers: Sequence[Any], quorum: int, key: Any) -> tuple[Any, list[A
 
 class Version(NamedTuple):
     """One call of a burst as a node keeps it: its number on that node, its task id (the version's name), its
-    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms) and its expiry (Unix ms, 0: none)."""
+    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms), its expiry (Unix ms, 0: none) and
+    its stamp (when the node took the call, its clock's µs; 0: unknown, a version written before stamps)."""
 
     n: int
     call: str
     args: str
     due: int
     expires: int
+    at: int = 0
 
 
 def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version | None:
     """The newest version that at least ``quorum`` of the nodes hold (one list per node that answered); None when
     none does. Newest: the highest number any node gave it (calls that raced may be numbered differently on two
-    nodes: the tie goes to the larger task id, the same on every reader)."""
+    nodes: the tie goes to the larger task id, the same on every reader). Its stamp: the earliest a node that
+    answered took it (see :func:`stamp`)."""
     held: Counter[str] = Counter()
     best: dict[str, Version] = {}
+    first: dict[str, int] = {}
     for versions in nodes_versions:
         for v in {v.call: v for v in versions}.values():
             held[v.call] += 1
             if v.call not in best or v.n > best[v.call].n:
                 best[v.call] = v
+            if v.at > 0:
+                first[v.call] = min(first.get(v.call, v.at), v.at)
     agreed = [best[c] for c, count in held.items() if count >= quorum]
     if not agreed:
         return None
-    return max(agreed, key=lambda v: (v.n, v.call))
+    chosen = max(agreed, key=lambda v: (v.n, v.call))
+    return chosen._replace(at=first.get(chosen.call, 0))
+
+
+def stamp(times: Sequence[int]) -> int:
+    """A call's stamp from the stamps the nodes gave it (their clocks' µs when each took it): the earliest (0: none).
+
+    A call made after another one returned is stamped later on every node, so the earliest of its stamps is later
+    than the earliest of the other's (up to the nodes' clocks' skew): the order of calls one after the other."""
+    known = [t for t in times if t > 0]
+    return min(known) if known else 0
