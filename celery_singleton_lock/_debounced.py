@@ -24,6 +24,7 @@ from . import _resend as resend
 from . import signals
 from ._monitoring import Skipped
 from ._run import (
+    CLAIM_HEADER,
     DEBOUNCE_HEADER,
     REDELIVERY_HEADER,
     VERSION_HEADER,
@@ -50,12 +51,28 @@ from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 if TYPE_CHECKING:
     from .task import LockedTask
 
-__all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "failed", "rate_refused", "send", "undo"]
+__all__ = [
+    "CLAIM_RETRY",
+    "CLAIM_SLACK",
+    "CLAIM_TRIES",
+    "OVERDUE_AFTER",
+    "STANDIN_AFTER",
+    "claim",
+    "drop",
+    "failed",
+    "newest",
+    "rate_refused",
+    "send",
+    "undo",
+]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
 #: How early (s) a job may claim its burst: a timer's and the nodes' clocks' slack.
 CLAIM_SLACK = 0.1
+#: A claim that found no version a quorum holds while a node did not answer is re-sent this long (s) later, doubled
+#: each time, at most CLAIM_TRIES times (about 30 s in all); then it runs with its message's arguments.
+CLAIM_RETRY, CLAIM_TRIES = 0.5, 6
 #: After how long (s) a burst whose message was never marked sent gets a stand-in publish from a later call: at once,
 #: since a call that joined it must not depend on a call after it (its starter may have died before publishing, or
 #: its publish raised after this call joined); at most one copy per burst, racing a live starter's publish.
@@ -276,6 +293,14 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any, *, runs: b
             # message's own arguments, which a quorum agreed on when it was sent (its starter's, or its last
             # re-send's), with the message's stamp.
             chosen = choose([_versions(a[2]) for a in started], nodes.quorum)
+            tries = int(getattr(request, CLAIM_HEADER, 0) or 0)
+            if chosen is None and any(isinstance(a, BaseException) for a in answers) and tries < CLAIM_TRIES:
+                # A node did not answer (paused, restarting): the versions a quorum holds may be there, newer than
+                # the message's (a call that joined after it was sent). This claim ended the burst where it was
+                # due; its re-sent copy reads those versions back (claimed) and asks the node again.
+                seq = int(getattr(request, DEBOUNCE_HEADER, None) or 1)
+                wait(task, run, options, request, CLAIM_RETRY * 2**tries, seq, None, {CLAIM_HEADER: tries + 1})
+                return False
             if chosen is not None:
                 loaded = kombu_json.loads(chosen.args)  # type: ignore[no-untyped-call]
                 run.debounced = (tuple(loaded[0]), dict(loaded[1]))
@@ -376,7 +401,14 @@ def _versions(raw: Any) -> list[Version]:
 
 
 def wait(
-    task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, version: Version | None
+    task: LockedTask,
+    run: Run,
+    options: Options,
+    request: Any,
+    due: float,
+    seq: int,
+    version: Version | None,
+    more: dict[str, Any] | None = None,
 ) -> None:
     """Re-send this job's delivery for its due time, carrying the newest version a quorum holds (its arguments and
     its call's expiry; none: the message's own); this one stops."""
@@ -385,7 +417,7 @@ def wait(
     if version is not None:
         loaded = kombu_json.loads(version.args)  # type: ignore[no-untyped-call]
         extra = {"args": list(loaded[0]), "kwargs": dict(loaded[1]), "expires": _expires(version.expires)}
-    headers: dict[str, Any] = {DEBOUNCE_HEADER: seq}
+    headers: dict[str, Any] = {DEBOUNCE_HEADER: seq, **(more or {})}
     if version is not None and version.at:
         headers[VERSION_HEADER] = version.at
     copy = resend.copy(task, headers, countdown=countdown, **extra)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "CLAIM_HEADER",
     "DEBOUNCE_HEADER",
     "DONE_MARGIN",
     "END_LEASE",
@@ -77,6 +78,7 @@ SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms)
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
 DEBOUNCE_HEADER = "singleton_lock_debounce"  # lock_debounce: a burst's job message (the seq of the call it carries)
 VERSION_HEADER = "singleton_lock_version"  # lock_debounce: the stamp of the call whose arguments a message carries
+CLAIM_HEADER = "singleton_lock_debounce_claims"  # lock_debounce: claims re-sent for want of the nodes holding versions
 RATE_HEADER = "singleton_lock_rate_waits"  # lock_rate: how many times this call waited for the window
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
@@ -90,6 +92,7 @@ OWN_HEADERS = frozenset(
         RESERVED_HEADER,
         DEBOUNCE_HEADER,
         VERSION_HEADER,
+        CLAIM_HEADER,
         RATE_HEADER,
     }
 )

@@ -646,6 +646,47 @@ def test_the_older_burst_a_call_sent_on_its_own_could_not_join_never_runs_after_
     assert f"superseded by task {second.id}" in str(first.result)
 
 
+def test_a_claim_that_misses_the_node_holding_the_newest_version_asks_again_rather_than_run_older_arguments(
+    c: Cluster,
+) -> None:
+    """Burst G (never on node 1: a restart) holds v0 then v1 on nodes 2 and 3; G's message carries v0. Node 2 is
+    paused when G claims: node 1 has no burst, node 3 alone holds v0 and v1, so no quorum holds a version. G must not
+    run v0 (v1's caller was given G): it asks again once node 2 is back, and runs v1, once."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock._run import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    g = "g-" + new_key()
+    started = nodes.run(
+        DEBOUNCE_JOIN, [burst], [g, 0, 0, kombu_json.dumps([[k, 0], {}]), 600_000, "x", 60_000, 60_000], nodes=[1, 2]
+    )
+    nodes.run(
+        DEBOUNCE_JOIN,
+        [burst],
+        ["v1-" + g, 0, 0, kombu_json.dumps([[k, 1], {}]), 600_000, "x", 60_000, 60_000],
+        nodes=[1, 2],
+    )
+    at = int(started[1][5])
+    c.locks[1].pause()
+    try:
+        mod.app.send_task(mod.debounced.name, (k, 0), task_id=g, headers={DEBOUNCE_HEADER: 1, VERSION_HEADER: at})
+        with contextlib.closing(c.lock_client(c.locks[2])) as client:
+            for _ in polling(20, 0.05):  # G claimed on node 3 (its burst there ended)
+                if client.hget(burst, "job") is None:
+                    break
+        time.sleep(0.5)  # the claim's answers: node 2 timed out
+    finally:
+        c.locks[1].resume()
+    assert mod.debounced.AsyncResult(g).get(timeout=30) == [k, 1]
+    assert debounced_runs(c, k) == [(g, 1)]
+
+
 def test_a_burst_s_job_that_fails_for_no_quorum_ends_its_burst(c: Cluster) -> None:
     """lock_on_unavailable='fail': two lock nodes paused when the burst's job reaches the worker, so its run fails
     (LockUnavailableError); once they resume, the next call starts a new burst (not the FAILED job's) and runs."""
