@@ -23,11 +23,20 @@ lock node out at a time (paused, or restarted empty):
   node: the burst never runs it too);
 * no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
 * a run carries only a call whose caller was given its task id;
+* older versions never run after a newer one: a delivery about to run whose version is older than the key's newest
+  run is REVOKED, "superseded by task <the job that ran the newer one>" (the burst's last call's arguments did run:
+  a newer call's); a job's burst is then not run at all, which debounce allows (the last call's arguments run);
 * ``expires`` counts from the call whose arguments a message carries (a burst re-sent for its due time carries its
   newest version's call's expiry; its first message, the first call's).
 
-Not promised yet: the order of versions between a call sent on its own and the older burst it could not join (each
-runs at its own due time; tests/test_debounce.py holds this as a strict xfail).
+Why the order holds (docs/protocol.md, "Debounce", Order): each call is stamped by the nodes' clocks when they take
+it (its stamp: the earliest a node gave it), so a call made after another returned has the larger stamp. Every
+debounced delivery, holding the lock, writes its version's stamp as the key's newest run on every node that
+answers (``lua/debounce_claim``, ``ran``) unless one has a larger one there: then a newer version ran and this one
+is superseded. One node's note suffices (only a run that started writes one), and a note written under the lock is
+on a quorum but the node out, which any later check (a quorum answers) meets. A claim that finds no version a
+quorum holds while a node did not answer asks again rather than run the message's older arguments; a burst's job
+that fails for want of a quorum (``lock_on_unavailable="fail"``) ends its burst.
 
 This module is the policy's pure part: its options' check, and how the nodes' answers are counted.
 """
