@@ -373,6 +373,10 @@ def release_command(ctx: click.Context, key: str, *, yes: bool) -> None:
         ctx.obj.error(f"error: {key} is {why}: not released (this command only deletes locks)")
         _report_errors(ctx, seen)
         ctx.exit(1)
+    if not key.startswith(settings.prefix):
+        # Prefixes never nest (config.check_prefix): a key not under this app's prefix is another app's lock.
+        ctx.obj.error(f"error: {key} is not under this app's prefix {settings.prefix!r}: not released (use its -A)")
+        ctx.exit(1)
     ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, time.time()))
     _report_errors(ctx, seen)
     if not yes and not click.confirm(f"\nForce-release {key} on every node?", default=False):

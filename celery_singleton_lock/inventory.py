@@ -333,8 +333,9 @@ def scan_keys(settings: LockSettings, *, match: str = "*", done: bool = False) -
                         or _is_fence_key(key)
                     ):
                         continue
-                    if done_marker_of(key) is not None and not done:
-                        continue
+                    marker = done_marker_of(key)
+                    if marker is not None and (not done or not marker[0].startswith(settings.prefix)):
+                        continue  # (a "{*P*:done:*" match can be another app's: "{xa:t:v2:..}:done:1" for P "a:")
                     found.add(key)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
@@ -484,7 +485,9 @@ def scan_bursts(settings: LockSettings, match: str = "*", *, skip: Iterable[int]
         try:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                 name = _text(raw).removesuffix(":debounce")
-                found.add(name if _has_tag(settings.prefix) else name[1:-1])
+                lock = name if _has_tag(settings.prefix) else name[1:-1]
+                if lock.startswith(settings.prefix) and burst_key_for(lock) == _text(raw):
+                    found.add(lock)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
     return Report(sorted(found), tuple(errors), len(nodes), nodes.quorum)

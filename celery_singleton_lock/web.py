@@ -163,7 +163,11 @@ def scan_lines(settings: LockSettings, *, skip: Iterable[int] = ()) -> Report[li
         for pattern in patterns:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                 found.add(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
-        keys = sorted((k, lock) for k in found if (lock := _lock_of_line(k)) is not None)
+        keys = sorted(
+            (k, lock)
+            for k in found
+            if (lock := _lock_of_line(k)) is not None and lock.startswith(settings.prefix)  # not "{xa:..}" for "a:"
+        )
         for start in range(0, len(keys), BATCH):
             batch = keys[start : start + BATCH]
             pipe = client.pipeline(transaction=False)

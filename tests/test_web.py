@@ -680,3 +680,81 @@ def test_no_owner_token_nor_a_piece_of_one_is_in_any_output(site: Site) -> None:
         result.revoke()
         for lock in (made[kind] for kind in ("beat", "queued", "cool", "partial")):
             lock.release()
+
+
+def _two_apps(c: Cluster) -> tuple[Celery, Celery]:
+    """Two apps on the same lock nodes, 'pa<hex>:' and 'xpa<hex>:' (one prefix ends the other: "{xpa..." keys
+    match the glob '\\{*pa<hex>:*')."""
+    tag = uuid.uuid4().hex[:8]
+    apps = []
+    for prefix in (f"pa{tag}:", f"xpa{tag}:"):
+        app = Celery(prefix[:-1], broker="memory://", set_as_current=False)
+        app.conf.update(singleton_lock_urls=c.lock_urls, singleton_lock_prefix=prefix, singleton_lock_ttl=TTL)
+        apps.append(app)
+    return apps[0], apps[1]
+
+
+def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks(site: Site) -> None:
+    """FOUND: app 'pa:' listed app 'xpa:'s done markers and lines (their '{xpa...}:done:'/':waiters' names match
+    the scan for '{...pa:...'), and `locks release` released a lock of any prefix. Now the CLI list, the page and
+    /locks.json show only the app's own keys, and neither the CLI nor the page releases the other app's lock."""
+    from celery.bin.base import CLIContext  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.cli import locks  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for, sibling_key  # noqa: PLC0415
+    from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+
+    c = site.c
+    mine, theirs = _two_apps(c)
+    held: list[Redlock] = []
+    owned: dict[str, str] = {}
+    for n, app in enumerate((mine, theirs)):
+        settings = settings_for(app)
+        lock = Redlock(c.lock_urls, f"{settings.prefix}t{n}.job:v2:{'a' * 32}", ttl=60.0)
+        assert lock.acquire(blocking=False)
+        held.append(lock)
+        owned[settings.prefix] = lock.name
+        done = Redlock(c.lock_urls, f"{settings.prefix}t{n}.done:v2:{'b' * 32}", ttl=60.0, job=f"job-{n}")
+        assert done.acquire(blocking=False)
+        assert done.finish(done_for=60, waited_for=60)
+        first = c.lock_client(c.locks[0])
+        first.zadd(sibling_key(lock.name, ":waiters"), {f"waiter-of-{settings.prefix}": time.time() * 1000})
+        first.expire(sibling_key(lock.name, ":waiters"), 60)
+        for server in c.locks:
+            client = c.lock_client(server)
+            burst = burst_key_for(f"{settings.prefix}t{n}.deb:v2:{'c' * 32}")
+            client.hset(burst, mapping={"job": f"j{n}", "name": f"t{n}.deb"})
+            client.expire(burst, 60)
+
+    def cli(app: Celery, *args: str) -> Any:
+        return CliRunner().invoke(locks, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
+
+    try:
+        for n, app, other in ((0, mine, theirs), (1, theirs, mine)):
+            own, foreign = app.conf.singleton_lock_prefix, other.conf.singleton_lock_prefix
+            theirs_named = f"{foreign}t{1 - n}."
+            listing = cli(app, "list", "--done", "--json")
+            assert listing.exit_code == 0, listing.output
+            keys = {e["lock_key"] or e["key"] for e in json.loads(listing.stdout)}
+            assert keys and all(k.startswith(own) for k in keys), keys
+            with served(make_app(app, secret=SECRET, refresh=0, doctor=False)) as url:
+                page = Site(c, url)
+                status, body = page.get("/")
+                assert status == 200
+                assert theirs_named not in body and f"waiter-of-{foreign}" not in body, "the other app's keys shown"
+                assert f"waiter-of-{own}" in body and f"{own}t{n}.job" in body
+                status, text = page.get("/locks.json")
+                assert status == 200
+                assert all((e["lock_key"] or e["key"]).startswith(own) for e in json.loads(text)["locks"])
+                victim = owned[foreign]
+                owner = c.lock_client(c.locks[0]).hget(victim, "owner").decode()
+                status, _ = page.post("/release", {"key": victim, "owner": _owner_digest(owner), "secret": SECRET})
+                assert status == 400
+            refused = cli(app, "release", owned[foreign], "--yes")
+            assert refused.exit_code == 1 and "not under this app's prefix" in refused.stderr
+        assert all(lock.owned() for lock in held)
+    finally:
+        for lock in held:
+            lock.release()
