@@ -19,10 +19,13 @@ Content-Security-Policy lets only the page's own script run, and no URL, passwor
 
 from __future__ import annotations
 
+import base64
+import bisect
 import hmac
 import html
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -42,19 +45,21 @@ from .inventory import (
     _TASK_STATES,
     LockInfo,
     Report,
+    burst_line,
     done_marker_of,
     format_duration,
     holder_label,
-    list_locks,
     merge,
+    read_burst,
     read_keys,
     release_lock,
+    scan_bursts,
     scan_keys,
     show_lock,
 )
 from .metrics import OUTCOMES, WAIT_MS, WAITS, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
-from .record import sibling_key
+from .record import burst_key_for, sibling_key
 from .scripts import BRIEF as _BRIEF
 
 __all__ = [
@@ -62,6 +67,7 @@ __all__ = [
     "PAGE_SIZE",
     "Line",
     "exposition",
+    "list_page",
     "make_app",
     "metrics_app",
     "scan_lines",
@@ -78,6 +84,14 @@ LINE_SHOWN = 20
 MIN_SECRET = 16
 #: The request body read at most (a release form is a few hundred bytes).
 MAX_BODY = 16 * 1024
+#: Wrong release secrets a client address may send per ``SECRET_WINDOW`` s; then 429 until the oldest ages out.
+SECRET_TRIES, SECRET_WINDOW = 5, 60.0
+#: Client addresses whose wrong secrets are remembered at most (the oldest are forgotten first).
+MAX_CLIENTS = 10_000
+#: ``/locks.json``: locks per page unless ``?limit=`` says, and the most a page may ask for.
+JSON_LIMIT, JSON_MAX_LIMIT = 500, 5000
+#: The longest ``?cursor=`` taken (a cursor is a key, base64: keys are bounded, see docs/keys.md).
+MAX_CURSOR = 8192
 SCAN_COUNT = 1000
 BATCH = 200
 
@@ -271,7 +285,8 @@ class Snapshot:
 
     now: float
     briefs: list[Brief]
-    sections: dict[str, tuple[int, list[LockInfo]]]  # section -> (keys in it, the page's keys read and merged)
+    sections: dict[str, tuple[int, list[LockInfo]]]  # section -> (keys in it, the page's keys read and merged);
+    # "pending": the debounced bursts (lock_debounce) waiting to run
     lines: list[Line]
     errors: tuple[NodeError, ...]
     answered: int
@@ -302,8 +317,13 @@ def snapshot(settings: LockSettings, page: int = 1, search: str = "") -> Snapsho
         name: (len(keys), [i for k in keys if (i := infos.get(k)) is not None]) for name, keys in groups.items()
     }
     lines = scan_lines(settings, skip=down)
+    found = scan_bursts(settings, skip=down)
+    pending = [k for k in found.value if not search or search in k or search == task_of(settings.prefix, k)]
+    start = (max(page, 1) - 1) * PAGE_SIZE
+    bursts = [b for k in pending[start : start + PAGE_SIZE] if (b := read_burst(settings, k)) is not None]
+    sections["pending"] = (len(pending), bursts)
     errors = scanned.errors + tuple(
-        x for x in read.errors + lines.errors if x.node not in {e.node for e in scanned.errors}
+        x for x in read.errors + lines.errors + found.errors if x.node not in {e.node for e in scanned.errors}
     )
     answered = len(settings.nodes) - len({x.node for x in scanned.errors + read.errors + briefs.errors})
     return Snapshot(
@@ -529,6 +549,41 @@ def _owner_digest(owner: str | None) -> str:
     return "" if owner is None else hmac.new(b"celery_singleton_lock.web", owner.encode(), "sha256").hexdigest()[:32]
 
 
+class _Tries:
+    """Wrong secrets per client address: at most ``limit`` in any ``window`` s, then :meth:`wait` says how long
+    until one more is allowed. Bounded: the addresses seen longest ago are forgotten past :data:`MAX_CLIENTS`."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit, self.window = limit, window
+        self._failed: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, client: str, now: float) -> list[float]:
+        kept = [t for t in self._failed.get(client, ()) if now - t < self.window]
+        if kept:
+            self._failed[client] = kept
+        else:
+            self._failed.pop(client, None)
+        return kept
+
+    def wait(self, client: str) -> float:
+        """Seconds until ``client`` may try a secret again (0: now)."""
+        now = time.monotonic()
+        with self._lock:
+            recent = self._recent(client, now)
+            return 0.0 if len(recent) < self.limit else recent[-self.limit] + self.window - now
+
+    def failed(self, client: str) -> None:
+        """Count one wrong secret from ``client``."""
+        now = time.monotonic()
+        with self._lock:
+            recent = self._recent(client, now)
+            self._failed.pop(client, None)  # re-inserted last: the dict's order is the order of last failure
+            self._failed[client] = [*recent, now][-self.limit :]
+            while len(self._failed) > MAX_CLIENTS:
+                del self._failed[next(iter(self._failed))]
+
+
 @dataclass
 class _DoctorCache:
     at: float = 0.0
@@ -568,7 +623,8 @@ def render(
     parts.append(
         f'<p class="{status}" id="nodes">{snap.answered} of {snap.total} lock node(s) answered (quorum {snap.quorum}); '
         f"{counts['held']} held, {sum(x.length for x in snap.lines)} waiting, {counts['reserved']} reserved, "
-        f"{counts['cooldown']} cooling down, {counts['beat']} beat claims, {counts['done']} done markers. "
+        f"{counts['cooldown']} cooling down, {counts.get('pending', 0)} debounced run(s) pending, "
+        f"{counts['beat']} beat claims, {counts['done']} done markers. "
         f'<span class="muted">Read at {e(time.strftime("%H:%M:%S", time.gmtime(snap.now)))} UTC'
         f"{f'; refreshes every {refresh:g}s' if refresh else ''}. "
         f'<a href="{e(base)}/metrics">/metrics</a></span></p>'
@@ -624,6 +680,29 @@ def render(
         )
         rows.append([f"<code>{e(line.key)}</code>", e(line.task or "-"), e(line.length), who + more])
     parts += [nav, _table(["key", "task", "waiting", "order"], rows, "lines")]
+    count, pending = snap.sections.get("pending", (0, []))
+    rows = [
+        [
+            f"<code>{e(i.lock_key)}</code>",
+            e(i.state),
+            e(i.task_name or "-"),
+            f"<code>{e(i.task_id or '-')}</code>",
+            e(format_duration(i.ttl)),
+            e(burst_line(i)),
+            e(f"{len(i.nodes)}/{i.total}"),
+        ]
+        for i in pending
+    ]
+    parts += [
+        "<h2>Pending debounced runs</h2>",
+        _nav(count, page, base),
+        _table(
+            ["key", "state", "task", "job's task id", "runs in", "with", "nodes"],
+            rows,
+            "pending",
+            [_mark(i) for i in pending],
+        ),
+    ]
     for title, items, cls, count in (
         ("Queue-scope reservations", reserved, "reserved", counts["reserved"]),
         ("Cooldowns", cooling, "cooldowns", counts["cooldown"]),
@@ -738,10 +817,17 @@ def _csp(nonce: str) -> str:
 
 
 def _respond(
-    start: StartResponse, status: str, body: str, kind: str = "text/html; charset=utf-8", nonce: str = ""
+    start: StartResponse,
+    status: str,
+    body: str,
+    kind: str = "text/html; charset=utf-8",
+    nonce: str = "",
+    retry_after: float = 0.0,
 ) -> list[bytes]:
-    data = body.encode("utf-8")
+    data = body.encode("utf-8", "surrogateescape")
     headers = [("Content-Type", kind), ("Content-Length", str(len(data))), *SECURITY_HEADERS]
+    if retry_after > 0:
+        headers.append(("Retry-After", str(math.ceil(retry_after))))
     headers.append(("Content-Security-Policy", _csp(nonce or secrets.token_urlsafe(8))))
     start(status, headers)
     return [data]
@@ -797,6 +883,7 @@ def make_app(
     metrics = metrics_app(app)
     cache = _DoctorCache()
     guard = threading.Lock()
+    tries = _Tries(SECRET_TRIES, SECRET_WINDOW)
 
     def findings() -> list[Finding] | None:
         if not doctor:
@@ -863,7 +950,14 @@ def make_app(
             return refuse("413 Payload Too Large", "request too large")
         form = parse_qs(environ["wsgi.input"].read(size).decode("utf-8", "replace")) if size > 0 else {}
         given = environ.get("HTTP_X_LOCK_SECRET") or form.get("secret", [""])[0]
-        if not hmac.compare_digest(given.encode("utf-8"), secret.encode("utf-8")):
+        client = str(environ.get("REMOTE_ADDR", "?"))
+        wait = tries.wait(client)
+        if wait > 0:  # before the comparison: a client out of tries learns nothing, even from the right secret
+            logger.warning("locks web: release refused (too many wrong secrets) from %s", client)
+            why = f"too many wrong secrets from {client}: try again in {math.ceil(wait)} s\n"
+            return _respond(start, "429 Too Many Requests", why, "text/plain; charset=utf-8", retry_after=wait)
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode("utf-8")):
+            tries.failed(client)
             return refuse("403 Forbidden", "wrong or missing secret")
         key, owner = form.get("key", [""])[0], form.get("owner", [""])[0]
         current = settings()
@@ -891,6 +985,23 @@ def make_app(
         )
         return page(environ, start, f"released {key} on {done} of {len(report.value)} node(s)")
 
+    def locks_json(environ: dict[str, Any], start: StartResponse) -> list[bytes]:
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        try:
+            after = _cursor_key(query.get("cursor", [""])[0])
+            limit = _limit(query.get("limit", [str(JSON_LIMIT)])[0])
+        except ValueError:
+            why = f"cursor must be a 'next' this endpoint returned, limit a number from 1 to {JSON_MAX_LIMIT}"
+            return _respond(start, "400 Bad Request", json.dumps({"error": why}), "application/json")
+        found = list_page(settings(), after, limit)
+        data = {
+            "locks": [_public(i.to_json(time.time())) for i in found.value[0]],
+            "next": found.value[1],
+            "limit": limit,
+            "errors": [f"{x.node}: {x.error}" for x in found.errors],
+        }
+        return _respond(start, "200 OK", json.dumps(data), "application/json")
+
     hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
 
     def wsgi(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
@@ -908,16 +1019,61 @@ def make_app(
         if path == "/release":
             return release(environ, start)
         if path == "/locks.json":
-            found = list_locks(settings(), done=True)
-            now = time.time()
-            data = {
-                "locks": [_public(i.to_json(now)) for i in found.value],
-                "errors": [f"{x.node}: {x.error}" for x in found.errors],
-            }
-            return _respond(start, "200 OK", json.dumps(data), "application/json")
+            return locks_json(environ, start)
         return _respond(start, "404 Not Found", "not found\n", "text/plain; charset=utf-8")
 
     return wsgi
+
+
+def _cursor_key(cursor: str) -> str:
+    """The key a ``/locks.json`` cursor names (the last key of the page before); ``""``: from the first key.
+    Any key is a valid place to start (the next page is the keys after it), so a cursor made up by hand can only
+    move where the listing starts, never past the prefix."""
+    if not cursor:
+        return ""
+    if len(cursor) > MAX_CURSOR:
+        raise ValueError(cursor)
+    try:
+        raw = cursor.encode("ascii") + b"=" * (-len(cursor) % 4)
+        return base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8")
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        raise ValueError(cursor) from None
+
+
+def _limit(text: str) -> int:
+    """``?limit=``: a whole number from 1 to :data:`JSON_MAX_LIMIT` (ValueError otherwise)."""
+    limit = int(text.strip()[:8])
+    if not 1 <= limit <= JSON_MAX_LIMIT:
+        raise ValueError(text)
+    return limit
+
+
+def _cursor_of(key: str) -> str:
+    return base64.urlsafe_b64encode(key.encode("utf-8", "surrogatepass")).decode("ascii").rstrip("=")
+
+
+def list_page(settings: LockSettings, after: str, limit: int) -> Report[tuple[list[LockInfo], str | None]]:
+    """The ``limit`` keys after ``after`` (by key; done markers and pending bursts included), read and merged, and
+    the cursor of the next page (None: this was the last). Only the page's keys are read in full."""
+    scanned = scan_keys(settings, done=True)
+    down = [settings.nodes.names.index(x.node) for x in scanned.errors]
+    bursts = scan_bursts(settings, skip=down)
+    pending = {burst_key_for(k): k for k in bursts.value}
+    keys = sorted({k for k in scanned.value if k not in pending and not k.endswith(":debounce")} | set(pending))
+    at = bisect.bisect_right(keys, after) if after else 0
+    shown = keys[at : at + limit]
+    read = read_keys(settings, [k for k in shown if k not in pending], skip=down)
+    infos: list[LockInfo] = []
+    for key in shown:
+        if key in pending:
+            info = read_burst(settings, pending[key])
+        else:
+            info = merge(key, read.value[key], settings.nodes.quorum, prefix=settings.prefix)
+        if info is not None:
+            infos.append(info)
+    more = _cursor_of(shown[-1]) if at + limit < len(keys) and shown else None
+    errors = scanned.errors + bursts.errors + read.errors
+    return Report((infos, more), errors, len(settings.nodes), settings.nodes.quorum)
 
 
 def _key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> tuple[str, str]:

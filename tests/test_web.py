@@ -744,7 +744,7 @@ def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks
                 status, body = page.get("/")
                 assert status == 200
                 assert theirs_named not in body and f"waiter-of-{foreign}" not in body, "the other app's keys shown"
-                assert f"waiter-of-{own}" in body and f"{own}t{n}.job" in body
+                assert f"waiter-of-{own}" in body and f"{own}t{n}.job" in body and f"{own}t{n}.deb" in body
                 status, text = page.get("/locks.json")
                 assert status == 200
                 assert all((e["lock_key"] or e["key"]).startswith(own) for e in json.loads(text)["locks"])
@@ -758,3 +758,136 @@ def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks
     finally:
         for lock in held:
             lock.release()
+
+
+def _own_app(c: Cluster, name: str) -> Celery:
+    """An app of this test's own on the module's lock nodes (memory broker: nothing consumes what it sends)."""
+    app = Celery(name, broker="memory://", set_as_current=False)
+    prefix = f"{name}{uuid.uuid4().hex[:8]}:"
+    app.conf.update(singleton_lock_urls=c.lock_urls, singleton_lock_prefix=prefix, singleton_lock_ttl=TTL)
+    return app
+
+
+def test_the_page_shows_pending_debounced_runs(site: Site) -> None:
+    """A burst pending under lock_debounce (what `locks list` shows as kind debounce) is on the page too: its key,
+    task, job's task id, when it runs and the last call's arguments, escaped; /locks.json lists it."""
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+
+    app = _own_app(site.c, "deb")
+
+    @app.task(base=LockedTask, shared=False, lock_debounce=60, lock_unique_on=["key"], name="deb.rebuild")
+    def rebuild(key: str, note: str = "") -> None: ...
+
+    rebuild.delay("acct-1", note="<script>alert(1)</script>")
+    key = rebuild.lock_key_for("acct-1")
+    with served(make_app(app, refresh=0, doctor=False)) as url:
+        status, body = Site(site.c, url).get("/")
+        assert status == 200
+        section = body.split("<h2>Pending debounced runs</h2>", 1)[1].split("<h2>", 1)[0]
+        assert key in section and "deb.rebuild" in section and "pending" in section
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in section and "<script>alert" not in body
+        assert "1 debounced run(s) pending" in body
+        status, text = Site(site.c, url).get("/locks.json")
+        (entry,) = [e for e in json.loads(text)["locks"] if e["kind"] == "debounce"]
+        assert entry["lock_key"] == key
+
+
+def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) -> None:
+    """/locks.json gives `limit` locks (default 500) and a `next` cursor: walking the pages lists every key once;
+    a limit of 0, negative, huge or not a number, and a cursor that is not one are 400; a cursor forged from any
+    key only moves the start, never past the prefix (a key after every key of the app gives an empty page)."""
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.web import _cursor_of  # noqa: PLC0415
+
+    c = site.c
+    app = _own_app(c, "paged")
+    prefix = app.conf.singleton_lock_prefix
+    held = [Redlock(c.lock_urls, f"{prefix}t.job:{n:03d}", ttl=60.0) for n in range(23)]
+    assert all(lock.acquire(blocking=False) for lock in held)
+    try:
+        with served(make_app(app, refresh=0, doctor=False)) as url:
+            page = Site(c, url)
+            seen: list[str] = []
+            cursor, pages = "", 0
+            for _ in range(10):
+                status, text = page.get(f"/locks.json?limit=10&cursor={cursor}")
+                assert status == 200, text
+                doc = json.loads(text)
+                assert len(doc["locks"]) <= 10 and doc["limit"] == 10
+                seen += [e["key"] for e in doc["locks"]]
+                pages += 1
+                if doc["next"] is None:
+                    break
+                cursor = doc["next"]
+            assert pages == 3 and seen == sorted(lock.name for lock in held)
+            status, text = page.get("/locks.json")
+            assert status == 200 and len(json.loads(text)["locks"]) == 23 and json.loads(text)["next"] is None
+            for query in ("limit=0", "limit=-1", "limit=99999999999", "limit=abc", "limit=", "cursor=%%%", "cursor=_w"):
+                status, text = page.get(f"/locks.json?{query}")
+                assert status == 400 and "limit" in json.loads(text)["error"], query
+            status, text = page.get(f"/locks.json?cursor={_cursor_of(prefix + '~')}")
+            assert status == 200 and json.loads(text)["locks"] == []
+            status, text = page.get(f"/locks.json?limit=5&cursor={_cursor_of('a')}")
+            assert [e["key"] for e in json.loads(text)["locks"]] == sorted(lock.name for lock in held)[:5]
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def test_wrong_secrets_are_rate_limited_per_client(site: Site) -> None:
+    """Five wrong release secrets from one address in a minute, then 429 with Retry-After, even for the right
+    secret (a guesser learns nothing more); another page's counts are its own."""
+    c = site.c
+    app = _own_app(c, "tries")
+    with served(make_app(app, secret=SECRET, refresh=0, doctor=False)) as url:
+        page = Site(c, url)
+        for n in range(5):
+            status, _ = page.post("/release", {"key": "k", "owner": "o", "secret": f"wrong-secret-{n:04d}-xxxx"})
+            assert status == 403, n
+        status, body = page.post("/release", {"key": "k", "owner": "o", "secret": SECRET})
+        assert status == 429 and "too many wrong secrets" in body
+        request = urllib.request.Request(url + "/release", data=b"key=k&owner=o", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 429 and 0 < int(refused.value.headers["Retry-After"]) <= 60
+    with served(make_app(app, secret=SECRET, refresh=0, doctor=False)) as url:
+        status, _ = Site(c, url).post("/release", {"key": "k", "owner": "o", "secret": SECRET})
+        assert status == 400  # the right secret, a key not under the prefix: no longer limited
+
+
+def test_locks_web_on_a_non_loopback_address_answers_only_its_allowed_hosts(site: Site) -> None:
+    """FOUND: `locks web --host 0.0.0.0` answered any Host header (DNS rebinding onto the page from a browser on
+    the network). Now it answers the bound address's names, the loopback names and --allowed-host, 403 otherwise."""
+    c = site.c
+    env = {**os.environ, **c.env, "PYTHONPATH": f"{APPS}:{Path(__file__).parent.parent}"}
+    port = free_port()
+    command = [sys.executable, "-m", "celery", "-A", "locked_app", "locks", "web", "--host", "0.0.0.0"]
+    proc = subprocess.Popen(
+        [*command, "--port", str(port), "--allowed-host", "locks.example.org"],
+        env=env,
+        cwd=str(APPS),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def status_for(host: str) -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/livez", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        for _ in polling(60, 0.25):
+            with contextlib.suppress(OSError):
+                if status_for(f"127.0.0.1:{port}") == 200:
+                    break
+        for host in ("locks.example.org", f"LOCKS.example.org:{port}", f"localhost:{port}", "[::1]"):
+            assert status_for(host) == 200, host
+        for host in ("evil.example", f"evil.example:{port}", "locks.example.org.evil.example", "", "a@b"):
+            assert status_for(host) == 403, host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
