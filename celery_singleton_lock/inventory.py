@@ -290,7 +290,10 @@ def done_marker_of(key: str) -> tuple[str, str] | None:
 
 def _is_metrics_key(prefix: str, key: str) -> bool:
     """A hash of the workers' counts (see :mod:`celery_singleton_lock.metrics`), not a lock."""
-    return key == total_key(prefix) or key.startswith(minute_key(prefix, 0)[:-1])
+    # (Under a prefix with a hash tag the flush's batch markers are named under it too: "P stats:batch:<id>".)
+    return key == total_key(prefix) or key.startswith(
+        (minute_key(prefix, 0)[:-1], f"{prefix}stats:batch:", f"{total_key(prefix)}:batch:")
+    )
 
 
 def _glob_escape(text: str) -> str:

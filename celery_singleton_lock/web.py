@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import hashlib
 import hmac
 import html
 import json
@@ -37,6 +38,8 @@ from urllib.parse import parse_qs
 
 from redis.exceptions import RedisError
 
+from ._gauges import lock_of_line as _lock_of_line
+from ._gauges import read_gauges
 from .config import LockSettings, settings_for
 from .doctor import Finding, run_doctor
 from .errors import ConfigurationError
@@ -59,7 +62,7 @@ from .inventory import (
 )
 from .metrics import OUTCOMES, WAIT_MS, WAITS, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
-from .record import burst_key_for, sibling_key
+from .record import burst_key_for
 from .scripts import BRIEF as _BRIEF
 
 __all__ = [
@@ -92,6 +95,8 @@ MAX_CLIENTS = 10_000
 JSON_LIMIT, JSON_MAX_LIMIT = 500, 5000
 #: The longest ``?cursor=`` taken (a cursor is a key, base64: keys are bounded, see docs/keys.md).
 MAX_CURSOR = 8192
+#: Characters of a key a cursor carries; a longer key is named by them and a digest.
+CURSOR_KEY = 1024
 SCAN_COUNT = 1000
 BATCH = 200
 
@@ -130,23 +135,6 @@ class Line:
     task: str
     length: int
     waiters: tuple[tuple[str, float], ...]  # (task id, since: s since the epoch)
-
-
-def _lock_of_line(key: str) -> str | None:
-    """The lock key whose waiting line ``key`` is, or None."""
-    if not key.endswith(":waiters"):
-        return None
-    head = key[: -len(":waiters")]
-    candidates = []
-    if head.startswith("{"):
-        if head.endswith("}"):
-            candidates.append(head[1:-1])
-        candidates.append(head[head.find("}") + 1 :])
-    candidates.append(head)
-    for lock in candidates:
-        if lock and sibling_key(lock, ":waiters") == key:
-            return lock
-    return None
 
 
 def task_of(prefix: str, key: str) -> str:
@@ -358,9 +346,9 @@ def exposition(settings: LockSettings) -> str:
     ``outcome`` only, never a key or a task id. A counter never goes down from one scrape to the next while a node
     holding some of its counts does not answer (:func:`_never_lower`).
     """
-    snap = snapshot(settings, page=0)
-    found = read_metrics(settings.nodes, settings.prefix, skip=_down(settings, snap))
-    found = _never_lower(settings, found, complete=not (found.errors or snap.errors))
+    gauges = read_gauges(settings)
+    found = read_metrics(settings.nodes, settings.prefix, skip=gauges.down)
+    found = _never_lower(settings, found, complete=not (found.errors or gauges.errors))
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
         "# TYPE celery_lock_events_total counter",
@@ -375,13 +363,7 @@ def exposition(settings: LockSettings) -> str:
     for task, (ms, n) in found.waits.items():
         out.append(f'celery_lock_wait_seconds_sum{{task="{_label(task)}"}} {ms / 1000.0}')
         out.append(f'celery_lock_wait_seconds_count{{task="{_label(task)}"}} {n}')
-    held: Counter[str] = Counter(b.task for b in snap.briefs if b.kind == "task" and b.state != "partial")
-    waiting: Counter[str] = Counter()
-    for line in snap.lines:
-        waiting[line.task] += line.length
-    records = [b for b in snap.briefs if b.kind not in ("done", "foreign")]
-    partial: Counter[str] = Counter(b.task for b in records if b.state == "partial")
-    incomplete: Counter[str] = Counter(b.task for b in records if b.state != "partial" and b.holding < b.total)
+    held, waiting, partial, incomplete = gauges.held, gauges.waiting, gauges.partial, gauges.incomplete
     for name, help_, values in (
         ("celery_lock_held", "Locks held now per task (running, retry-wait, ending, cooldown, queued).", held),
         ("celery_lock_waiting", "Jobs waiting in a line now per task.", waiting),
@@ -393,7 +375,14 @@ def exposition(settings: LockSettings) -> str:
     out += [
         "# HELP celery_lock_nodes_up Lock nodes that answered this scrape.",
         "# TYPE celery_lock_nodes_up gauge",
-        f"celery_lock_nodes_up {snap.answered}",
+        f"celery_lock_nodes_up {len(settings.nodes) - len({x.node for x in found.errors + gauges.errors})}",
+        "# HELP celery_lock_gauges_age_seconds Age of the walk over the keys the gauges above come from (a walk "
+        "longer than one scrape ends over several).",
+        "# TYPE celery_lock_gauges_age_seconds gauge",
+        f"celery_lock_gauges_age_seconds {gauges.age:.3f}",
+        "# HELP celery_lock_gauges_complete 1 once a walk over every key has ended (the gauges are 0 until then).",
+        "# TYPE celery_lock_gauges_complete gauge",
+        f"celery_lock_gauges_complete {int(gauges.complete)}",
     ]
     return "\n".join(out) + "\n"
 
@@ -1025,19 +1014,46 @@ def make_app(
     return wsgi
 
 
-def _cursor_key(cursor: str) -> str:
-    """The key a ``/locks.json`` cursor names (the last key of the page before); ``""``: from the first key.
-    Any key is a valid place to start (the next page is the keys after it), so a cursor made up by hand can only
-    move where the listing starts, never past the prefix."""
+def _cursor_key(cursor: str) -> tuple[str, str]:
+    """What a ``/locks.json`` cursor names: the last key of the page before, or for a key longer than
+    :data:`CURSOR_KEY` characters its first ones and a digest of it (``(head, digest)``; ``("", "")``: from the
+    first key). Any key is a valid place to start (the next page is the keys after it), so a cursor made up by hand
+    can only move where the listing starts, never past the prefix."""
     if not cursor:
-        return ""
+        return "", ""
     if len(cursor) > MAX_CURSOR:
         raise ValueError(cursor)
+    text, _, digest = cursor.partition(".")
     try:
-        raw = cursor.encode("ascii") + b"=" * (-len(cursor) % 4)
-        return base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8")
+        raw = text.encode("ascii") + b"=" * (-len(text) % 4)
+        return base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8"), digest
     except (ValueError, UnicodeError):  # binascii.Error is a ValueError
         raise ValueError(cursor) from None
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _cursor_of(key: str) -> str:
+    """The cursor after ``key``: the key itself (base64), or past :data:`CURSOR_KEY` characters (a URL has a
+    bounded length) its first ones and a digest of the whole."""
+    head = key[:CURSOR_KEY]
+    text = base64.urlsafe_b64encode(head.encode("utf-8", "surrogatepass")).decode("ascii").rstrip("=")
+    return text if head == key else f"{text}.{_digest(key)}"
+
+
+def _start(keys: Sequence[str], head: str, digest: str) -> int:
+    """Where the page after the cursor ``(head, digest)`` starts in the sorted ``keys``."""
+    if not digest:
+        return bisect.bisect_right(keys, head)
+    at = bisect.bisect_left(keys, head)
+    for i in range(at, len(keys)):  # the long keys sharing those first characters, in order
+        if not keys[i].startswith(head):
+            break
+        if _digest(keys[i]) == digest:
+            return i + 1
+    return at  # the key is gone: start at its first characters (a key may be listed twice, none is missed)
 
 
 def _limit(text: str) -> int:
@@ -1048,19 +1064,16 @@ def _limit(text: str) -> int:
     return limit
 
 
-def _cursor_of(key: str) -> str:
-    return base64.urlsafe_b64encode(key.encode("utf-8", "surrogatepass")).decode("ascii").rstrip("=")
-
-
-def list_page(settings: LockSettings, after: str, limit: int) -> Report[tuple[list[LockInfo], str | None]]:
-    """The ``limit`` keys after ``after`` (by key; done markers and pending bursts included), read and merged, and
-    the cursor of the next page (None: this was the last). Only the page's keys are read in full."""
+def list_page(settings: LockSettings, after: tuple[str, str], limit: int) -> Report[tuple[list[LockInfo], str | None]]:
+    """The ``limit`` keys after the cursor ``after`` (:func:`_cursor_key`), by key (done markers and pending
+    bursts included), read and merged, and the cursor of the next page (None: this was the last). Only the page's
+    keys are read in full."""
     scanned = scan_keys(settings, done=True)
     down = [settings.nodes.names.index(x.node) for x in scanned.errors]
     bursts = scan_bursts(settings, skip=down)
     pending = {burst_key_for(k): k for k in bursts.value}
     keys = sorted({k for k in scanned.value if k not in pending and not k.endswith(":debounce")} | set(pending))
-    at = bisect.bisect_right(keys, after) if after else 0
+    at = _start(keys, *after) if after[0] else 0
     shown = keys[at : at + limit]
     read = read_keys(settings, [k for k in shown if k not in pending], skip=down)
     infos: list[LockInfo] = []

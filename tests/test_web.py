@@ -891,3 +891,43 @@ def test_locks_web_on_a_non_loopback_address_answers_only_its_allowed_hosts(site
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_attack_hostile_keys_huge_unicode_and_invalid_utf8_leave_every_endpoint_whole(site: Site) -> None:
+    """Keys of 20 KB, with emoji, right-to-left marks and bytes that are not UTF-8, and records naming a task in
+    HTML with a quote and a newline: the page, /metrics (parsed by prometheus_client), /locks.json (paged over them
+    with its cursor) and /healthz all answer 200, escaped, and every UTF-8 key is counted and listed once."""
+    c = site.c
+    app = _own_app(c, "hostile")
+    prefix = app.conf.singleton_lock_prefix
+    keys = [
+        f"{prefix}t.huge:" + "x" * 20_000,
+        f"{prefix}t.uni:\U0001f512\u202eevil\u202c",
+        (prefix + "t.bin:").encode() + b"\xff\xfe<script>",
+    ]
+    name = '<img src=x onerror=alert(1)>"\nnext'
+    for server in c.locks:
+        client = c.lock_client(server)
+        for key in keys:
+            client.hset(key, mapping={"owner": "o", "fence": 1, "state": "run", "name": name, "job": "<j>"})
+            client.expire(key, 60)
+    with served(make_app(app, refresh=0, doctor=False)) as url:
+        page = Site(c, url)
+        status, body = page.get("/")
+        assert status == 200 and "<img src=x" not in body and "\U0001f512" in body
+        status, text = page.get("/metrics")
+        assert status == 200
+        held = metrics_families(text)["celery_lock_held"].samples
+        # Not 3: a key that is not UTF-8 is read back by its decoded name, another key (left open, see CHANGELOG).
+        assert [s.value for s in held if s.labels["task"] == name] == [2.0]
+        listed, cursor = [], ""
+        for _ in range(5):
+            status, text = page.get(f"/locks.json?limit=1&cursor={cursor}")
+            assert status == 200, (cursor[:80], len(cursor), text)
+            doc = json.loads(text)
+            listed += [e["key"] for e in doc["locks"]]
+            if doc["next"] is None:
+                break
+            cursor = doc["next"]
+        assert len(listed) == len(set(listed)) and {keys[0], keys[1]} <= set(listed)
+        assert page.get("/healthz")[0] == 200
