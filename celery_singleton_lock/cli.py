@@ -373,6 +373,10 @@ def release_command(ctx: click.Context, key: str, *, yes: bool) -> None:
         ctx.obj.error(f"error: {key} is {why}: not released (this command only deletes locks)")
         _report_errors(ctx, seen)
         ctx.exit(1)
+    if not key.startswith(settings.prefix):
+        # Prefixes never nest (config.check_prefix): a key not under this app's prefix is another app's lock.
+        ctx.obj.error(f"error: {key} is not under this app's prefix {settings.prefix!r}: not released (use its -A)")
+        ctx.exit(1)
     ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, time.time()))
     _report_errors(ctx, seen)
     if not yes and not click.confirm(f"\nForce-release {key} on every node?", default=False):
@@ -420,8 +424,15 @@ def stats_command(ctx: click.Context, *, as_json: bool, since: str | None) -> No
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (keep it local).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True, help="Port (0: any free).")
 @click.option("--refresh", type=click.FloatRange(min=0.0), default=5.0, show_default=True, help="Page refresh (s).")
+@click.option(
+    "--allowed-host",
+    "allowed_host",
+    multiple=True,
+    help="A host name requests may name in their Host header (repeatable); the bound address and the loopback "
+    "names always are.",
+)
 @click.pass_context
-def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> None:
+def web_command(ctx: click.Context, *, host: str, port: int, refresh: float, allowed_host: tuple[str, ...]) -> None:
     """Serve the locks page at / and Prometheus metrics at /metrics (stdlib WSGI server).
 
     Read-only unless the environment variable SINGLETON_LOCK_WEB_SECRET holds a secret (16+ characters): then a
@@ -432,9 +443,9 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
     settings = _settings(ctx)
     secret = os.environ.get(SECRET_ENV) or None
     try:
-        # A loopback address answers loopback host names only: no DNS rebinding of a web site onto the page.
-        local = host in LOOPBACK_HOSTS or host.startswith("127.")
-        allowed = (*LOOPBACK_HOSTS, host) if local else None
+        # Only the names the server is meant to be reached by: no DNS rebinding of a web site onto the page (its
+        # name re-resolved to this address), no Host header a proxy or cache could be fooled by.
+        allowed = _allowed_hosts(host, allowed_host)
         app = make_app(ctx.obj.app, secret=secret, refresh=refresh, allowed_hosts=allowed)
     except ConfigurationError as exc:
         raise click.ClickException(f"{exc} (set in {SECRET_ENV})") from None
@@ -448,12 +459,24 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
     bound_host, bound_port = server.server_address[:2]
     mode = "releases need the secret" if secret else f"read-only (set {SECRET_ENV} to allow releases)"
     ctx.obj.echo(f"locks web for {settings.prefix!r} on http://{bound_host}:{bound_port}/ ({mode}); Ctrl-C stops")
+    ctx.obj.echo(f"answering Host names: {', '.join(allowed)} (add one with --allowed-host)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+
+
+def _allowed_hosts(host: str, extra: Sequence[str]) -> tuple[str, ...]:
+    """The Host names ``locks web`` answers: the loopback names, the bound address (a wildcard address: this
+    machine's names), and ``extra`` (``--allowed-host``); an IPv6 address as a Host names it in brackets."""
+    names = [*LOOPBACK_HOSTS, host]
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - compared, not bound
+        names += [socket.gethostname(), socket.getfqdn()]
+    names += [h.strip() for h in extra if h.strip()]
+    names += [f"[{n}]" for n in names if ":" in n and not n.startswith("[")]
+    return tuple(dict.fromkeys(n.lower() for n in names if n))
 
 
 # --- locks health (the probes live in celery_singleton_lock.health) ------------------------------------------------

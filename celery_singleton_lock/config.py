@@ -91,8 +91,7 @@ class LockSettings:
 
     def __post_init__(self) -> None:
         check_ttl(self.ttl, "singleton_lock_ttl")
-        if not isinstance(self.prefix, str):
-            raise ConfigurationError(f"singleton_lock_prefix must be a string, got {self.prefix!r}")
+        check_prefix(self.prefix)
         _positive(self.socket_timeout, "singleton_lock_socket_timeout")
         check_policy(self.on_duplicate, DuplicatePolicy, "singleton_lock_on_duplicate")
         check_policy(self.on_unavailable, UnavailablePolicy, "singleton_lock_on_unavailable")
@@ -199,6 +198,30 @@ def _no_userinfo(urls: Sequence[object]) -> None:
                 f"singleton_lock_urls[{i}] {redact_url(url)} carries a user or password and "
                 "singleton_lock_credential_provider is set: remove them from the URL (the provider gives them)"
             )
+
+
+#: A prefix: an optional leading hash tag, then a name, then one ``:`` that ends it (see :func:`check_prefix`).
+PREFIX_SHAPE = re.compile(r"(\{[^{}:]+\})?[^{}:]*:")
+
+
+def check_prefix(value: object) -> str:
+    """``value`` if it is a valid ``singleton_lock_prefix``: one ``:``, at its end, and braces only as a leading
+    hash tag (``"app:"``, ``"{locks}app:"``, ``"{locks}:"``).
+
+    Why: two apps whose prefixes nest (``"a:"`` and ``"a:b:"``) would see each other's keys on shared nodes (a key
+    ``a:b:t:v2:...`` is under both), so one app's ``locks list``, page and release would act on the other's locks.
+    With one ``:`` that ends every prefix, no prefix starts another one (only itself): a key is under at most one
+    app's prefix, whatever task names and ``lock_key`` functions the apps use.
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"singleton_lock_prefix must be a string, got {value!r}")
+    if PREFIX_SHAPE.fullmatch(value) is None:
+        name = re.sub(r"[{}:]+", "-", value).strip("-") or "app"
+        raise ConfigurationError(
+            f"singleton_lock_prefix {value!r} must hold one ':', at its end (braces only as a leading hash tag): "
+            f"prefixes that nest ('a:' and 'a:b:') see each other's locks; use e.g. {name + ':'!r}"
+        )
+    return value
 
 
 def _positive(value: object, setting: str) -> None:

@@ -290,7 +290,10 @@ def done_marker_of(key: str) -> tuple[str, str] | None:
 
 def _is_metrics_key(prefix: str, key: str) -> bool:
     """A hash of the workers' counts (see :mod:`celery_singleton_lock.metrics`), not a lock."""
-    return key == total_key(prefix) or key.startswith(minute_key(prefix, 0)[:-1])
+    # (Under a prefix with a hash tag the flush's batch markers are named under it too: "P stats:batch:<id>".)
+    return key == total_key(prefix) or key.startswith(
+        (minute_key(prefix, 0)[:-1], f"{prefix}stats:batch:", f"{total_key(prefix)}:batch:")
+    )
 
 
 def _glob_escape(text: str) -> str:
@@ -333,8 +336,9 @@ def scan_keys(settings: LockSettings, *, match: str = "*", done: bool = False) -
                         or _is_fence_key(key)
                     ):
                         continue
-                    if done_marker_of(key) is not None and not done:
-                        continue
+                    marker = done_marker_of(key)
+                    if marker is not None and (not done or not marker[0].startswith(settings.prefix)):
+                        continue  # (a "{*P*:done:*" match can be another app's: "{xa:t:v2:..}:done:1" for P "a:")
                     found.add(key)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
@@ -484,7 +488,9 @@ def scan_bursts(settings: LockSettings, match: str = "*", *, skip: Iterable[int]
         try:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                 name = _text(raw).removesuffix(":debounce")
-                found.add(name if _has_tag(settings.prefix) else name[1:-1])
+                lock = name if _has_tag(settings.prefix) else name[1:-1]
+                if lock.startswith(settings.prefix) and burst_key_for(lock) == _text(raw):
+                    found.add(lock)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
     return Report(sorted(found), tuple(errors), len(nodes), nodes.quorum)

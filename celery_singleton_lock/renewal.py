@@ -36,8 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redis.exceptions import RedisError, ResponseError
-
 from . import metrics
 from ._heartbeat import write_heartbeat
 
@@ -81,6 +79,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._stats: dict[tuple[NodeSet, str], Counter[tuple[str, str]]] = {}
+        self._outbox = metrics.Outbox()  # batches sent until a node confirms them, each added once
         self._next_flush = 0.0
         self._sleeping_until = 0.0  # when the thread next wakes up by itself
 
@@ -239,34 +238,12 @@ class Watchdog:
                 logger.exception("lock-lost callback for %s raised", lease.lock.name)
 
     def flush_stats(self) -> None:
-        """Add the counters up in Redis on the first node that answers (:func:`metrics.write`, one pipeline); keep
-        them if none does.
-
-        A node that does not answer a PING is passed over (nothing of the batch was sent to it). Once the pipeline
-        is sent, a failure (a timeout: the node paused or slow) is not "none answered": the node still runs the
-        pipeline when it resumes, so writing the batch again (later, or to the next node) would count it twice; the
-        batch counts as written (at most once). The PING is one round trip per flush, every 5 s, off the hot path."""
+        """Send the counters to Redis as one batch (:class:`metrics.Outbox`: added exactly once, retried until a
+        node confirms it)."""
         with self._mutex:
             pending = {k: c for k, c in self._stats.items() if c}
             self._stats = {k: Counter() for k in self._stats}
-        for (nodes, prefix), counter in pending.items():
-            for client in nodes.clients:
-                try:
-                    client.ping()
-                except ResponseError:
-                    pass  # it answered (an ACL user without PING: NOPERM)
-                except (RedisError, OSError):
-                    continue
-                try:
-                    pipe = client.pipeline(transaction=False)
-                    metrics.write(pipe, prefix, counter)
-                    pipe.execute()
-                except (RedisError, OSError):
-                    logger.debug("lock watchdog: a stats flush failed once sent; not written again (it may land)")
-                break
-            else:
-                with self._mutex:
-                    self._stats[(nodes, prefix)].update(counter)
+        self._outbox.send(pending)
 
 
 _watchdog: Watchdog | None = None
