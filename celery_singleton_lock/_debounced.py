@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.signals import task_revoked
 from celery.states import READY_STATES
@@ -22,8 +22,7 @@ from kombu.utils import json as kombu_json
 
 from . import _resend as resend
 from . import signals
-from ._monitoring import Skipped
-from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Options, Run, is_locked_task, mark_joined, text
+from ._run import DEBOUNCE_HEADER, REDELIVERY_HEADER, Context, Options, Run, Skipped, is_locked_task, mark_joined, text
 from .policies.debounce import (
     CLAIM_GONE,
     CLAIM_LATER,
@@ -36,9 +35,6 @@ from .policies.debounce import (
 )
 from .record import burst_key_for, claimed_key_for, newest_claim_key_for
 from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = ["CLAIM_SLACK", "OVERDUE_AFTER", "STANDIN_AFTER", "claim", "drop", "rate_refused", "send", "undo"]
 
@@ -68,7 +64,7 @@ def _countdown(options_: Options, seconds: float) -> float:
 
 
 def send(
-    task: LockedTask,
+    ctx: Context,
     publish: Callable[..., Any],
     args: Any,
     kwargs: Any,
@@ -80,15 +76,15 @@ def send(
 ) -> Any:
     """``apply_async`` of a task with ``lock_debounce``: start or join the key's burst (see the module); ``delay``:
     the call's own countdown or ETA (s), added to its quiet period."""
-    if linked or task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
+    if linked or ctx.task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
         # Links belong to one call, a group's member is its own job: sent as is (the worker's lock guards it).
         return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
     args, kwargs = args or (), kwargs or {}
-    opts = task._options()
+    opts = ctx.options
     own_id = task_id is not None
     task_id = task_id or uuid()
-    key = task.lock_key_for(*args, **kwargs)
-    quiet = float(task.lock_debounce or 0) + delay
+    key = ctx.key_for(*args, **kwargs)
+    quiet = float(ctx.task.lock_debounce or 0) + delay
     options.pop("countdown", None)
     options.pop("eta", None)
     nodes = opts.settings.nodes
@@ -102,12 +98,12 @@ def send(
             [
                 task_id,
                 int(quiet * 1000),
-                int(float(task.lock_debounce_max or 0) * 1000),
+                int(float(ctx.task.lock_debounce_max or 0) * 1000),
                 blob,
                 # The burst outlives its due time by the job's done window at least: a message held back that
                 # long (a Redis broker restores an unacked one after its visibility timeout) still finds it.
-                int(max(float(task.lock_queue_ttl), opts.done_window) * 1000),
-                task.name,
+                int(max(float(ctx.options.queue_ttl), opts.done_window) * 1000),
+                ctx.name,
                 int(STANDIN_AFTER * 1000),
                 # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
                 # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
@@ -116,7 +112,7 @@ def send(
             ],
         )
     except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard
-        logger.warning("%s: could not debounce on lock %s; sending the call alone", task.name, key, exc_info=True)
+        logger.warning("%s: could not debounce on lock %s; sending the call alone", ctx.name, key, exc_info=True)
         answers = []
     found = majority(answers, nodes.quorum, key=lambda a: text(a[1]))
     if found is None:
@@ -124,8 +120,8 @@ def send(
         # quiet period, guarded by the lock at the worker (never two at once; each such call runs).
         # Its version leaves every burst it joined or started (on the nodes that answered, and those whose answer
         # was lost): a burst's run never carries the arguments of a call that runs on its own.
-        undo(task, key, task_id)
-        logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", task.name, key)
+        undo(ctx, key, task_id)
+        logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", ctx.name, key)
         return mark_joined(publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), **options), None)
     job, agreed = found
     due = max(int(a[2]) for a in agreed) / 1000.0
@@ -140,21 +136,21 @@ def send(
         if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) >= 0)
     }
     for other in stale - {job}:
-        drop(task, key, other)
+        drop(ctx, key, other)
     if job == task_id:  # this call started the burst: its message is the job's
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq}
         try:
             sent = publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, due), headers=headers, **options)
         except BaseException:
-            drop(task, key, task_id)  # nothing was sent: the burst must not wait for a message that never comes
+            drop(ctx, key, task_id)  # nothing was sent: the burst must not wait for a message that never comes
             raise
         try:
             nodes.run(DEBOUNCE_CLAIM, [burst, claimed_key_for(key, job)], ["sent", job])
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
         return mark_joined(sent, None)
-    signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
-    task._count("debounced")
+    signals.duplicate_skipped.send(sender=ctx.task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
+    ctx.count("debounced")
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
@@ -162,35 +158,35 @@ def send(
         # The copy carries this call's arguments, so its expiry too (each call's expires counts for its arguments).
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, REDELIVERY_HEADER: 1}
         publish(args, kwargs, task_id=job, countdown=_countdown(opts, due), headers=headers, **options)
-    if own_id and not task.ignore_result:
+    if own_id and not ctx.task.ignore_result:
         # The caller chose this id and may wait on it: say at once that the burst's job runs in its place.
-        reason = f"debounced: {task.name} of lock {key} runs once as task {job}, with the burst's last arguments"
+        reason = f"debounced: {ctx.name} of lock {key} runs once as task {job}, with the burst's last arguments"
         try:
-            task.backend.mark_as_revoked(task_id, reason, request=None)
+            ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
         except Exception:
             logger.debug("could not store the debounced state of %s", task_id, exc_info=True)
-    return mark_joined(task.AsyncResult(job), job)
+    return mark_joined(ctx.task.AsyncResult(job), job)
 
 
-def drop(task: LockedTask, key: str, job: str) -> bool:
+def drop(ctx: Context, key: str, job: str) -> bool:
     """End ``job``'s burst unrun (its publish failed, it was revoked); True when a quorum of nodes had it."""
-    nodes = task._options().settings.nodes
+    nodes = ctx.options.settings.nodes
     try:
         answers = nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, job)], ["drop", job])
     except Exception:
-        logger.warning("could not drop the burst of %s[%s] on lock %s", task.name, job, key, exc_info=True)
+        logger.warning("could not drop the burst of %s[%s] on lock %s", ctx.name, job, key, exc_info=True)
         return False
     return sum(1 for a in answers if not isinstance(a, BaseException) and a == 1) >= nodes.quorum
 
 
-def undo(task: LockedTask, key: str, call: str) -> None:
+def undo(ctx: Context, key: str, call: str) -> None:
     """Take ``call``'s version back from the key's burst on every node (it found no quorum and is sent on its own):
     a burst it started there ends, one it joined goes back to its newest version left."""
-    nodes = task._options().settings.nodes
+    nodes = ctx.options.settings.nodes
     try:
         nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, call)], ["undo", call])
     except Exception:  # a node that kept it is a minority: the claim runs only a version a quorum holds
-        logger.warning("could not take back the call %s[%s] from the burst of %s", task.name, call, key, exc_info=True)
+        logger.warning("could not take back the call %s[%s] from the burst of %s", ctx.name, call, key, exc_info=True)
 
 
 def _expiry_ms(expires: Any) -> int:
@@ -212,7 +208,7 @@ def _expires(ms: int) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(ms / 1000.0, tz=dt.timezone.utc) if ms else None
 
 
-def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
+def claim(ctx: Context, run: Run, options: Options, request: Any) -> bool:
     """This delivery of a burst's job holds the lock: may it run now? True: run, with ``run.debounced`` (the burst's
     last arguments) if the burst gave them. False: not due yet: it was re-sent for its due time (with the newest
     arguments) and stops here; the caller gives the lock back."""
@@ -225,23 +221,23 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
             ["claim", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
         )
     except Exception:  # the lock is ours: run with the message's arguments (at least once beats lost)
-        logger.warning("could not claim the burst of %s[%s]; running", task.name, run.task_id, exc_info=True)
+        logger.warning("could not claim the burst of %s[%s]; running", ctx.name, run.task_id, exc_info=True)
         return True
     ok = [a for a in answers if not isinstance(a, BaseException) and a]
     if sum(1 for a in ok if int(a[0]) == CLAIM_SUPERSEDED) >= nodes.quorum:
         # A copy of a job whose run was cut short (a SIGKILLed run's redelivery) arriving after a newer burst's job
         # claimed and ran: running it now would run older arguments last. Its callers are told.
         reason = (
-            f"debounced: {task.name}[{run.task_id}] of lock {run.key} is superseded: a newer burst's run claimed the "
+            f"debounced: {ctx.name}[{run.task_id}] of lock {run.key} is superseded: a newer burst's run claimed the "
             "lock after this run was cut short; its older arguments do not run again"
         )
-        if not (request.is_eager or task.ignore_result or request.ignore_result):
+        if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
             try:  # a copy of a job that did end (its done marker gone) keeps its stored result
-                if task.backend.get_state(run.task_id) not in READY_STATES:
-                    task.backend.mark_as_revoked(run.task_id, reason, request=None)
+                if ctx.task.backend.get_state(run.task_id) not in READY_STATES:
+                    ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
             except Exception:
                 logger.debug("could not store the superseded state of %s", run.task_id, exc_info=True)
-        resend.skip_quietly(task, run, Skipped(reason, run.key, run.task_id))
+        resend.skip_quietly(ctx, run, Skipped(reason, run.key, run.task_id))
         return False
     later = [a for a in ok if int(a[0]) == CLAIM_LATER]
     started = [a for a in ok if int(a[0]) == CLAIM_START]
@@ -249,14 +245,14 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
         due = max(int(a[1]) for a in later) / 1000.0
         seq = max(int(a[2]) for a in later)
         versions = [_versions(a[3]) for a in later] + [_versions(a[2]) for a in started]
-        wait(task, run, options, request, due, seq, choose(versions, nodes.quorum))
+        wait(ctx, run, options, request, due, seq, choose(versions, nodes.quorum))
         return False
     if started:
         if later:
             # A quorum claimed the burst, but on a minority it is still pending (a call joined it there just
             # before the claim, or a node answered late): end it there too, or it would split the next bursts'
             # quorum until it expires (each call then sent on its own once a node is down).
-            drop(task, run.key, run.task_id)
+            drop(ctx, run.key, run.task_id)
         # Only a version a quorum of the nodes holds runs: one a minority alone holds may be a call that found no
         # quorum and runs on its own (its take-back missed that node). No quorum for any (nodes out): the message's
         # own arguments, which a quorum agreed on when it was sent (its starter's, or its last re-send's).
@@ -268,20 +264,20 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
     elif all(int(a[0]) == CLAIM_GONE for a in ok):
         logger.debug(
             "%s[%s]: no burst on lock %s (revoked, expired or never debounced): running",
-            task.name,
+            ctx.name,
             run.task_id,
             run.key,
         )
     return True
 
 
-def rate_refused(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
+def rate_refused(ctx: Context, run: Run, options: Options, request: Any) -> bool:
     """A burst's job refused by its rate (``lock_on_rate_limit`` skip or fail): its burst ends here as if it ran (the
     claim), so a call from now on starts a new burst instead of joining one whose job is REVOKED or FAILED. False:
     the job was not due yet (a later call joined): it was re-sent for its due time and asks the rate again then."""
-    if not task.lock_debounce or not getattr(request, DEBOUNCE_HEADER, None) or run.retries:
+    if not ctx.task.lock_debounce or not getattr(request, DEBOUNCE_HEADER, None) or run.retries:
         return True
-    return claim(task, run, options, request)
+    return claim(ctx, run, options, request)
 
 
 def _versions(raw: Any) -> list[Version]:
@@ -294,9 +290,7 @@ def _versions(raw: Any) -> list[Version]:
     return [Version(int(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4] or 0)) for v in loaded]
 
 
-def wait(
-    task: LockedTask, run: Run, options: Options, request: Any, due: float, seq: int, version: Version | None
-) -> None:
+def wait(ctx: Context, run: Run, options: Options, request: Any, due: float, seq: int, version: Version | None) -> None:
     """Re-send this job's delivery for its due time, carrying the newest version a quorum holds (its arguments and
     its call's expiry; none: the message's own); this one stops."""
     countdown = _countdown(options, due)
@@ -304,21 +298,21 @@ def wait(
     if version is not None:
         loaded = kombu_json.loads(version.args)  # type: ignore[no-untyped-call]
         extra = {"args": list(loaded[0]), "kwargs": dict(loaded[1]), "expires": _expires(version.expires)}
-    copy = resend.copy(task, {DEBOUNCE_HEADER: seq}, countdown=countdown, **extra)
+    copy = resend.copy(ctx, {DEBOUNCE_HEADER: seq}, countdown=countdown, **extra)
     copy.apply_async()
     said = f"debounced: re-sent to run in {countdown:.1f}s (its burst's quiet period)"
-    logger.debug("Task %s[%s] %s: lock %s", task.name, run.task_id, said, run.key)
-    resend.skip_quietly(task, run, Skipped(said, run.key, run.task_id, "waiting"))
+    logger.debug("Task %s[%s] %s: lock %s", ctx.name, run.task_id, said, run.key)
+    resend.skip_quietly(ctx, run, Skipped(said, run.key, run.task_id, "waiting"))
 
 
 @task_revoked.connect(weak=False)  # type: ignore[untyped-decorator]
 def _drop_revoked_burst(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A worker met a revoked or expired message of a burst's job: the burst ends (a later call starts a new one)."""
-    task = sender
-    if not is_locked_task(task) or not getattr(task, "lock_debounce", None) or request is None:
+    if not is_locked_task(sender) or not getattr(sender, "lock_debounce", None) or request is None:
         return
+    ctx = sender.lock_context()
     try:
-        key = task.lock_key_for(*(request.args or ()), **(request.kwargs or {}))
-        drop(task, key, request.id)
+        key = ctx.key_for(*(request.args or ()), **(request.kwargs or {}))
+        drop(ctx, key, request.id)
     except Exception:  # the burst still ends with its expiry
-        logger.warning("could not drop the burst of %s[%s]", task.name, request.id, exc_info=True)
+        logger.warning("could not drop the burst of %s[%s]", ctx.name, request.id, exc_info=True)
