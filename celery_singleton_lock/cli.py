@@ -1,4 +1,4 @@
-"""``celery -A app locks list|show|release|stats|doctor|web``: see and force-release an app's locks; check its setup.
+"""``celery -A app locks list|show|release|stats|doctor|web|health|explain``: see and force-release locks; probes.
 
 The logic lives in plain functions taking a :class:`~celery_singleton_lock.config.LockSettings` (scan, merge,
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
@@ -34,6 +34,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from .config import LockSettings, settings_for
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
+from .health import DEFAULT_GRACE, Liveness, Readiness, liveness, readiness
 from .inventory import (
     _TASK_STATES,  # noqa: F401 - tests read it here
     KINDS,
@@ -203,6 +204,11 @@ def format_metrics(found: MetricsReport, since: str | None = None) -> str:
 
 F = TypeVar("F", bound=Callable[..., Any])
 _preload = cast(Callable[[F], F], handle_preload_options)
+
+
+def _seconds_option(name: str, default: float, help_text: str, minimum: float = 0.0) -> Callable[[F], F]:
+    """A ``--NAME SECONDS`` option (a float >= ``minimum``, its default shown in ``--help``)."""
+    return click.option(name, type=click.FloatRange(min=minimum), default=default, show_default=True, help=help_text)
 
 
 def _settings(ctx: click.Context) -> LockSettings:
@@ -450,24 +456,102 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
         server.server_close()
 
 
+# --- locks health (the probes live in celery_singleton_lock.health) ------------------------------------------------
+
+
+@locks.command(name="health", cls=CeleryCommand)
+@click.option("--readiness", "probe", flag_value="readiness", default=True, help="A quorum of lock nodes answers.")
+@click.option("--liveness", "probe", flag_value="liveness", help="The worker's watchdog (or beat) writes its file.")
+@click.option("--file", "path", default=None, help="The liveness file (default: singleton_lock_liveness_file).")
+@_seconds_option("--grace", DEFAULT_GRACE, "Seconds a heartbeat may be later than it said before the probe fails.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
+@click.pass_context
+def health_command(ctx: click.Context, *, probe: str, path: str | None, grace: float, as_json: bool) -> None:
+    """A probe for Kubernetes: exit 0 when healthy, 1 with one line saying why not.
+
+    --readiness (the default): at least a quorum of the lock nodes answers (each asked once, at the same time,
+    within singleton_lock_socket_timeout). --liveness: the heartbeat file a worker's lock watchdog or a beat
+    under the singleton scheduler rewrites is not overdue (see docs/ops.md).
+    """
+    settings = _settings(ctx)
+    found: Readiness | Liveness
+    if probe == "liveness":
+        path = path or settings.liveness_file
+        if not path:
+            raise click.UsageError("--liveness needs a file: set singleton_lock_liveness_file or pass --file PATH")
+        found = liveness(path, grace=grace)
+        ok = found.ok
+    else:
+        found = readiness(settings)
+        ok = found.ready
+    if as_json:
+        ctx.obj.echo(json.dumps(found.to_json()))
+    elif ok:
+        ctx.obj.echo(found.line())
+    else:
+        ctx.obj.error(found.line())
+    if not ok:
+        ctx.exit(1)
+
+
+# --- locks explain (the reading lives in celery_singleton_lock.explain) ---------------------------------------------
+
+
+def _json_arg(value: str, option: str, kind: type) -> Any:
+    example = "'[1, \"x\"]'" if kind is list else "'{\"a\": 1}'"
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc.msg}): e.g. {example}", param_hint=option) from None
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(
+            f"must be a JSON {'array' if kind is list else 'object'}, e.g. {example}", param_hint=option
+        )
+    return parsed
+
+
+@locks.command(name="explain", cls=CeleryCommand)
+@click.argument("task_name", metavar="TASK")
+@click.option("-a", "--args", "args_json", default="[]", help="Positional arguments, a JSON array: '[1, \"x\"]'.")
+@click.option("-k", "--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object: '{\"a\": 1}'.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
+@click.pass_context
+def explain_command(ctx: click.Context, task_name: str, *, args_json: str, kwargs_json: str, as_json: bool) -> None:
+    """What would happen to TASK called with these arguments now, and why (Celery's `call` convention).
+
+    Its key; who holds it (task id, worker, since when, fencing token); the waiting line and its cap; the rate
+    windows and when a share frees; a cooldown, a pending debounced burst, done markers; each node's answer when
+    the nodes disagree. Reads only. Exit 1 when fewer than a quorum of the nodes answered.
+    """
+    from .explain import explain, format_explanation  # noqa: PLC0415 - only this command needs it
+
+    args = _json_arg(args_json, "--args", list)
+    kwargs = _json_arg(kwargs_json, "--kwargs", dict)
+    try:
+        found = explain(ctx.obj.app, task_name, args, kwargs)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    except TypeError as exc:  # the arguments do not fit the task's signature
+        raise click.BadParameter(f"{task_name}: {exc}", param_hint="--args/--kwargs") from None
+    now = time.time()
+    if as_json:
+        ctx.obj.echo(json.dumps(found.to_json(now), indent=2))
+    else:
+        ctx.obj.echo(format_explanation(found, now))
+    if found.verdict == "unavailable":
+        ctx.exit(1)
+
+
 # --- locks doctor (the checks live in celery_singleton_lock.doctor) --------------------------------------------------
 
 
 @locks.command(name="doctor", cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document (for scripts; see docs/cli.md).")
-@click.option(
-    "--max-clock-drift",
-    type=click.FloatRange(min=0.0),
-    default=DEFAULT_MAX_CLOCK_DRIFT,
-    show_default=True,
-    help="Seconds a node's clock may differ from this host's before a warning.",
+@_seconds_option(
+    "--max-clock-drift", DEFAULT_MAX_CLOCK_DRIFT, "Seconds a node's clock may differ from this host's before a warning."
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=DEFAULT_TIMEOUT,
-    show_default=True,
-    help="Seconds all checks of one node may take (the nodes are checked at once).",
+@_seconds_option(
+    "--timeout", DEFAULT_TIMEOUT, "Seconds all checks of one node may take (the nodes are checked at once).", 0.1
 )
 @click.pass_context
 def doctor_command(ctx: click.Context, *, as_json: bool, max_clock_drift: float, timeout: float) -> None:

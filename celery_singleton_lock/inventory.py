@@ -34,6 +34,7 @@ __all__ = [
     "LockInfo",
     "NodeRelease",
     "NodeState",
+    "RateWindow",
     "Report",
     "done_marker_of",
     "format_duration",
@@ -41,6 +42,7 @@ __all__ = [
     "list_locks",
     "merge",
     "read_keys",
+    "read_rate",
     "read_stats",
     "release_lock",
     "scan_keys",
@@ -535,6 +537,39 @@ def line_of(settings: LockSettings, key: str) -> int | None:
         return int(settings.nodes.clients[0].zcard(sibling_key(key, ":waiters")))
     except (RedisError, OSError):
         return None
+
+
+@dataclass(frozen=True)
+class RateWindow:
+    """One node's sliding log of a ``lock_rate`` key: the starts counted in the last window, by that node's clock."""
+
+    node: str
+    starts: tuple[float, ...]  # seconds ago each counted start began, newest first
+    frees_in: float  # seconds until one more start fits on this node (0: now)
+
+
+def read_rate(settings: LockSettings, key: str, limit: int, period: float) -> Report[list[RateWindow | None]]:
+    """Rate ``key``'s log on each node (None: did not answer): the starts of the last ``period`` seconds and when
+    one more of ``limit`` fits there. Read only (ZRANGE and TIME), never trimmed: that is rate.lua's job."""
+    nodes = settings.nodes
+    out: list[RateWindow | None] = [None] * len(nodes)
+    errors: list[NodeError] = []
+    for i, client in enumerate(nodes.clients):
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.zrange(key, 0, -1, withscores=True)
+            pipe.time()
+            entries, (sec, usec) = pipe.execute()
+        except (RedisError, OSError) as exc:
+            errors.append(nodes.error(i, exc))
+            continue
+        now_us = int(sec) * 1_000_000 + int(usec)
+        window_us = period * 1_000_000
+        live = sorted((float(score) for _, score in entries if float(score) > now_us - window_us), reverse=True)
+        # A start fits once all but limit - 1 of the live ones left the window (rate.lua's rule).
+        frees = 0.0 if len(live) < limit else (live[limit - 1] + window_us - now_us) / 1_000_000
+        out[i] = RateWindow(nodes.names[i], tuple((now_us - t) / 1_000_000 for t in live), max(0.0, frees))
+    return Report(out, tuple(errors), len(nodes), nodes.quorum)
 
 
 def burst_line(info: LockInfo) -> str:

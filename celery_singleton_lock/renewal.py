@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError, ResponseError
 
 from . import metrics
+from ._heartbeat import write_heartbeat
 
 if TYPE_CHECKING:  # redlock imports this module (``with Redlock`` is renewed here): no import back at run time
     from .redlock import NodeSet, Redlock
 
-__all__ = ["Lease", "Watchdog", "flush_stats", "watchdog"]
+__all__ = ["Lease", "Watchdog", "flush_stats", "start_liveness", "watchdog"]
 
 logger = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -164,7 +165,17 @@ class Watchdog:
         with self._mutex:
             self._sleeping_until = min([lease.next_renewal for lease in self._leases] + [self._next_flush])
             self._wake.clear()
+            overdue = max([self._clock() - lease.next_renewal for lease in self._leases], default=0.0)
+        if _liveness_file is not None:
+            self._heartbeat(_liveness_file, len(leases), overdue)
         self._wake.wait(max(self._sleeping_until - self._clock(), 0.01))
+
+    def _heartbeat(self, path: str, leases: int, overdue: float) -> None:
+        """Rewrite the liveness file: alive, and due again within one flush interval (the longest sleep)."""
+        try:
+            write_heartbeat(path, role="worker", due_in=STATS_FLUSH_INTERVAL, leases=leases, overdue=overdue)
+        except OSError as exc:
+            logger.warning("lock watchdog: cannot write the liveness file: %s", exc)
 
     def renew(self, leases: list[Lease]) -> None:
         """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
@@ -270,6 +281,20 @@ def _flush_quietly() -> None:
 
 
 _watchdog_lock = threading.Lock()
+#: ``singleton_lock_liveness_file`` once a worker started its liveness (inherited by forked pool children, whose
+#: watchdogs write it too once they run).
+_liveness_file: str | None = None
+
+
+def start_liveness(path: str) -> None:
+    """Make this process's watchdog (and those of processes forked from it) rewrite ``path`` on every pass, and start
+    it now: a worker's main process calls this once its pool has started (see :mod:`celery_singleton_lock.health`)."""
+    global _liveness_file  # noqa: PLW0603 - one per process, by design
+    _liveness_file = path
+    current = watchdog()
+    with current._mutex:  # noqa: SLF001
+        current._ensure_thread()  # noqa: SLF001
+    current._wake.set()  # noqa: SLF001 - write the first heartbeat now
 
 
 def watchdog() -> Watchdog:

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from .config import LockSettings, settings_for
 from .doctor import Finding, run_doctor
 from .errors import ConfigurationError
+from .health import route as health_route
 from .inventory import (
     _TASK_STATES,
     LockInfo,
@@ -893,6 +894,9 @@ def make_app(
         if hosts is not None and _host_name(environ.get("HTTP_HOST", "")) not in hosts:
             logger.warning("locks web: refused a request for host %r", environ.get("HTTP_HOST", "")[:100])
             return _respond(start, "403 Forbidden", "unknown host\n", "text/plain; charset=utf-8")
+        probe = health_route(path, settings)
+        if probe is not None:
+            return probe(environ, start)
         if path in ("/", ""):
             return page(environ, start)
         if path == "/metrics":

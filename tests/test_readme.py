@@ -43,6 +43,7 @@ FRAGMENTS = {
     "docs/benchmarks.md",
     "docs/keys.md",
     "docs/nodes.md",
+    "docs/ops.md",
     "docs/options.md",
     "docs/protocol.md",
 }
