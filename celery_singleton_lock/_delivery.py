@@ -57,6 +57,8 @@ from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
 from .policies import policy_for
 from .policies import rate as rate_policy
+from .policies.cooldown import COOLDOWN_FEATURE
+from .policies.limit import LIMIT
 from .record import limits_key_for
 from .redlock import Redlock
 from .renewal import watchdog
@@ -93,7 +95,7 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         return
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
-    scan = slots_to_scan(ctx, options, run.limit, redelivered or retries > 0) if callable(ctx.cls.lock_limit) else 0
+    scan = slots_to_scan(ctx, options, run.limit, redelivered or retries > 0) if LIMIT.varies(ctx.cls) else 0
     lock = ctx.new_lock(key, task_id, retries, run.limit, scan)
     acquired = lock.acquire(blocking=False)
     reserved = ctx.options.scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
@@ -620,7 +622,7 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
                 # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
                 done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
                 waited_for=options.done_window,
-                cooldown=float(ctx.task.lock_cooldown) if succeeded else 0.0,
+                cooldown=COOLDOWN_FEATURE.at_release(options.cooldown, succeeded=succeeded),
             )
         else:
             held = lock.release()

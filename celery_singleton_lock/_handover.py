@@ -8,6 +8,7 @@ from typing import Any
 
 from ._run import END_LEASE, OWN_HEADERS, Context, Run
 from .decision import ENDING, HANDOVER
+from .policies.limit import LIMIT
 from .redlock import Redlock
 from .renewal import watchdog
 
@@ -42,12 +43,6 @@ def hand_over(ctx: Context, run: Run, ttl: float) -> None:
         run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
 
 
-def _static_limit(ctx: Context) -> int:
-    # The class's (see Context.cls): a callable ``lock_limit`` read on the class is not bound as a method.
-    limit = ctx.cls.lock_limit
-    return limit if isinstance(limit, int) else 1
-
-
 def ending_lease(ctx: Context, key: str, task_id: str, limit: int | None = None, **fields: str) -> Redlock:
     """A lock on ``key`` that ends ``task_id``'s hold: a lease of END_LEASE s that nobody renews, its record saying
     ``ending`` (a duplicate sent meanwhile is sent, a copy of the job waits ~1 s), taken over from the holder."""
@@ -57,7 +52,7 @@ def ending_lease(ctx: Context, key: str, task_id: str, limit: int | None = None,
         ttl=END_LEASE,
         fencing=False,
         job=task_id,
-        limit=limit or _static_limit(ctx),
+        limit=limit or LIMIT.static(ctx.cls),
         record={"state": ENDING, "name": ctx.name, **fields},
     )
 

@@ -27,6 +27,7 @@ from ._run import (
     since,
     text,
 )
+from .policies.waiting import WAITING
 from .record import sibling_key
 from .scripts import PARK_CAPPED_CODE as _PARK_CAPPED
 from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
@@ -111,7 +112,7 @@ def full(ctx: Context, run: Run, task_id: str, holder_id: str | None, options: O
     request = ctx.request
     reason = (
         f"duplicate of {ctx.name} skipped: the waiting line of lock {run.key} is full "
-        f"({run.line_full} waiting, lock_max_waiting={options.max_waiting})"
+        f"{WAITING.full(run.line_full, options.max_waiting)}"
     )
     ctx.count("skipped")
     signals.duplicate_skipped.send(

@@ -38,6 +38,7 @@ from . import signals
 from ._run import OWN_HEADERS, Context, Options, is_locked_task
 from .decision import RUNNING
 from .nodes import NodeSet
+from .policies.limit import LIMIT
 from .record import _merged, done_key_for, record_of
 from .scripts import STATUS as _STATUS
 
@@ -135,7 +136,7 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
 
 
 def _clear_case(request: Any, task: Any) -> bool:
-    if task.lock_scope != "run" or task.lock_limit != 1:
+    if task.lock_scope != "run" or not LIMIT.plain(task):
         return False
     data = request.request_dict
     if data.get("retries") or data.get("redelivered") or (request.delivery_info or {}).get("redelivered"):

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
-from .errors import ConfigurationError, LockLostError
+from .errors import LockLostError
 from .keys import Binder, custom_key, lock_key
+from .policies.limit import LIMIT
 from .record import RUNNING
 from .redlock import Redlock
 from .renewal import watchdog
@@ -188,6 +189,7 @@ class Options:
     max_waiting: int | None = None  # lock_max_waiting: at most this many new duplicates wait in the key's line
     rate: Rate | None = None  # lock_rate, parsed (None: no rate)
     on_rate_limit: str = "wait"  # lock_on_rate_limit
+    cooldown: float = 0.0  # seconds a success keeps the job locked (policies.cooldown)
     space: str = ""  # what the keys are named after: the task's lock_group, or its name
     key_fn: Callable[..., str] | None = None  # lock_key: the key's distinguishing part from the arguments
     unique_on: Sequence[str] | None = None  # lock_unique_on
@@ -280,14 +282,8 @@ class Context:
         return lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=on)
 
     def limit_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
-        """How many runs of this call's key may hold it at once: the option, or a function's answer for them."""
-        limit = self.cls.lock_limit
-        if not callable(limit):
-            return limit  # type: ignore[no-any-return]
-        value = limit(*args, **kwargs)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigurationError(f"lock_limit of {self.name} must return a whole number >= 1, got {value!r}")
-        return value
+        """How many runs of this call's key may hold it at once (the limit feature's answer for them)."""
+        return LIMIT.for_call(self.cls, self.name, args, kwargs)
 
     # -- the lock ----------------------------------------------------------------------------------------------
 
@@ -296,8 +292,7 @@ class Context:
         options = self.options
         settings = options.settings
         if limit is None:
-            static = self.cls.lock_limit
-            limit = static if isinstance(static, int) else 1
+            limit = LIMIT.static(self.cls)
         return Redlock(
             settings.nodes,
             key,

@@ -56,7 +56,9 @@ from .errors import ConfigurationError, LockLostError
 from .interrupt import outside_body
 from .keys import Binder
 from .policies import policy_for
+from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.rate import RateLimitPolicy, parse_rate
+from .policies.waiting import WAITING
 
 __all__ = [
     "SKIP_MARK",
@@ -228,7 +230,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window=max(2 * ttl, visibility or 0.0) + DONE_MARGIN,
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
-                max_waiting=self.lock_max_waiting,
+                max_waiting=WAITING.cap(self),
+                cooldown=COOLDOWN_FEATURE.seconds(self),
                 rate=parse_rate(self.lock_rate, f"lock_rate of {self.name}") if self.lock_rate is not None else None,
                 on_rate_limit=self.lock_on_rate_limit,
                 space=self.lock_group or self.name,
