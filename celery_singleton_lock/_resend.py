@@ -77,3 +77,6 @@ def skip_quietly(ctx: Context, run: Run, outcome: Skipped) -> None:
     request.chord = None
     request.callbacks = None
     request.chain = None
+    signals.delivery_skipped.send(
+        sender=ctx.task, key=run.key, task_id=request.id, kind=outcome.kind, holder_task_id=outcome.holder_task_id
+    )

@@ -48,7 +48,7 @@ __all__ = [
     "fence_key_for",
     "fence_key_in_slot",
     "limits_key_for",
-    "newest_claim_key_for",
+    "newest_run_key_for",
     "record_of",
     "sibling_key",
     "slot_keys",
@@ -153,9 +153,9 @@ def claimed_key_for(key: str, job: str) -> str:
     return sibling_key(key, f":debounced:{job}")
 
 
-def newest_claim_key_for(key: str) -> str:
-    """The task id of the newest debounced job that claimed a burst of ``key``: same slot as ``key``."""
-    return sibling_key(key, ":debounced-newest")
+def newest_run_key_for(key: str) -> str:
+    """The newest version of ``key``'s debounced calls that ran (its stamp, job, arguments): same slot as ``key``."""
+    return sibling_key(key, ":debounced-ran")
 
 
 def limits_key_for(prefix: str, space: str) -> str:

@@ -571,8 +571,9 @@ def test_a_call_sent_on_its_own_leaves_its_arguments_in_no_burst_and_the_burst_r
 def test_debounce_with_one_lock_node_out_at_a_time_keeps_its_three_promises(c: Cluster) -> None:
     """A seeded schedule (seed printed; CSL_DEBOUNCE_SEED replays one): 16 calls of one key 0.05-0.6 s apart while
     one lock node at a time is paused (0.3-1.5 s) or restarted empty. From the recorded runs: every call's arguments
-    run (its burst's last call, or on its own), no version runs twice, a run carries only a call whose caller was
-    given its task id."""
+    run (its burst's last call, or on its own), or its job is REVOKED as superseded by a run of a newer call; no
+    version runs twice; a run carries only a call whose caller was given its task id; older versions never run
+    after a newer one."""
     import random  # noqa: PLC0415
 
     seed = int(os.environ.get("CSL_DEBOUNCE_SEED") or random.randrange(1 << 30))
@@ -609,21 +610,21 @@ def test_debounce_with_one_lock_node_out_at_a_time_keeps_its_three_promises(c: C
         assert results[v].id == task_id, f"run {task_id} carried call {v}, whose caller got {results[v].id} ({said})"
     for i, r in enumerate(results):
         ran = [v for t, v in runs if t == r.id]
+        if not ran and r.state == "REVOKED" and "superseded by task" in str(got[i]):
+            newer = str(got[i]).split("superseded by task ", 1)[1].split(":", 1)[0]
+            by = [v for t, v in runs if t == newer]
+            assert by and by[-1] > i, f"call {i} superseded by {newer}, which ran {by} ({said})"
+            continue
         assert ran and got[i] == [k, ran[-1]], f"call {i} ({r.id}) did not run: {got[i]}, runs {runs} ({said})"
         last = max(j for j, other in enumerate(results) if other.id == r.id)
         assert ran[-1] == last, f"call {i}'s run carried call {ran[-1]}, not its burst's last {last} ({said})"
-    # The order of versions across a call sent on its own is not held yet: see the strict xfail below.
+    assert versions == sorted(versions), f"older versions ran after a newer one: {versions} ({said})"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 29 finding 11: a call sent on its own (no quorum) runs at the end of its own quiet period; the "
-    "burst it could not join runs when it is due, which may be later: nothing orders the two runs by version yet "
-    "(needs a per-key newest-version marker on the nodes, read before a run)",
-)
-def test_a_call_sent_on_its_own_never_runs_before_the_older_burst_it_could_not_join(c: Cluster) -> None:
+def test_the_older_burst_a_call_sent_on_its_own_could_not_join_never_runs_after_it(c: Cluster) -> None:
     """Call 1 starts burst J due in 3 s (a countdown of 2 s), which node 3 missed; call 2, with node 1 paused, gets
-    no quorum and is sent on its own (due in 1 s): the older version (J's, call 1) must not run after call 2's."""
+    no quorum and is sent on its own (due in 1 s) and runs first: J's older version then never runs after it, J is
+    REVOKED as superseded by call 2 (whose newer arguments ran)."""
     from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
 
     mod = c.app_module()
@@ -638,9 +639,76 @@ def test_a_call_sent_on_its_own_never_runs_before_the_older_burst_it_could_not_j
     finally:
         c.locks[0].resume()
     assert second.id != first.id
+    assert second.get(timeout=30) == [k, 2]
     first.get(timeout=30, propagate=False)
-    second.get(timeout=30, propagate=False)
-    assert [v for _, v in debounced_runs(c, k)] == [1, 2]
+    assert [v for _, v in debounced_runs(c, k)] == [2]
+    assert first.state == "REVOKED"
+    assert f"superseded by task {second.id}" in str(first.result)
+
+
+def test_a_claim_that_misses_the_node_holding_the_newest_version_asks_again_rather_than_run_older_arguments(
+    c: Cluster,
+) -> None:
+    """Burst G (never on node 1: a restart) holds v0 then v1 on nodes 2 and 3; G's message carries v0. Node 2 is
+    paused when G claims: node 1 has no burst, node 3 alone holds v0 and v1, so no quorum holds a version. G must not
+    run v0 (v1's caller was given G): it asks again once node 2 is back, and runs v1, once."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock._run import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    g = "g-" + new_key()
+    started = nodes.run(
+        DEBOUNCE_JOIN, [burst], [g, 0, 0, kombu_json.dumps([[k, 0], {}]), 600_000, "x", 60_000, 60_000], nodes=[1, 2]
+    )
+    nodes.run(
+        DEBOUNCE_JOIN,
+        [burst],
+        ["v1-" + g, 0, 0, kombu_json.dumps([[k, 1], {}]), 600_000, "x", 60_000, 60_000],
+        nodes=[1, 2],
+    )
+    at = int(started[1][5])
+    c.locks[1].pause()
+    try:
+        mod.app.send_task(mod.debounced.name, (k, 0), task_id=g, headers={DEBOUNCE_HEADER: 1, VERSION_HEADER: at})
+        with contextlib.closing(c.lock_client(c.locks[2])) as client:
+            for _ in polling(20, 0.05):  # G claimed on node 3 (its burst there ended)
+                if client.hget(burst, "job") is None:
+                    break
+        time.sleep(0.5)  # the claim's answers: node 2 timed out
+    finally:
+        c.locks[1].resume()
+    assert mod.debounced.AsyncResult(g).get(timeout=30) == [k, 1]
+    assert debounced_runs(c, k) == [(g, 1)]
+
+
+def test_a_burst_s_job_that_fails_for_no_quorum_ends_its_burst(c: Cluster) -> None:
+    """lock_on_unavailable='fail': two lock nodes paused when the burst's job reaches the worker, so its run fails
+    (LockUnavailableError); once they resume, the next call starts a new burst (not the FAILED job's) and runs."""
+    mod = c.app_module()
+    task = mod.debounced_failing
+    k = new_key()
+    first = task.delay(k, 1)
+    c.locks[0].pause()
+    c.locks[1].pause()
+    try:
+        for _ in polling(30, 0.1):
+            if first.state == "FAILURE":
+                break
+    finally:
+        c.locks[0].resume()
+        c.locks[1].resume()
+    assert first.state == "FAILURE", first.state
+    assert "LockUnavailable" in repr(first.result)
+    fresh = task.delay(k, 2)
+    assert fresh.id != first.id, "the next call joined the burst whose job failed"
+    assert fresh.get(timeout=30) == [k, 2]
+    assert [v for _, v in debounced_runs(c, k)] == [2]
 
 
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:

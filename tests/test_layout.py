@@ -300,7 +300,7 @@ FEATURE_OPTIONS = {
 NOT_YET_MOVED = {
     # debounce and rate: their Celery-side halves (_debounced, _delivery.rate_gate, Run.rate_*) are still rooms, and
     # their option checks still sit in _startup and their option reads in LockedTask._options.
-    ("debounce", "_debounced.py"): 4,
+    ("debounce", "_debounced.py"): 7,
     ("debounce", "_delivery.py"): 1,
     ("debounce", "_enqueue.py"): 3,
     ("debounce", "task.py"): 2,

@@ -44,6 +44,7 @@ FRAGMENTS = {
     "docs/keys.md",
     "docs/nodes.md",
     "docs/ops.md",
+    "docs/observability.md",
     "docs/options.md",
     "docs/protocol.md",
 }

@@ -534,6 +534,13 @@ def debounced_rated(self: Any, key: str, version: int = 0) -> list[Any]:
     return [key, version]
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, lock_on_unavailable="fail")
+def debounced_failing(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` that fails at once when its lock has no quorum of nodes (lock_on_unavailable='fail')."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, max_retries=2)
 def debounced_retrying(self: Any, key: str, version: int = 0) -> list[Any]:
     """``debounced`` whose first try retries (countdown 0.5 s): the retry runs with the burst's last arguments."""
