@@ -226,7 +226,9 @@ class SkipBench:
         blockers = []
         for locked in (self.apps.locked, self.apps.locked_child):
             options = dataclasses.replace(locked._options(), ttl=HOLD_TTL)
-            blocker = locked._new_lock(locked.lock_key_for(HELD_ARG), f"holder-{uuid.uuid4()}", options, 0)
+            blocker = type(locked.lock_context())(locked, options).new_lock(
+                locked.lock_key_for(HELD_ARG), f"holder-{uuid.uuid4()}", 0
+            )
             if not blocker.acquire(blocking=False):
                 raise RuntimeError(f"could not take {blocker.name}")
             blockers.append(blocker)

@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("before_start", "__call__", "_key", "_new_lock", "_hold", "_release", "_facts", "_carry_out"):
             if hasattr(task_class, name):
                 timed(task_class, name, f"LockedTask.{name}")
+            elif name in ("_key", "_new_lock"):  # since the seam (issue 31): the context's key builder and lock factory
+                timed(importlib.import_module("celery_singleton_lock._run").Context, name[1:], f"LockedTask.{name}")
             else:
                 timed(importlib.import_module("celery_singleton_lock._delivery"), moved[name], f"LockedTask.{name}")
         for name in ("__init__", "acquire", "_attempt", "finish"):

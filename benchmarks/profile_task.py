@@ -114,7 +114,7 @@ class Bench:
         # LockedTask writes it for a running task (a record of no job would be deferred, not skipped).
         self.held_arg = -1 - os.getpid()
         self.held_key = locked.lock_key_for(self.held_arg)
-        self.blocker = locked._new_lock(self.held_key, f"holder-{uuid.uuid4()}", self.options, 0)
+        self.blocker = locked.lock_context().new_lock(self.held_key, f"holder-{uuid.uuid4()}", 0)
         if not self.blocker.acquire(blocking=False):
             raise RuntimeError(f"could not take {self.held_key}")
 
@@ -236,7 +236,8 @@ class Bench:
 
         locked, options, nodes, serial = self.locked, self.options, self.nodes, self.serial
         blocker, held_key = self.blocker, self.held_key
-        failed = locked._new_lock(held_key, str(uuid.uuid4()), options, 0)
+        ctx = locked.lock_context()  # the rooms' seam (issue 31): its lock factory and counting
+        failed = ctx.new_lock(held_key, str(uuid.uuid4()), 0)
         if failed.acquire(blocking=False):
             raise RuntimeError("the held key was free")
 
@@ -244,7 +245,7 @@ class Bench:
             locked.lock_key_for(i)
 
         def p_new_lock(i: int) -> None:
-            locked._new_lock("singleton_lock:bench.locked:abc", "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options, 0)
+            ctx.new_lock("singleton_lock:bench.locked:abc", "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", 0)
 
         def p_redlock(i: int) -> None:
             Redlock(nodes, "singleton_lock:bench.locked:abc", ttl=60.0, token="t")
@@ -255,7 +256,7 @@ class Bench:
             lock.release()
 
         def p_acquire_finish(i: int) -> None:  # LockedTask's own lock: record fields, job, done marker
-            lock = locked._new_lock(f"piece:{next(serial)}", str(uuid.uuid4()), options, 0)
+            lock = ctx.new_lock(f"piece:{next(serial)}", str(uuid.uuid4()), 0)
             lock.acquire(blocking=False)
             lock.finish(done_for=options.done_window_short, waited_for=options.done_window)
 
@@ -273,11 +274,11 @@ class Bench:
             signals.lock_released.send(sender=locked, key="k", task_id="t", held=True)
 
         def p_count(i: int) -> None:
-            locked._count("acquired")
-            locked._count("released")
+            ctx.count("acquired")
+            ctx.count("released")
 
         def p_failed_acquire(i: int) -> None:
-            locked._new_lock(held_key, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", options, 0).acquire(blocking=False)
+            ctx.new_lock(held_key, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", 0).acquire(blocking=False)
 
         try:  # the delivery room (since the redesign); before it, a method of LockedTask
             from celery_singleton_lock._delivery import gather  # noqa: PLC0415

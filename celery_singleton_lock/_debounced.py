@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.signals import task_revoked
 from celery.states import READY_STATES
@@ -22,14 +22,15 @@ from kombu.utils import json as kombu_json
 
 from . import _resend as resend
 from . import signals
-from ._monitoring import Skipped
 from ._run import (
     CLAIM_HEADER,
     DEBOUNCE_HEADER,
     REDELIVERY_HEADER,
     VERSION_HEADER,
+    Context,
     Options,
     Run,
+    Skipped,
     is_locked_task,
     mark_joined,
     text,
@@ -47,9 +48,6 @@ from .policies.debounce import (
 )
 from .record import burst_key_for, claimed_key_for, newest_run_key_for
 from .scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = [
     "CLAIM_RETRY",
@@ -95,7 +93,7 @@ def _countdown(options_: Options, seconds: float) -> float:
 
 
 def send(
-    task: LockedTask,
+    ctx: Context,
     publish: Callable[..., Any],
     args: Any,
     kwargs: Any,
@@ -107,15 +105,15 @@ def send(
 ) -> Any:
     """``apply_async`` of a task with ``lock_debounce``: start or join the key's burst (see the module); ``delay``:
     the call's own countdown or ETA (s), added to its quiet period."""
-    if linked or task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
+    if linked or ctx.task.app.conf.task_always_eager or _STANDS_ASIDE.intersection(options):
         # Links belong to one call, a group's member is its own job: sent as is (the worker's lock guards it).
         return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
     args, kwargs = args or (), kwargs or {}
-    opts = task._options()
+    opts = ctx.options
     own_id = task_id is not None
     task_id = task_id or uuid()
-    key = task.lock_key_for(*args, **kwargs)
-    quiet = float(task.lock_debounce or 0) + delay
+    key = ctx.key_for(*args, **kwargs)
+    quiet = float(ctx.task.lock_debounce or 0) + delay
     options.pop("countdown", None)
     options.pop("eta", None)
     nodes = opts.settings.nodes
@@ -129,12 +127,12 @@ def send(
             [
                 task_id,
                 int(quiet * 1000),
-                int(float(task.lock_debounce_max or 0) * 1000),
+                int(float(ctx.task.lock_debounce_max or 0) * 1000),
                 blob,
                 # The burst outlives its due time by the job's done window at least: a message held back that
                 # long (a Redis broker restores an unacked one after its visibility timeout) still finds it.
-                int(max(float(task.lock_queue_ttl), opts.done_window) * 1000),
-                task.name,
+                int(max(float(ctx.options.queue_ttl), opts.done_window) * 1000),
+                ctx.name,
                 int(STANDIN_AFTER * 1000),
                 # Overdue: its job has not claimed it a lease after its due time, nor since the last publish (a
                 # job waiting for a long previous run gets one more copy per lease, a lost one its stand-in).
@@ -143,7 +141,7 @@ def send(
             ],
         )
     except Exception:  # at enqueue, when in doubt, send: the worker's lock is the guard
-        logger.warning("%s: could not debounce on lock %s; sending the call alone", task.name, key, exc_info=True)
+        logger.warning("%s: could not debounce on lock %s; sending the call alone", ctx.name, key, exc_info=True)
         answers = []
     found = majority(answers, nodes.quorum, key=lambda a: text(a[1]))
     # This call's stamp (see policies.debounce.stamp): the message carrying its arguments carries it, and its run is
@@ -154,8 +152,8 @@ def send(
         # quiet period, guarded by the lock at the worker (never two at once; each such call runs).
         # Its version leaves every burst it joined or started (on the nodes that answered, and those whose answer
         # was lost): a burst's run never carries the arguments of a call that runs on its own.
-        undo(task, key, task_id)
-        logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", task.name, key)
+        undo(ctx, key, task_id)
+        logger.warning("%s: no quorum for the burst of lock %s; the call is sent on its own", ctx.name, key)
         headers = {**(options.pop("headers", None) or {}), VERSION_HEADER: at}
         sent = publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, quiet), headers=headers, **options)
         return mark_joined(sent, None)
@@ -172,21 +170,21 @@ def send(
         if not isinstance(a, BaseException) and a is not None and (text(a[1]) == task_id or int(a[4]) >= 0)
     }
     for other in stale - {job}:
-        drop(task, key, other)
+        drop(ctx, key, other)
     if job == task_id:  # this call started the burst: its message is the job's
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, VERSION_HEADER: at}
         try:
             sent = publish(args, kwargs, task_id=task_id, countdown=_countdown(opts, due), headers=headers, **options)
         except BaseException:
-            drop(task, key, task_id)  # nothing was sent: the burst must not wait for a message that never comes
+            drop(ctx, key, task_id)  # nothing was sent: the burst must not wait for a message that never comes
             raise
         try:
             nodes.run(DEBOUNCE_CLAIM, [burst, claimed_key_for(key, job)], ["sent", job])
         except Exception:  # a later call sends a stand-in copy: one more message, never a lost job
             logger.debug("could not mark the burst of %s sent", key, exc_info=True)
         return mark_joined(sent, None)
-    signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
-    task._count("debounced")
+    signals.duplicate_skipped.send(sender=ctx.task, key=key, task_id=task_id, holder_task_id=job, policy="debounce")
+    ctx.count("debounced")
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
@@ -195,14 +193,14 @@ def send(
         headers = {**(options.pop("headers", None) or {}), DEBOUNCE_HEADER: seq, REDELIVERY_HEADER: 1}
         headers[VERSION_HEADER] = at
         publish(args, kwargs, task_id=job, countdown=_countdown(opts, due), headers=headers, **options)
-    if own_id and not task.ignore_result:
+    if own_id and not ctx.task.ignore_result:
         # The caller chose this id and may wait on it: say at once that the burst's job runs in its place.
-        reason = f"debounced: {task.name} of lock {key} runs once as task {job}, with the burst's last arguments"
+        reason = f"debounced: {ctx.name} of lock {key} runs once as task {job}, with the burst's last arguments"
         try:
-            task.backend.mark_as_revoked(task_id, reason, request=None)
+            ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
         except Exception:
             logger.debug("could not store the debounced state of %s", task_id, exc_info=True)
-    return mark_joined(task.AsyncResult(job), job)
+    return mark_joined(ctx.task.AsyncResult(job), job)
 
 
 def _at(answer: Any) -> int:
@@ -212,25 +210,25 @@ def _at(answer: Any) -> int:
     return int(text(answer[5]))
 
 
-def drop(task: LockedTask, key: str, job: str) -> bool:
+def drop(ctx: Context, key: str, job: str) -> bool:
     """End ``job``'s burst unrun (its publish failed, it was revoked); True when a quorum of nodes had it."""
-    nodes = task._options().settings.nodes
+    nodes = ctx.options.settings.nodes
     try:
         answers = nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, job)], ["drop", job])
     except Exception:
-        logger.warning("could not drop the burst of %s[%s] on lock %s", task.name, job, key, exc_info=True)
+        logger.warning("could not drop the burst of %s[%s] on lock %s", ctx.name, job, key, exc_info=True)
         return False
     return sum(1 for a in answers if not isinstance(a, BaseException) and a == 1) >= nodes.quorum
 
 
-def undo(task: LockedTask, key: str, call: str) -> None:
+def undo(ctx: Context, key: str, call: str) -> None:
     """Take ``call``'s version back from the key's burst on every node (it found no quorum and is sent on its own):
     a burst it started there ends, one it joined goes back to its newest version left."""
-    nodes = task._options().settings.nodes
+    nodes = ctx.options.settings.nodes
     try:
         nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, call)], ["undo", call])
     except Exception:  # a node that kept it is a minority: the claim runs only a version a quorum holds
-        logger.warning("could not take back the call %s[%s] from the burst of %s", task.name, call, key, exc_info=True)
+        logger.warning("could not take back the call %s[%s] from the burst of %s", ctx.name, call, key, exc_info=True)
 
 
 def _expiry_ms(expires: Any) -> int:
@@ -252,7 +250,7 @@ def _expires(ms: int) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(ms / 1000.0, tz=dt.timezone.utc) if ms else None
 
 
-def claim(task: LockedTask, run: Run, options: Options, request: Any, *, runs: bool = True) -> bool:
+def claim(ctx: Context, run: Run, options: Options, request: Any, *, runs: bool = True) -> bool:
     """This delivery of a debounced call holds the lock: may it run now? True: run, with ``run.debounced`` (the
     burst's last arguments) if the burst gave them. False: it stops here and the caller gives the lock back: not due
     yet (re-sent for its due time with the newest arguments), or superseded (a newer version of the key ran).
@@ -271,7 +269,7 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any, *, runs: b
                 ["claim", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
             )
         except Exception:  # the lock is ours: run with the message's arguments (at least once beats lost)
-            logger.warning("could not claim the burst of %s[%s]; running", task.name, run.task_id, exc_info=True)
+            logger.warning("could not claim the burst of %s[%s]; running", ctx.name, run.task_id, exc_info=True)
             return True
         ok = [a for a in answers if not isinstance(a, BaseException) and a]
         later = [a for a in ok if int(a[0]) == CLAIM_LATER]
@@ -280,14 +278,14 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any, *, runs: b
             due = max(int(a[1]) for a in later) / 1000.0
             seq = max(int(a[2]) for a in later)
             versions = [_versions(a[3]) for a in later] + [_versions(a[2]) for a in started]
-            wait(task, run, options, request, due, seq, choose(versions, nodes.quorum))
+            wait(ctx, run, options, request, due, seq, choose(versions, nodes.quorum))
             return False
         if started:
             if later:
                 # A quorum claimed the burst, but on a minority it is still pending (a call joined it there just
                 # before the claim, or a node answered late): end it there too, or it would split the next bursts'
                 # quorum until it expires (each call then sent on its own once a node is down).
-                drop(task, run.key, run.task_id)
+                drop(ctx, run.key, run.task_id)
             # Only a version a quorum of the nodes holds runs: one a minority alone holds may be a call that found
             # no quorum and runs on its own (its take-back missed that node). No quorum for any (nodes out): the
             # message's own arguments, which a quorum agreed on when it was sent (its starter's, or its last
@@ -299,7 +297,7 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any, *, runs: b
                 # the message's (a call that joined after it was sent). This claim ended the burst where it was
                 # due; its re-sent copy reads those versions back (claimed) and asks the node again.
                 seq = int(getattr(request, DEBOUNCE_HEADER, None) or 1)
-                wait(task, run, options, request, CLAIM_RETRY * 2**tries, seq, None, {CLAIM_HEADER: tries + 1})
+                wait(ctx, run, options, request, CLAIM_RETRY * 2**tries, seq, None, {CLAIM_HEADER: tries + 1})
                 return False
             if chosen is not None:
                 loaded = kombu_json.loads(chosen.args)  # type: ignore[no-untyped-call]
@@ -309,14 +307,14 @@ def claim(task: LockedTask, run: Run, options: Options, request: Any, *, runs: b
         elif all(int(a[0]) == CLAIM_GONE for a in ok):
             logger.debug(
                 "%s[%s]: no burst on lock %s (revoked, expired or never debounced): running",
-                task.name,
+                ctx.name,
                 run.task_id,
                 run.key,
             )
-    return not runs or newest(task, run, options, request, at)
+    return not runs or newest(ctx, run, options, request, at)
 
 
-def newest(task: LockedTask, run: Run, options: Options, request: Any, at: int) -> bool:
+def newest(ctx: Context, run: Run, options: Options, request: Any, at: int) -> bool:
     """The version stamped ``at`` is about to run (this delivery holds the lock): True when no newer version of the
     key ran (it is noted as the key's newest run, on every node that answers); False when one did: this delivery
     is superseded (REVOKED, naming the newer run's job) and does not run, since older arguments never run after
@@ -331,12 +329,12 @@ def newest(task: LockedTask, run: Run, options: Options, request: Any, at: int) 
     blob = kombu_json.dumps([list(args[0]), dict(args[1])])  # type: ignore[no-untyped-call]
     # Kept while an older version may still reach a worker: a burst pending (its quiet period, at most its max)
     # then as long as its burst or its message's redelivery may wait (docs/protocol.md, Debounce).
-    quiet = float(task.lock_debounce_max or task.lock_debounce or 0)
-    keep = int((max(float(task.lock_queue_ttl), options.done_window) + quiet) * 1000)
+    quiet = float(ctx.task.lock_debounce_max or ctx.task.lock_debounce or 0)
+    keep = int((max(float(ctx.options.queue_ttl), options.done_window) + quiet) * 1000)
     try:
         answers = nodes.run(DEBOUNCE_CLAIM, keys, ["ran", run.task_id, str(at), keep, blob])
     except Exception:  # the lock is ours: run (at least once beats lost)
-        logger.warning("could not note the run of %s[%s]; running", task.name, run.task_id, exc_info=True)
+        logger.warning("could not note the run of %s[%s]; running", ctx.name, run.task_id, exc_info=True)
         return True
     newer = [a for a in answers if not isinstance(a, BaseException) and a and int(a[0]) == CLAIM_SUPERSEDED]
     if not newer:
@@ -349,16 +347,16 @@ def newest(task: LockedTask, run: Run, options: Options, request: Any, at: int) 
         request.args, request.kwargs = list(run.debounced[0]), run.debounced[1]
         return True
     reason = (
-        f"debounced: {task.name}[{run.task_id}] of lock {run.key} is superseded by task {job}: it ran a newer "
+        f"debounced: {ctx.name}[{run.task_id}] of lock {run.key} is superseded by task {job}: it ran a newer "
         "call's arguments, and older arguments never run after newer ones"
     )
-    if not (request.is_eager or task.ignore_result or request.ignore_result):
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
         try:  # a copy of a job that did end (its done marker gone) keeps its stored result
-            if task.backend.get_state(run.task_id) not in READY_STATES:
-                task.backend.mark_as_revoked(run.task_id, reason, request=None)
+            if ctx.task.backend.get_state(run.task_id) not in READY_STATES:
+                ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
         except Exception:
             logger.debug("could not store the superseded state of %s", run.task_id, exc_info=True)
-    resend.skip_quietly(task, run, Skipped(reason, run.key, job))
+    resend.skip_quietly(ctx, run, Skipped(reason, run.key, job))
     return False
 
 
@@ -369,22 +367,22 @@ def _header_at(request: Any) -> int:
         return 0
 
 
-def failed(task: LockedTask, run: Run, request: Any) -> None:
+def failed(ctx: Context, run: Run, request: Any) -> None:
     """A burst's job fails before its claim (no quorum for its lock or its rate, ``lock_on_unavailable="fail"`` or
     its retries spent): its burst ends, so a call from now on starts a new burst instead of joining a FAILED job.
     Sent to every node: one that did not answer (paused) holds the command on its connection and runs it when it
     resumes; one restarted empty lost the burst anyway."""
-    if task.lock_debounce and getattr(request, DEBOUNCE_HEADER, None) and not run.retries:
-        drop(task, run.key, run.task_id)
+    if ctx.task.lock_debounce and getattr(request, DEBOUNCE_HEADER, None) and not run.retries:
+        drop(ctx, run.key, run.task_id)
 
 
-def rate_refused(task: LockedTask, run: Run, options: Options, request: Any) -> bool:
+def rate_refused(ctx: Context, run: Run, options: Options, request: Any) -> bool:
     """A burst's job refused by its rate (``lock_on_rate_limit`` skip or fail): its burst ends here as if it ran (the
     claim), so a call from now on starts a new burst instead of joining one whose job is REVOKED or FAILED. False:
     the job was not due yet (a later call joined): it was re-sent for its due time and asks the rate again then."""
-    if not task.lock_debounce or not getattr(request, DEBOUNCE_HEADER, None) or run.retries:
+    if not ctx.task.lock_debounce or not getattr(request, DEBOUNCE_HEADER, None) or run.retries:
         return True
-    return claim(task, run, options, request, runs=False)
+    return claim(ctx, run, options, request, runs=False)
 
 
 def _versions(raw: Any) -> list[Version]:
@@ -401,7 +399,7 @@ def _versions(raw: Any) -> list[Version]:
 
 
 def wait(
-    task: LockedTask,
+    ctx: Context,
     run: Run,
     options: Options,
     request: Any,
@@ -420,21 +418,21 @@ def wait(
     headers: dict[str, Any] = {DEBOUNCE_HEADER: seq, **(more or {})}
     if version is not None and version.at:
         headers[VERSION_HEADER] = version.at
-    copy = resend.copy(task, headers, countdown=countdown, **extra)
+    copy = resend.copy(ctx, headers, countdown=countdown, **extra)
     copy.apply_async()
     said = f"debounced: re-sent to run in {countdown:.1f}s (its burst's quiet period)"
-    logger.debug("Task %s[%s] %s: lock %s", task.name, run.task_id, said, run.key)
-    resend.skip_quietly(task, run, Skipped(said, run.key, run.task_id, "waiting"))
+    logger.debug("Task %s[%s] %s: lock %s", ctx.name, run.task_id, said, run.key)
+    resend.skip_quietly(ctx, run, Skipped(said, run.key, run.task_id, "waiting"))
 
 
 @task_revoked.connect(weak=False)  # type: ignore[untyped-decorator]
 def _drop_revoked_burst(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A worker met a revoked or expired message of a burst's job: the burst ends (a later call starts a new one)."""
-    task = sender
-    if not is_locked_task(task) or not getattr(task, "lock_debounce", None) or request is None:
+    if not is_locked_task(sender) or not getattr(sender, "lock_debounce", None) or request is None:
         return
+    ctx = sender.lock_context()
     try:
-        key = task.lock_key_for(*(request.args or ()), **(request.kwargs or {}))
-        drop(task, key, request.id)
+        key = ctx.key_for(*(request.args or ()), **(request.kwargs or {}))
+        drop(ctx, key, request.id)
     except Exception:  # the burst still ends with its expiry
-        logger.warning("could not drop the burst of %s[%s]", task.name, request.id, exc_info=True)
+        logger.warning("could not drop the burst of %s[%s]", ctx.name, request.id, exc_info=True)

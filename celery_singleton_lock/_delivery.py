@@ -26,7 +26,7 @@ import functools
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from celery.states import READY_STATES
 
@@ -34,7 +34,6 @@ from . import _debounced as debounced
 from . import _line as line
 from . import _resend as resend
 from . import signals
-from ._monitoring import Skipped
 from ._run import (
     ATTEMPT_HEADER,
     DEBOUNCE_HEADER,
@@ -46,8 +45,10 @@ from ._run import (
     SINCE_HEADER,
     VERSION_HEADER,
     WOKEN_HEADER,
+    Context,
     Options,
     Run,
+    Skipped,
     since,
     try_of,
 )
@@ -57,12 +58,11 @@ from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
 from .policies import policy_for
 from .policies import rate as rate_policy
+from .policies.cooldown import COOLDOWN_FEATURE
+from .policies.limit import LIMIT
 from .record import limits_key_for
 from .redlock import Redlock
 from .renewal import watchdog
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = ["SETTLE_GRACE", "release", "start"]
 
@@ -74,47 +74,47 @@ RATE_MAX_COUNTDOWN = 900.0
 SETTLE_GRACE = 10.0
 
 
-def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
+def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
     """Gather the facts of this delivery, let :func:`~celery_singleton_lock.decision.decide` choose, act."""
-    request = task.request
-    options = task._options()
-    key = task._key(options, args, kwargs)
+    request = ctx.request
+    options = ctx.options
+    key = ctx.key(args, kwargs)
     retries = int(request.retries or 0)
-    run = Run(key, task_id, retries)
+    run = Run(key, task_id, retries, ctx=ctx)
     request._singleton_lock = run
     if options.policy.replaces and getattr(request, SINCE_HEADER, None):
         # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
-        newer = line.superseded_by(task, key, task_id, options)
+        newer = line.superseded_by(ctx, key, task_id, options)
         if newer is not None:
-            line.replaced(task, run, task_id, newer)
+            line.replaced(ctx, run, task_id, newer)
             return
-    run.rate_key = task._rate_key(options, args, kwargs)
-    run.limit = task.lock_limit_for(*args, **kwargs)
+    run.rate_key = ctx.rate_key(args, kwargs)
+    run.limit = ctx.limit_for(args, kwargs)
     if run.limit is None:
         # No lock at all (lock_limit=None): the rate alone decides. Nothing to hold, release or mark done.
-        rate_gate(task, run, None, options)
+        rate_gate(ctx, run, None, options)
         return
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
-    scan = slots_to_scan(task, options, run.limit, redelivered or retries > 0) if callable(type(task).lock_limit) else 0
-    lock = task._new_lock(key, task_id, options, retries, run.limit, scan)
+    scan = slots_to_scan(ctx, options, run.limit, redelivered or retries > 0) if LIMIT.varies(ctx.cls) else 0
+    lock = ctx.new_lock(key, task_id, retries, run.limit, scan)
     acquired = lock.acquire(blocking=False)
-    reserved = task.lock_scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
+    reserved = ctx.options.scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
     if acquired and not redelivered and not reserved:
         # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
-        if rate_gate(task, run, lock, options):
-            hold(task, run, lock, options, request)
+        if rate_gate(ctx, run, lock, options):
+            hold(ctx, run, lock, options, request)
         return
-    facts = dataclasses.replace(gather(task, lock, acquired, task_id, redelivered, options), reserved=reserved)
+    facts = dataclasses.replace(gather(ctx, lock, acquired, task_id, redelivered, options), reserved=reserved)
     for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
         decision = decide(facts)
         act = decision.act
         if act is Act.RUN:
-            if rate_gate(task, run, lock, options):
-                hold(task, run, lock, options, request)
+            if rate_gate(ctx, run, lock, options):
+                hold(ctx, run, lock, options, request)
             return
         if act is Act.LOOK_UP:
-            facts = dataclasses.replace(facts, ended=already_ended(task, task_id))
+            facts = dataclasses.replace(facts, ended=already_ended(ctx, task_id))
             continue
         if act is Act.RETRY_NOW:
             # Contenders that arrived together split the nodes and nobody got a quorum (or the attempt that
@@ -122,7 +122,7 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # instead of skipping every contender as the others' duplicate, or waiting a whole interval.
             time.sleep(random.uniform(0.005, 0.05))  # noqa: S311 - jitter
             acquired = lock.acquire(blocking=False)
-            facts = gather(task, lock, acquired, task_id, redelivered, options, facts)
+            facts = gather(ctx, lock, acquired, task_id, redelivered, options, facts)
             facts = dataclasses.replace(facts, split_retries=facts.split_retries + 1)
             continue
         if act is Act.TAKE_OVER:
@@ -131,43 +131,43 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
             # token: take that over (a few times at most).
             for _ in range(3):
                 holder_owner = lock.held_by
-                lock = task._new_lock(key, task_id, options, retries, run.limit, scan)
+                lock = ctx.new_lock(key, task_id, retries, run.limit, scan)
                 lock.replaces = holder_owner
                 acquired = lock.acquire(blocking=False)
                 record = lock.holder_record or {}
                 if acquired or record.get("job") != task_id or record.get("state") not in (QUEUED, SENDING):
                     break
-            facts = gather(task, lock, acquired, task_id, redelivered, options, facts)
+            facts = gather(ctx, lock, acquired, task_id, redelivered, options, facts)
             facts = dataclasses.replace(facts, took_over=True)
             continue
         if act is Act.DEFER and decision.reason == "duplicate" and not run.parked and options.waits_in_line:
             # Wait in the key's line, to be woken when the holder releases; then look once more, since the
             # holder may have released (and found nobody waiting) just before this job joined the line.
-            run.parked = line.park(task, run, task_id, options)
+            run.parked = line.park(ctx, run, task_id, options)
             if run.line_full is not None:  # lock_max_waiting: the line is full, this new duplicate is skipped
                 if acquired:
                     lock.release()
-                line.full(task, run, task_id, facts.holder_job, options)
+                line.full(ctx, run, task_id, facts.holder_job, options)
                 return
             if run.superseded_by is not None:
-                line.replaced(task, run, task_id, run.superseded_by)
+                line.replaced(ctx, run, task_id, run.superseded_by)
                 return
             if run.parked:
                 acquired = lock.acquire(blocking=False)
-                facts = gather(task, lock, acquired, task_id, redelivered, options, facts)
+                facts = gather(ctx, lock, acquired, task_id, redelivered, options, facts)
                 continue
         if acquired:
             lock.release()  # DONE after a redelivery got the lock: give it back at once
-        carry_out(task, run, decision, facts, lock, options)
+        carry_out(ctx, run, decision, facts, lock, options)
         return
-    raise AssertionError(f"no decision settled for {task.name}[{task_id}]: {facts}")  # pragma: no cover
+    raise AssertionError(f"no decision settled for {ctx.name}[{task_id}]: {facts}")  # pragma: no cover
 
 
 #: Per process: the highest callable ``lock_limit`` this process wrote to the nodes, by limits key.
 _limits_noted: dict[str, int] = {}
 
 
-def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) -> int:  # noqa: FBT001
+def slots_to_scan(ctx: Context, options: Options, limit: int, copy: bool) -> int:  # noqa: FBT001
     """A callable ``lock_limit``: how many slots this delivery's acquire looks at for its own job's record.
 
     Timeline of what it prevents: a run takes slot 2 under a limit of 3; the function then answers 1; the run's
@@ -177,7 +177,7 @@ def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) ->
     retry) looks at every slot the highest one noted may have given it (one more round trip, for copies only).
     """
     settings = options.settings
-    space = limits_key_for(settings.prefix, task.lock_group or task.name)
+    space = limits_key_for(settings.prefix, ctx.task.lock_group or ctx.name)
     if limit > _limits_noted.get(space, 1):
         noted = 0
         for client in settings.nodes.clients:
@@ -185,7 +185,7 @@ def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) ->
                 client.zadd(space, {str(limit): limit})
                 noted += 1
             except Exception:  # a node that missed it: the others still say it (the highest of any node counts)
-                logger.debug("could not note limit %d of %s", limit, task.name, exc_info=True)
+                logger.debug("could not note limit %d of %s", limit, ctx.name, exc_info=True)
         if noted:
             _limits_noted[space] = limit
     if not copy:
@@ -195,7 +195,7 @@ def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) ->
         try:
             top = client.zrange(space, -1, -1, withscores=True)
         except Exception:  # cannot tell from this node: the others answer
-            logger.debug("could not read the limits of %s", task.name, exc_info=True)
+            logger.debug("could not read the limits of %s", ctx.name, exc_info=True)
             continue
         if top:
             highest = max(highest, int(top[0][1]))
@@ -203,7 +203,7 @@ def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) ->
 
 
 def gather(
-    task: LockedTask,
+    ctx: Context,
     lock: Redlock,
     acquired: bool,  # noqa: FBT001
     task_id: str,
@@ -235,7 +235,7 @@ def gather(
     }
     if previous is not None:
         return dataclasses.replace(previous, **seen)
-    request = task.request
+    request = ctx.request
     settings = options.settings
     return Facts(
         **seen,
@@ -255,31 +255,31 @@ def gather(
     )
 
 
-def carry_out(task: LockedTask, run: Run, decision: Decision, facts: Facts, lock: Redlock, options: Options) -> None:
+def carry_out(ctx: Context, run: Run, decision: Decision, facts: Facts, lock: Redlock, options: Options) -> None:
     """Carry out an action that does not run the body under the lock."""
     act = decision.act
     task_id = facts.task_id
     if act is Act.DONE:
-        if not settle_done(task, run, task_id):
-            resend.skip_quietly(task, run, Skipped("already ran", run.key, task_id, "done"))
+        if not settle_done(ctx, run, task_id):
+            resend.skip_quietly(ctx, run, Skipped("already ran", run.key, task_id, "done"))
     elif act is Act.RUN_UNGUARDED:
-        unavailable(task, run, lock, task_id, options, "run")
+        unavailable(ctx, run, lock, task_id, options, "run")
     elif act is Act.FAIL_UNAVAILABLE:
-        unavailable(task, run, lock, task_id, options, "fail")
-        debounced.failed(task, run, task.request)  # its burst ends: the next call starts a new one
+        unavailable(ctx, run, lock, task_id, options, "fail")
+        debounced.failed(ctx, run, ctx.request)  # its burst ends: the next call starts a new one
         errors = [str(e) for e in lock.node_errors] or [f"held by {lock.held_by!r}, a record of no task"]
         raise LockUnavailableError(run.key, node_errors=errors)
     elif act is Act.DEFER and decision.reason == "unavailable":
-        unavailable(task, run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
+        unavailable(ctx, run, lock, task_id, options, "retry", decision.countdown, facts.attempt + 1)
     elif act is Act.DEFER and decision.reason == "unknown holder":
-        resend.defer(task, run, decision.countdown, decision.reason, {ATTEMPT_HEADER: facts.attempt + 1})
+        resend.defer(ctx, run, decision.countdown, decision.reason, {ATTEMPT_HEADER: facts.attempt + 1})
     elif act is Act.DEFER and decision.reason in ("redelivered", "split vote", "predecessor", "sending"):
-        resend.defer(task, run, decision.countdown, decision.reason, {})
+        resend.defer(ctx, run, decision.countdown, decision.reason, {})
     else:  # SKIP, FAIL_DUPLICATE, DEFER of a duplicate
-        duplicate(task, run, decision, facts)
+        duplicate(ctx, run, decision, facts)
 
 
-def settle_done(task: LockedTask, run: Run, task_id: str) -> bool:
+def settle_done(ctx: Context, run: Run, task_id: str) -> bool:
     """A copy of a finished job stops: make sure whoever waits on the task id learns something.
 
     The done marker is written in the release round trip, before the tracer stores the result: a run killed in
@@ -291,28 +291,28 @@ def settle_done(task: LockedTask, run: Run, task_id: str) -> bool:
     state, this copy is re-sent once, SETTLE_GRACE s later, and only that second look stores REVOKED, if the
     state is still not final then. True when this copy has its outcome already (re-sent, or REVOKED stored).
     """
-    request = task.request
-    if request.is_eager or task.ignore_result or request.ignore_result:
+    request = ctx.request
+    if request.is_eager or ctx.task.ignore_result or request.ignore_result:
         return False
     try:
-        if task.backend.get_state(task_id) in READY_STATES:
+        if ctx.task.backend.get_state(task_id) in READY_STATES:
             return False
         if not getattr(request, SETTLE_HEADER, None):
-            resend.defer(task, run, SETTLE_GRACE, "settling", {SETTLE_HEADER: 1})
+            resend.defer(ctx, run, SETTLE_GRACE, "settling", {SETTLE_HEADER: 1})
             return True
         reason = (
-            f"{task.name}[{task_id}] already ran (lock {run.key}), but the run that ended stored no "
+            f"{ctx.name}[{task_id}] already ran (lock {run.key}), but the run that ended stored no "
             "result: it was killed after the job finished"
         )
-        task.backend.mark_as_revoked(task_id, reason, request=None)
+        ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
     except Exception:  # no usable result backend: nobody can wait on it either
         logger.debug("cannot settle the state of %s", task_id, exc_info=True)
         return False
-    resend.skip_quietly(task, run, Skipped(reason, run.key, task_id, "settled"))
+    resend.skip_quietly(ctx, run, Skipped(reason, run.key, task_id, "settled"))
     return True
 
 
-def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options) -> bool:
+def rate_gate(ctx: Context, run: Run, lock: Redlock | None, options: Options) -> bool:
     """``lock_rate``: count this start if the window allows it (one more round trip), True then: the body runs.
 
     Over the rate, ``lock_on_rate_limit`` acts: ``wait`` re-sends this delivery for the moment the window lets a start
@@ -329,48 +329,48 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         run.rate_slot = (verdict.slot, verdict.times)
         run.rate_token = verdict.token
         return True
-    request = task.request
+    request = ctx.request
     task_id = run.task_id
     if verdict.outcome == "unavailable":
         policy = options.on_unavailable
         attempt = int(getattr(request, ATTEMPT_HEADER, 0) or 0)
         if not attempt:  # once per call, not per retry
-            task._count("unavailable")
-        signals.lock_unavailable.send(sender=task, key=key, task_id=task_id, policy=policy, errors=verdict.errors)
+            ctx.count("unavailable")
+        signals.lock_unavailable.send(sender=ctx.task, key=key, task_id=task_id, policy=policy, errors=verdict.errors)
         if policy == "run":
-            logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", task.name, task_id, key)
+            logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", ctx.name, task_id, key)
             return True
         if (
             policy == "fail"
             or request.is_eager
             or (options.settings.max_retries is not None and attempt + 1 > options.settings.max_retries)
         ):
-            give_back(task, run, lock, options)
-            debounced.failed(task, run, request)  # its burst ends: the next call starts a new one
+            give_back(ctx, run, lock, options)
+            debounced.failed(ctx, run, request)  # its burst ends: the next call starts a new one
             raise LockUnavailableError(key, node_errors=verdict.errors)
         delay = min(options.settings.retry_max_delay, options.settings.retry_delay * 2**attempt)
         countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
-        wait_for_rate(task, run, lock, options, countdown, "unavailable", {ATTEMPT_HEADER: attempt + 1})
+        wait_for_rate(ctx, run, lock, options, countdown, "unavailable", {ATTEMPT_HEADER: attempt + 1})
         return False
     waits = int(getattr(request, RATE_HEADER, 0) or 0)
     if not waits:  # once per call: its re-sent copies asking again are the same call
-        task._count("rate-limited")
+        ctx.count("rate-limited")
     said = f"rate {rate} of {key} reached"
-    signals.rate_limited.send(sender=task, key=key, task_id=task_id, rate=str(rate), policy=options.on_rate_limit)
+    signals.rate_limited.send(sender=ctx.task, key=key, task_id=task_id, rate=str(rate), policy=options.on_rate_limit)
     # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
     # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
     contended = verdict.contended and not request.is_eager
-    if not contended and options.on_rate_limit != "wait" and not debounced.rate_refused(task, run, options, request):
+    if not contended and options.on_rate_limit != "wait" and not debounced.rate_refused(ctx, run, options, request):
         return False  # a burst's job not due yet: re-sent for its due time (the rate is asked again then)
     if not contended and (options.on_rate_limit == "fail" or request.is_eager):
-        give_back(task, run, lock, options)
-        raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
+        give_back(ctx, run, lock, options)
+        raise RateLimitedError(key, task_name=ctx.name, rate=str(rate), wait=verdict.wait)
     if not contended and options.on_rate_limit == "skip":
-        give_back(task, run, lock, options)
-        reason = f"{task.name} skipped: {said}"
-        if not (task.ignore_result or request.ignore_result):
-            task.backend.mark_as_revoked(task_id, reason, request=None)
-        resend.skip_quietly(task, run, Skipped(reason, key, None))
+        give_back(ctx, run, lock, options)
+        reason = f"{ctx.name} skipped: {said}"
+        if not (ctx.task.ignore_result or request.ignore_result):
+            ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
+        resend.skip_quietly(ctx, run, Skipped(reason, key, None))
         return False
     # wait: for the moment the window lets a start in on a quorum (a few ms after it: never early; that copy asks
     # again, and one that loses the moment to another waiter is re-sent for the next one).
@@ -378,11 +378,11 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
     # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
     countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
-    wait_for_rate(task, run, lock, options, countdown, "rate", {RATE_HEADER: waits + 1}, said)
+    wait_for_rate(ctx, run, lock, options, countdown, "rate", {RATE_HEADER: waits + 1}, said)
     return False
 
 
-def give_back(task: LockedTask, run: Run, lock: Redlock | None, options: Options) -> None:
+def give_back(ctx: Context, run: Run, lock: Redlock | None, options: Options) -> None:
     """A delivery whose body does not start after all gives its lock back at once, leaves the line, wakes it."""
     if lock is None:
         return
@@ -390,14 +390,14 @@ def give_back(task: LockedTask, run: Run, lock: Redlock | None, options: Options
         lock.release()
     except Exception:  # it expires within its ttl
         logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
-    if run.parked or getattr(task.request, PARKED_HEADER, None):
-        line.unpark(task, run.key, run.task_id, options)
+    if run.parked or getattr(ctx.request, PARKED_HEADER, None):
+        line.unpark(ctx, run.key, run.task_id, options)
     if options.waits_in_line:
-        line.wake_next(task, run.key, options)
+        line.wake_next(ctx, run.key, options)
 
 
 def wait_for_rate(
-    task: LockedTask,
+    ctx: Context,
     run: Run,
     lock: Redlock | None,
     options: Options,
@@ -415,34 +415,34 @@ def wait_for_rate(
     - otherwise the lock is given back (its copy is this call again: it keeps its place, see _resend.copy).
     """
     task_id = run.task_id
-    reserved = task.lock_scope == "queue" and not run.retries  # a retry waits as in run scope (see decide)
-    if lock is not None and reserved and keep_reserved(task, run, lock, countdown):
-        if run.parked or getattr(task.request, PARKED_HEADER, None):
-            line.unpark(task, run.key, task_id, options)
-    elif lock is not None and options.policy.replaces and not task.request.chord:
+    reserved = ctx.options.scope == "queue" and not run.retries  # a retry waits as in run scope (see decide)
+    if lock is not None and reserved and keep_reserved(ctx, run, lock, countdown):
+        if run.parked or getattr(ctx.request, PARKED_HEADER, None):
+            line.unpark(ctx, run.key, task_id, options)
+    elif lock is not None and options.policy.replaces and not ctx.request.chord:
         try:
             lock.release()
         except Exception:  # it expires within its ttl
             logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
-        run.parked = line.park(task, run, task_id, options)
+        run.parked = line.park(ctx, run, task_id, options)
         if run.superseded_by is not None:  # a newer call waits: it runs, this one does not
-            line.wake_next(task, run.key, options)
-            line.replaced(task, run, task_id, run.superseded_by)
+            line.wake_next(ctx, run.key, options)
+            line.replaced(ctx, run, task_id, run.superseded_by)
             return
         if run.parked:  # the only one waiting now (park_replacing took every older one out): nobody to wake
             headers = {**headers, PARKED_HEADER: 1}
         else:
-            line.wake_next(task, run.key, options)
+            line.wake_next(ctx, run.key, options)
     else:
-        give_back(task, run, lock, options)
-    resend.defer(task, run, countdown, reason, headers, detail)
+        give_back(ctx, run, lock, options)
+    resend.defer(ctx, run, countdown, reason, headers, detail)
 
 
-def keep_reserved(task: LockedTask, run: Run, lock: Redlock, countdown: float) -> bool:
+def keep_reserved(ctx: Context, run: Run, lock: Redlock, countdown: float) -> bool:
     """Queue scope: hand the lock this delivery took over back to a reservation (``queued``, this task id) for its
     re-sent copy, lasting its countdown plus ``lock_queue_ttl`` (as a reservation made at ``apply_async``)."""
     try:
-        return lock.transfer(countdown + float(task.lock_queue_ttl), {"state": QUEUED, "open": "1"})
+        return lock.transfer(countdown + float(ctx.options.queue_ttl), {"state": QUEUED, "open": "1"})
     except Exception:  # not kept: released as any refused start (it expires within its ttl otherwise)
         logger.debug("could not keep the reservation of lock %s", run.key, exc_info=True)
         return False
@@ -455,13 +455,13 @@ def uncount_rate(run: Run, options: Options) -> None:
         run.rate_token, run.rate_at, run.rate_slot = "", None, None
 
 
-def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: Any) -> None:
+def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) -> None:
     task_id = run.task_id
     if (
-        task.lock_debounce
+        ctx.task.lock_debounce
         and (getattr(request, DEBOUNCE_HEADER, None) or getattr(request, VERSION_HEADER, None))
         and not run.retries
-        and not debounced.claim(task, run, options, request)
+        and not debounced.claim(ctx, run, options, request)
     ):
         # Not due yet (a later call joined the burst): re-sent for its due time; or superseded (a newer version of
         # the key ran): the lock goes back at once, and the start the rate counted for it is uncounted (the body
@@ -469,43 +469,43 @@ def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: A
         uncount_rate(run, options)
         lock.release()
         if run.parked or getattr(request, PARKED_HEADER, None):
-            line.unpark(task, run.key, task_id, options)
-        line.wake_next(task, run.key, options)
+            line.unpark(ctx, run.key, task_id, options)
+        line.wake_next(ctx, run.key, options)
         return
     if run.parked or getattr(request, PARKED_HEADER, None):
-        line.unpark(task, run.key, task_id, options)
+        line.unpark(ctx, run.key, task_id, options)
     run.lock = lock
     target = Target() if options.on_lost == "interrupt" else None
     settings = options.settings
     run.lease = watchdog().register(
-        lock, options.interval, functools.partial(task._on_lost, task_id, target), (settings.prefix, task.name)
+        lock, options.interval, functools.partial(ctx.on_lost, task_id, target), (settings.prefix, ctx.name)
     )
-    task._count("acquired", options)
+    ctx.count("acquired")
     if getattr(request, SINCE_HEADER, None) is not None:
         # A re-sent copy (deferred, or woken from a line): it waited since its call first reached a worker.
-        watchdog().count_wait(settings.nodes, settings.prefix, task.name, time.time() - since(request) / 1000.0)
-    signals.lock_acquired.send(sender=task, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
+        watchdog().count_wait(settings.nodes, settings.prefix, ctx.name, time.time() - since(request) / 1000.0)
+    signals.lock_acquired.send(sender=ctx.task, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
     if target is not None:  # last: the body runs next, in this thread or greenlet
-        task._arm(run, target)
+        ctx.arm(run, target)
 
 
-def already_ended(task: LockedTask, task_id: str) -> bool:
+def already_ended(ctx: Context, task_id: str) -> bool:
     """The result backend holds a final state for ``task_id``: success, failure or revoke, its job ran to an end
     (a copy of it never runs it again, whichever end it was)."""
     try:
-        return task.backend.get_state(task_id) in READY_STATES
+        return ctx.task.backend.get_state(task_id) in READY_STATES
     except Exception:  # no usable result backend: we cannot tell, so run (at least once beats lost)
         logger.debug("cannot read the state of %s: running it", task_id, exc_info=True)
         return False
 
 
-def duplicate(task: LockedTask, run: Run, decision: Decision, facts: Facts) -> None:
+def duplicate(ctx: Context, run: Run, decision: Decision, facts: Facts) -> None:
     """Another job holds the lock: say so, then let the task's policy act (chord members always reschedule)."""
     task_id, holder_id = facts.task_id, facts.holder_job
-    policy = policy_for("reschedule" if facts.in_chord else task._options().on_duplicate)
+    policy = policy_for("reschedule" if facts.in_chord else ctx.options.on_duplicate)
     # Counted by what the policy does (_Duplicate): skipped, failed-duplicate; one that waits counts when it runs.
     signals.duplicate_skipped.send(
-        sender=task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy.name
+        sender=ctx.task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy.name
     )
     if facts.holder_state == COOLDOWN:
         until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=facts.holder_remaining or 0)
@@ -516,35 +516,35 @@ def duplicate(task: LockedTask, run: Run, decision: Decision, facts: Facts) -> N
         held = f"held by task {holder_id}"
     # Celery's own line for this delivery says "skipped duplicate" or "deferred" with the same words (see
     # _SkipLogFilter): one INFO line per skip, not two.
-    logger.debug("Task %s[%s] is a duplicate: lock %s %s (%s)", task.name, task_id, run.key, held, policy.name)
-    policy.act(_Duplicate(task, run, holder_id, held), decision)
+    logger.debug("Task %s[%s] is a duplicate: lock %s %s (%s)", ctx.name, task_id, run.key, held, policy.name)
+    policy.act(_Duplicate(ctx, run, holder_id, held), decision)
 
 
 class _Duplicate:
     """The delivery's side of a policy's :meth:`~celery_singleton_lock.policies.Policy.act`."""
 
-    __slots__ = ("held", "holder_id", "run", "task")
+    __slots__ = ("ctx", "held", "holder_id", "run")
 
-    def __init__(self, task: LockedTask, run: Run, holder_id: str | None, held: str) -> None:
-        self.task, self.run, self.holder_id, self.held = task, run, holder_id, held
+    def __init__(self, ctx: Context, run: Run, holder_id: str | None, held: str) -> None:
+        self.ctx, self.run, self.holder_id, self.held = ctx, run, holder_id, held
 
     @property
     def woken(self) -> bool:
-        return self.run.parked and bool(getattr(self.task.request, WOKEN_HEADER, None))
+        return self.run.parked and bool(getattr(self.ctx.request, WOKEN_HEADER, None))
 
     def revoke(self) -> None:
-        task, run, request = self.task, self.run, self.task.request
-        reason = f"duplicate of {task.name} skipped: lock {run.key} {self.held}"
+        ctx, run, request = self.ctx, self.run, self.ctx.request
+        reason = f"duplicate of {ctx.name} skipped: lock {run.key} {self.held}"
         # Storing REVOKED costs a read and a write on the result backend, most of a skip's cost: only for a caller
         # who can read it (ignore_result on the task or the message means nobody will).
-        if not (request.is_eager or task.ignore_result or request.ignore_result):
-            task.backend.mark_as_revoked(run.task_id, reason, request=None)
-        task._count("skipped")
-        resend.skip_quietly(task, run, Skipped(reason, run.key, self.holder_id))
+        if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+            ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
+        ctx.count("skipped")
+        resend.skip_quietly(ctx, run, Skipped(reason, run.key, self.holder_id))
 
     def fail(self) -> NoReturn:
-        self.task._count("failed-duplicate")
-        raise DuplicateTaskError(self.run.key, task_name=self.task.name, holder_task_id=self.holder_id)
+        self.ctx.count("failed-duplicate")
+        raise DuplicateTaskError(self.run.key, task_name=self.ctx.name, holder_task_id=self.holder_id)
 
     def wait(self, countdown: float) -> None:
         # The fallback: woken early by the holder's release when it waits in line, else when a dead holder's
@@ -554,16 +554,16 @@ class _Duplicate:
         # never a new duplicate for lock_max_waiting (every copy says when its call arrived, see _resend.copy).
         headers: dict[str, Any] = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if run.parked else {}
         detail = f"lock {run.key} {self.held}"
-        resend.defer(self.task, run, countdown, "duplicate", headers, detail, self.holder_id)
+        resend.defer(self.ctx, run, countdown, "duplicate", headers, detail, self.holder_id)
 
     def back_in_line(self) -> None:
         run = self.run
         said = f"waiting in line for lock {run.key} {self.held}"
-        resend.skip_quietly(self.task, run, Skipped(said, run.key, self.holder_id, "deferred"))
+        resend.skip_quietly(self.ctx, run, Skipped(said, run.key, self.holder_id, "deferred"))
 
 
 def unavailable(
-    task: LockedTask,
+    ctx: Context,
     run: Run,
     lock: Redlock,
     task_id: str,
@@ -573,33 +573,33 @@ def unavailable(
     attempt: int = 0,
 ) -> None:
     errors = [str(e) for e in lock.node_errors]
-    if not getattr(task.request, ATTEMPT_HEADER, None):  # once per call, not per retry
-        task._count("unavailable")
-    signals.lock_unavailable.send(sender=task, key=run.key, task_id=task_id, policy=policy, errors=errors)
+    if not getattr(ctx.request, ATTEMPT_HEADER, None):  # once per call, not per retry
+        ctx.count("unavailable")
+    signals.lock_unavailable.send(sender=ctx.task, key=run.key, task_id=task_id, policy=policy, errors=errors)
     if policy == "run":
         logger.warning(
             "Task %s[%s] runs UNGUARDED (singleton_lock_on_unavailable='run'): lock %s unavailable: %s",
-            task.name,
+            ctx.name,
             task_id,
             run.key,
             "; ".join(errors),
         )
     elif policy == "retry":
-        if task.request.is_eager:  # nothing can wait in eager mode: the caller is told at once
+        if ctx.request.is_eager:  # nothing can wait in eager mode: the caller is told at once
             raise LockUnavailableError(run.key, node_errors=errors)
         logger.warning(
             "Task %s[%s] waits %.1fs: no quorum for lock %s (attempt %d): %s",
-            task.name,
+            ctx.name,
             task_id,
             countdown,
             run.key,
             attempt,
             "; ".join(errors),
         )
-        resend.defer(task, run, countdown, "unavailable", {ATTEMPT_HEADER: attempt})
+        resend.defer(ctx, run, countdown, "unavailable", {ATTEMPT_HEADER: attempt})
 
 
-def release(task: LockedTask, run: Run, *, done: bool = False, succeeded: bool = False) -> None:
+def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = False) -> None:
     """Give the lock up; after the job's end (a success or a failure: ``done``), mark this task id done (see
     ``Redlock.finish``) in the same round trip; only a success starts a cooldown.
 
@@ -610,14 +610,14 @@ def release(task: LockedTask, run: Run, *, done: bool = False, succeeded: bool =
     failure ends the job as much as a success does: a waiting call's fallback copy that ran it again after a
     FAILURE would run a job twice.
     """
-    task._disarm(run)  # first: the body has ended, a loss noticed from now on must not interrupt what follows
+    ctx.disarm(run)  # first: the body has ended, a loss noticed from now on must not interrupt what follows
     lock, lease = run.lock, run.lease
     run.lock = run.lease = None
     if lease is not None:
         watchdog().unregister(lease)
     if lock is None:
         return
-    options = task._options()
+    options = ctx.options
     try:
         if done:
             held = lock.finish(
@@ -627,14 +627,14 @@ def release(task: LockedTask, run: Run, *, done: bool = False, succeeded: bool =
                 # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
                 done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
                 waited_for=options.done_window,
-                cooldown=float(task.lock_cooldown) if succeeded else 0.0,
+                cooldown=COOLDOWN_FEATURE.at_release(options.cooldown, succeeded=succeeded),
             )
         else:
             held = lock.release()
     except Exception:  # a release that failed still ends within ttl: log, never mask the task's outcome
         logger.exception("releasing lock %s failed; it expires within its ttl", run.key)
         return
-    task._count("released", options)
-    signals.lock_released.send(sender=task, key=run.key, task_id=run.task_id, held=held)
+    ctx.count("released")
+    signals.lock_released.send(sender=ctx.task, key=run.key, task_id=run.task_id, held=held)
     if options.waits_in_line:
-        line.wake_next(task, run.key, options)
+        line.wake_next(ctx, run.key, options)

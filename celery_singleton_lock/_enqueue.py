@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from celery import _state as celery_state
 from celery.signals import task_revoked
@@ -25,14 +25,11 @@ from . import _debounced as debounced
 from . import signals
 from ._handover import ending_lease
 from ._reach import no_quorum_at_producer
-from ._run import REDELIVERY_HEADER, RESERVED_HEADER, is_locked_task, mark_joined, worker_id
+from ._run import REDELIVERY_HEADER, RESERVED_HEADER, Context, is_locked_task, mark_joined, worker_id
 from .aio import AsyncNodes, AsyncRedlock, _spawn
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
 from .errors import ConfigurationError, DuplicateTaskError
 from .redlock import Redlock
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = [
     "DEFAULT_QUEUE_TTL",
@@ -60,7 +57,7 @@ _GROUPED = frozenset({"chord", "group_id", "chain"})
 
 
 def send(
-    task: LockedTask,
+    ctx: Context,
     publish: Callable[..., Any],
     args: Any,
     kwargs: Any,
@@ -75,13 +72,13 @@ def send(
     with ``lock_enqueue_check``, a call whose job is running returns that run; with ``lock_debounce``, a call
     starts or joins its key's burst (see ``_debounced``).
     """
-    if task.lock_debounce:
-        return debounced.send(task, publish, args, kwargs, task_id, options, linked=linked, delay=_delay_of(options))
-    if _reserves(task, task_id, options):
+    if ctx.task.lock_debounce:
+        return debounced.send(ctx, publish, args, kwargs, task_id, options, linked=linked, delay=_delay_of(options))
+    if _reserves(ctx, task_id, options):
         own_id = task_id is not None
         task_id = task_id or uuid()
-        reservation = reserve(task, args or (), kwargs or {}, task_id, options, own_id=own_id)
-        plan = _plan(task, args, kwargs, task_id, options, reservation)
+        reservation = reserve(ctx, args or (), kwargs or {}, task_id, options, own_id=own_id)
+        plan = _plan(ctx, args, kwargs, task_id, options, reservation)
         if plan.existing is not None:
             return mark_joined(plan.existing, plan.existing.id)
         try:
@@ -96,23 +93,23 @@ def send(
             # Sent: now a duplicate may be told to wait on it. (Refused when a worker took it over already.)
             plan.lock.transfer(plan.lease, {"state": QUEUED})
         return mark_joined(sent, plan.task_id if plan.joined else None)
-    if task.lock_enqueue_check and not (
-        linked or task.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
+    if ctx.task.lock_enqueue_check and not (
+        linked or ctx.task.app.conf.task_always_eager or _DEFERRED_OR_GROUPED.intersection(options)
     ):
-        running = running_run(task, args or (), kwargs or {}, task_id)
+        running = running_run(ctx, args or (), kwargs or {}, task_id)
         if running is not None:
             return mark_joined(running, running.id)
     return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
 
 
-def _reserves(task: LockedTask, task_id: str | None, options: dict[str, Any]) -> bool:
+def _reserves(ctx: Context, task_id: str | None, options: dict[str, Any]) -> bool:
     """Whether this call reserves its job before it is published (queue scope, see :func:`reserve`)."""
     return (
-        task.lock_scope == "queue"
-        and not task.app.conf.task_always_eager
+        ctx.options.scope == "queue"
+        and not ctx.task.app.conf.task_always_eager
         and not _GROUPED.intersection(options)
         # A re-send of the delivery running here (self.retry(), a deferred copy): it is the job already.
-        and not (task_id is not None and task_id == task.request.id)
+        and not (task_id is not None and task_id == ctx.request.id)
     )
 
 
@@ -129,7 +126,7 @@ class _Plan(NamedTuple):
 
 
 def _plan(
-    task: LockedTask,
+    ctx: Context,
     args: Any,
     kwargs: Any,
     task_id: str,
@@ -150,9 +147,9 @@ def _plan(
         # job's own (its original message would be discarded with it, and the job lost).
         options.pop("expires", None)
         duplicate = None
-        if task._options().policy.raises:
-            key = task.lock_key_for(*(args or ()), **(kwargs or {}))
-            duplicate = DuplicateTaskError(key, task_name=task.name, holder_task_id=stand_in)
+        if ctx.options.policy.raises:
+            key = ctx.key_for(*(args or ()), **(kwargs or {}))
+            duplicate = DuplicateTaskError(key, task_name=ctx.name, holder_task_id=stand_in)
         return _Plan(None, stand_in, {**options, "headers": headers}, None, 0.0, duplicate, joined=True)
     if lock is not None:
         # Reserved: a delivery of this message that finds its reservation gone (its job ran as another call's
@@ -162,7 +159,7 @@ def _plan(
 
 
 def reserve(
-    task: LockedTask, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
+    ctx: Context, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
 ) -> tuple[Any, Redlock | None, float, str | None]:
     """Queue scope: reserve this call's job for ``task_id`` before it is published.
 
@@ -176,13 +173,13 @@ def reserve(
     exist without sending one. When Redis cannot tell (no quorum, a split that persists, an unknown holder),
     ``(None, None, 0, None)``: the message is sent, and the worker's run-time check is the guard.
     """
-    key = task.lock_key_for(*args, **kwargs)
-    lease, record = _reservation(task, options)
+    key = ctx.key_for(*args, **kwargs)
+    lease, record = _reservation(ctx, options)
     # "sending" lasts the whole lease, not a few seconds: a producer that dies between its publish and marking the
     # reservation sent leaves a message that may wait in the queue for as long (a busy worker), and the job must
     # stay reserved for it. A producer that died before its publish leaves no message: the next call's copy (see
     # the stand-in above) runs the job under the reservation's id.
-    lock = Redlock(task._options().settings.nodes, key, ttl=lease, fencing=False, job=task_id, record=record)
+    lock = Redlock(ctx.options.settings.nodes, key, ttl=lease, fencing=False, job=task_id, record=record)
     try:
         pacing = _Pacing()
         for _ in range(_ATTEMPTS):  # bounded in count and in time
@@ -193,10 +190,10 @@ def reserve(
                 break
             time.sleep(pause)
     except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
-        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
+        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", ctx.name, key, exc_info=True)
         return None, None, 0.0, None
-    no_quorum_at_producer(task.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
-    return _verdict(task, lock, key, task_id, own_id=own_id)
+    no_quorum_at_producer(ctx.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
+    return _verdict(ctx, lock, key, task_id, own_id=own_id)
 
 
 _ATTEMPTS = int(SENDING_WAIT / 0.005) + SPLIT_RETRIES + 2
@@ -230,7 +227,7 @@ class _Pacing:
 
 
 async def asend(
-    task: LockedTask,
+    ctx: Context,
     publish: Callable[..., Any],
     args: Any,
     kwargs: Any,
@@ -251,20 +248,20 @@ async def asend(
     publish failed) run on without it. A loop closed before the publish ended leaves the reservation "sending"
     until its lease ends: a duplicate sends a copy of its job (see :func:`reserve`), never a second job.
     """
-    nodes = _async_nodes_cache.get(task.__dict__.get(_NODES_KEY, ()), _UNKNOWN)
+    nodes = _async_nodes_cache.get(ctx.task.__dict__.get(_NODES_KEY, ()), _UNKNOWN)
     if nodes is _UNKNOWN:  # a task's first call: its settings resolved (Celery's app finalized) off the loop
-        nodes = await asyncio.to_thread(_async_nodes, task)
+        nodes = await asyncio.to_thread(_async_nodes, ctx)
     # What runs in a worker thread runs as in the caller's thread: Celery keeps the running task (a message's parent
     # and root ids) and its request (the re-send check) per thread.
-    publish = _as_caller(task, publish)
-    if task.lock_debounce or not isinstance(nodes, AsyncNodes) or not _reserves(task, task_id, options):
+    publish = _as_caller(ctx, publish)
+    if ctx.task.lock_debounce or not isinstance(nodes, AsyncNodes) or not _reserves(ctx, task_id, options):
         return await asyncio.to_thread(
-            _as_caller(task, send), task, publish, args, kwargs, task_id, options, linked=linked
+            _as_caller(ctx, send), ctx, publish, args, kwargs, task_id, options, linked=linked
         )
     own_id = task_id is not None
     task_id = task_id or uuid()
-    reservation = await areserve(task, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id)
-    plan = _plan(task, args, kwargs, task_id, options, reservation)
+    reservation = await areserve(ctx, nodes, args or (), kwargs or {}, task_id, options, own_id=own_id)
+    plan = _plan(ctx, args, kwargs, task_id, options, reservation)
     if plan.existing is not None:
         return mark_joined(plan.existing, plan.existing.id)
     lock = plan.lock if isinstance(plan.lock, AsyncRedlock) else None  # areserve's: an AsyncRedlock or None
@@ -277,11 +274,11 @@ async def asend(
         raise
 
 
-def _as_caller(task: LockedTask, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _as_caller(ctx: Context, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` to be called in another thread as if in this one: with this thread's running task (Celery's current
-    task, whose id is a published message's parent id) and the requests of it and of ``task`` pushed there."""
+    task, whose id is a published message's parent id) and the requests of it and of ``ctx.task`` pushed there."""
     current = celery_state.get_current_task()
-    requests = [(t, t.request_stack.top) for t in {id(t): t for t in (current, task) if t is not None}.values()]
+    requests = [(t, t.request_stack.top) for t in {id(t): t for t in (current, ctx.task) if t is not None}.values()]
     requests = [(t, r) for t, r in requests if r is not None]
     if current is None and not requests:
         return fn
@@ -331,11 +328,11 @@ _UNKNOWN: Any = object()
 _UNSEEN: Any = object()  # _verdict's running task id: not read by the caller
 
 
-def _async_nodes(task: LockedTask) -> AsyncNodes | None:
+def _async_nodes(ctx: Context) -> AsyncNodes | None:
     """The task's lock nodes for AsyncRedlock, or None when they are not all URLs (a ``redis.Redis`` client)."""
-    settings = task._options().settings
+    settings = ctx.options.settings
     cache_key = (settings.urls, settings.socket_timeout)
-    task.__dict__[_NODES_KEY] = cache_key
+    ctx.task.__dict__[_NODES_KEY] = cache_key
     with _async_nodes_lock:
         if cache_key not in _async_nodes_cache:
             nodes: AsyncNodes | None = None
@@ -349,11 +346,11 @@ def _async_nodes(task: LockedTask) -> AsyncNodes | None:
 
 
 async def areserve(
-    task: LockedTask, nodes: AsyncNodes, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
+    ctx: Context, nodes: AsyncNodes, args: Any, kwargs: Any, task_id: str, options: dict[str, Any], *, own_id: bool
 ) -> tuple[Any, AsyncRedlock | None, float, str | None]:
     """:func:`reserve` on AsyncRedlock: the same attempts, waits and verdict, awaited."""
-    key = task.lock_key_for(*args, **kwargs)
-    lease, record = _reservation(task, options)
+    key = ctx.key_for(*args, **kwargs)
+    lease, record = _reservation(ctx, options)
     lock = AsyncRedlock(nodes, key, ttl=lease, fencing=False, job=task_id, record=record, auto_renewal=False)
     try:
         pacing = _Pacing()
@@ -365,26 +362,26 @@ async def areserve(
                 break
             await asyncio.sleep(pause)
     except Exception:  # at enqueue, when in doubt, send: the worker's check is the guard
-        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", task.name, key, exc_info=True)
+        logger.warning("%s: could not reserve lock %s; sending (checked at the worker)", ctx.name, key, exc_info=True)
         return None, None, 0.0, None
-    no_quorum_at_producer(task.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
+    no_quorum_at_producer(ctx.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
     if own_id:  # the verdict may store the duplicate's state in the result backend: off the loop
         # The running task's request as the loop's thread sees it (Celery keeps it per thread: the worker thread
         # has none, and a run sending its next run with its own id would be taken for a duplicate of itself).
-        running = task.request.id
-        return await asyncio.to_thread(_verdict, task, lock, key, task_id, own_id=own_id, running=running)
-    return _verdict(task, lock, key, task_id, own_id=own_id)
+        running = ctx.request.id
+        return await asyncio.to_thread(_verdict, ctx, lock, key, task_id, own_id=own_id, running=running)
+    return _verdict(ctx, lock, key, task_id, own_id=own_id)
 
 
-def _reservation(task: LockedTask, options: dict[str, Any]) -> tuple[float, dict[str, str]]:
+def _reservation(ctx: Context, options: dict[str, Any]) -> tuple[float, dict[str, str]]:
     """A reservation's lease (s) and holder record for a call with these ``options``."""
-    lease = _delay_of(options) + float(task.lock_queue_ttl)
+    lease = _delay_of(options) + float(ctx.options.queue_ttl)
     expires = _expires_in(options.get("expires"))
     if expires is not None:  # a message that expires unseen frees its job when it would have expired
         lease = min(lease, max(expires, 0.0) + 1.0)
     record = {
         "state": SENDING,
-        "name": task.name,
+        "name": ctx.name,
         "worker": worker_id(),
         "at": str(int(time.time() * 1000)),
         "open": "1",
@@ -393,7 +390,7 @@ def _reservation(task: LockedTask, options: dict[str, Any]) -> tuple[float, dict
 
 
 def _verdict(
-    task: LockedTask,
+    ctx: Context,
     lock: Redlock | AsyncRedlock,
     key: str,
     task_id: str,
@@ -405,12 +402,12 @@ def _verdict(
     result backend's, when a caller's own task id turned out a duplicate. ``running``: the id of the task running
     in the caller's thread (read here when not given)."""
     if running is _UNSEEN:
-        running = task.request.id
-    options_ = task._options()
+        running = ctx.request.id
+    options_ = ctx.options
     if lock.done:  # this very task id already ran
-        task._count("joined")
-        signals.call_joined.send(sender=task, key=key, task_id=task_id, holder_task_id=task_id)
-        return task.AsyncResult(task_id), None, 0.0, None
+        ctx.count("joined")
+        signals.call_joined.send(sender=ctx.task, key=key, task_id=task_id, holder_task_id=task_id)
+        return ctx.task.AsyncResult(task_id), None, 0.0, None
     record = lock.holder_record or {}
     holder, state = record.get("job"), record.get("state")
     policy = options_.policy
@@ -418,7 +415,7 @@ def _verdict(
         # Not a job that exists for sure (a run being ended, a record of no job): sent.
         logger.debug(
             "%s sent: lock %s not held for sure (contended=%s split=%s node errors=%d)",
-            task.name,
+            ctx.name,
             key,
             lock.contended,
             lock.split,
@@ -428,37 +425,37 @@ def _verdict(
     if state == SENDING and policy.waits_in_line:
         return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
     if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
-        task._count("joined")
-        signals.call_joined.send(sender=task, key=key, task_id=task_id, holder_task_id=task_id)
-        return task.AsyncResult(task_id), None, 0.0, None
+        ctx.count("joined")
+        signals.call_joined.send(sender=ctx.task, key=key, task_id=task_id, holder_task_id=task_id)
+        return ctx.task.AsyncResult(task_id), None, 0.0, None
     if holder == running and state == RUNNING:
         # The running job sends itself again from its body (its next run): sent, as in run scope; the worker
         # skips it if it arrives while this run still holds the job.
         return None, None, 0.0, None
     if policy.waits_in_line:  # it runs after the holder: sent, and waits at the worker
         return None, None, 0.0, None
-    signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
-    task._count("failed-duplicate" if policy.raises else "joined")  # a stand-in under "fail" raises after its publish
+    signals.duplicate_skipped.send(sender=ctx.task, key=key, task_id=task_id, holder_task_id=holder, policy="queue")
+    ctx.count("failed-duplicate" if policy.raises else "joined")  # a stand-in under "fail" raises after its publish
     if policy.raises and state != SENDING:
-        raise DuplicateTaskError(key, task_name=task.name, holder_task_id=holder)
+        raise DuplicateTaskError(key, task_name=ctx.name, holder_task_id=holder)
     if state == SENDING:
-        reason = f"duplicate of {task.name} sent as a copy of task {holder} (lock {key}: its publish is under way)"
+        reason = f"duplicate of {ctx.name} sent as a copy of task {holder} (lock {key}: its publish is under way)"
     else:
-        reason = f"duplicate of {task.name} not sent: lock {key} held by task {holder} ({state})"
+        reason = f"duplicate of {ctx.name} not sent: lock {key} held by task {holder} ({state})"
     logger.debug("%s", reason)
-    if own_id and holder != task_id and not task.ignore_result:
+    if own_id and holder != task_id and not ctx.task.ignore_result:
         # The caller chose this id and may wait on it: say at once what became of it (as a skip at the worker
         # would), not PENDING forever. The call still returns the existing job's result.
         try:
-            task.backend.mark_as_revoked(task_id, reason, request=None)
+            ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
         except Exception:
             logger.debug("could not store the duplicate state of %s", task_id, exc_info=True)
     if state == SENDING:
         return None, None, 0.0, holder
-    return task.AsyncResult(holder), None, 0.0, None
+    return ctx.task.AsyncResult(holder), None, 0.0, None
 
 
-def revoke_queued(task: LockedTask, task_id: str, *args: Any, **kwargs: Any) -> bool:
+def revoke_queued(ctx: Context, task_id: str, *args: Any, **kwargs: Any) -> bool:
     """Revoke a queue-scope job's message and free its reservation now (``args``/``kwargs``: the call's).
 
     ``AsyncResult.revoke()`` alone frees the reservation only when a worker meets the revoked message (at its
@@ -466,19 +463,19 @@ def revoke_queued(task: LockedTask, task_id: str, *args: Any, **kwargs: Any) -> 
     revoked; False when there was none (a worker had taken the job over already: it runs, or ran, and is left
     alone).
     """
-    if task.lock_debounce:  # a pending burst's job: the burst ends unrun
-        freed = debounced.drop(task, task.lock_key_for(*args, **kwargs), task_id)
+    if ctx.task.lock_debounce:  # a pending burst's job: the burst ends unrun
+        freed = debounced.drop(ctx, ctx.key_for(*args, **kwargs), task_id)
     else:
-        freed = free_reservation(task, task_id, task.lock_key_for(*args, **kwargs))
+        freed = free_reservation(ctx, task_id, ctx.key_for(*args, **kwargs))
     if freed:  # revoked only while still queued: a running job is left alone (a revoke would mark it REVOKED)
-        task.app.control.revoke(task_id)
+        ctx.task.app.control.revoke(task_id)
     return freed
 
 
-def free_reservation(task: LockedTask, task_id: str, key: str) -> bool:
+def free_reservation(ctx: Context, task_id: str, key: str) -> bool:
     """Delete the queue-scope reservation of ``task_id`` on ``key``, if it is still one (not yet taken over)."""
     # While this holds the key (one round trip), its record says "ending": a duplicate sent meanwhile is sent.
-    lock = ending_lease(task, key, task_id)
+    lock = ending_lease(ctx, key, task_id)
     if lock.acquire(blocking=False):  # nothing held it
         lock.release()
         return False
@@ -492,7 +489,7 @@ def free_reservation(task: LockedTask, task_id: str, key: str) -> bool:
     return False
 
 
-def running_run(task: LockedTask, args: Any, kwargs: Any, task_id: str | None) -> Any:
+def running_run(ctx: Context, args: Any, kwargs: Any, task_id: str | None) -> Any:
     """The AsyncResult of the run holding this call's lock right now, or None (also when Redis cannot tell).
 
     A call with its own ``task_id`` is always sent: its caller waits on that id, which another run's result
@@ -501,18 +498,18 @@ def running_run(task: LockedTask, args: Any, kwargs: Any, task_id: str | None) -
     if task_id is not None:
         return None
     try:
-        key = task.lock_key_for(*args, **kwargs)
-        record = Redlock(task._options().settings.nodes, key).holder()
+        key = ctx.key_for(*args, **kwargs)
+        record = Redlock(ctx.options.settings.nodes, key).holder()
     except Exception:  # the worker's check is the guard; at enqueue, when in doubt, send
-        logger.debug("enqueue check of %s failed; sending", task.name, exc_info=True)
+        logger.debug("enqueue check of %s failed; sending", ctx.name, exc_info=True)
         return None
     holder_id = record.get("job") if record else None
     if record is None or holder_id is None or record.get("state") in (ENDING, COOLDOWN):
         return None
-    signals.duplicate_skipped.send(sender=task, key=key, task_id=None, holder_task_id=holder_id, policy="enqueue")
-    task._count("joined")
-    logger.info("%s not sent: the same job is running as task %s (lock %s)", task.name, holder_id, key)
-    return task.AsyncResult(holder_id)
+    signals.duplicate_skipped.send(sender=ctx.task, key=key, task_id=None, holder_task_id=holder_id, policy="enqueue")
+    ctx.count("joined")
+    logger.info("%s not sent: the same job is running as task %s (lock %s)", ctx.name, holder_id, key)
+    return ctx.task.AsyncResult(holder_id)
 
 
 def _delay_of(options: dict[str, Any]) -> float:
@@ -542,11 +539,13 @@ def _expires_in(expires: Any) -> float | None:
 def _free_revoked_reservation(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A worker met a revoked or expired message of a queue-scope job: free the job's reservation at once."""
     # Celery sends the task as sender and the delivery's Context as request (whose "task" is only a name).
-    task = sender
-    if not is_locked_task(task) or task.lock_scope != "queue" or request is None:
+    if not is_locked_task(sender) or request is None:
+        return
+    ctx = sender.lock_context()
+    if ctx.options.scope != "queue":
         return
     try:
-        key = task.lock_key_for(*(request.args or ()), **(request.kwargs or {}))
-        free_reservation(task, request.id, key)
+        key = ctx.key_for(*(request.args or ()), **(request.kwargs or {}))
+        free_reservation(ctx, request.id, key)
     except Exception:  # the reservation still ends with its lease
-        logger.warning("could not free the reservation of %s[%s]", task.name, request.id, exc_info=True)
+        logger.warning("could not free the reservation of %s[%s]", ctx.name, request.id, exc_info=True)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._run import END_LEASE, OWN_HEADERS, Run
+from ._run import END_LEASE, OWN_HEADERS, Context, Run
 from .decision import ENDING, HANDOVER
+from .policies.limit import LIMIT
 from .redlock import Redlock
 from .renewal import watchdog
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = ["end_lease_of", "ending_lease", "hand_over", "retry_lease"]
 
 
-def retry_lease(task: LockedTask, eta: dt.datetime | None, countdown: float | None, options: dict[str, Any]) -> float:
+def retry_lease(ctx: Context, eta: dt.datetime | None, countdown: float | None, options: dict[str, Any]) -> float:
     """How long the hand-over to a retry sent with these options must last (its countdown plus a ttl); drops this
     delivery's own lock headers from the retry's ``options`` (a retry is a new attempt, see LockedTask.retry)."""
     if eta is not None:
@@ -25,18 +23,18 @@ def retry_lease(task: LockedTask, eta: dt.datetime | None, countdown: float | No
         aware = eta if eta.tzinfo is not None else eta.replace(tzinfo=dt.timezone.utc)
         delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
     else:
-        delay = float(countdown if countdown is not None else task.default_retry_delay or 0)
-    headers = options.get("headers", task.request.headers) or {}
+        delay = float(countdown if countdown is not None else ctx.task.default_retry_delay or 0)
+    headers = options.get("headers", ctx.request.headers) or {}
     options["headers"] = {k: v for k, v in headers.items() if k not in OWN_HEADERS and not str(k).startswith("x-death")}
-    return delay + task._options().ttl
+    return delay + ctx.options.ttl
 
 
-def hand_over(task: LockedTask, run: Run, ttl: float) -> None:
+def hand_over(ctx: Context, run: Run, ttl: float) -> None:
     """Reserve the lock for the next delivery of this task id (the retry), which takes it over atomically.
 
     The record is marked ``open``: the retry's own first acquire, refused by it, does not mark it ``waiting``.
     """
-    task._disarm(run)
+    ctx.disarm(run)
     if run.lease is not None:
         watchdog().unregister(run.lease)
         run.lease = None
@@ -45,28 +43,21 @@ def hand_over(task: LockedTask, run: Run, ttl: float) -> None:
         run.lock.transfer(ttl, {"state": HANDOVER, "open": "1"})
 
 
-def _static_limit(task: LockedTask) -> int:
-    # ``__class__``, not ``type()``: a task not yet bound to a finalized app is Celery's PromiseProxy, whose
-    # ``__class__`` is the task's class (a callable ``lock_limit`` read on the class is not bound as a method).
-    limit = task.__class__.lock_limit
-    return limit if isinstance(limit, int) else 1
-
-
-def ending_lease(task: LockedTask, key: str, task_id: str, limit: int | None = None, **fields: str) -> Redlock:
+def ending_lease(ctx: Context, key: str, task_id: str, limit: int | None = None, **fields: str) -> Redlock:
     """A lock on ``key`` that ends ``task_id``'s hold: a lease of END_LEASE s that nobody renews, its record saying
     ``ending`` (a duplicate sent meanwhile is sent, a copy of the job waits ~1 s), taken over from the holder."""
     return Redlock(
-        task._options().settings.nodes,
+        ctx.options.settings.nodes,
         key,
         ttl=END_LEASE,
         fencing=False,
         job=task_id,
-        limit=limit or _static_limit(task),
-        record={"state": ENDING, "name": task.name, **fields},
+        limit=limit or LIMIT.static(ctx.cls),
+        record={"state": ENDING, "name": ctx.name, **fields},
     )
 
 
-def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str, limit: int | None = None) -> None:
+def end_lease_of(ctx: Context, task_id: str, key: str, worker: str, limit: int | None = None) -> None:
     """Take the lock over from the run being killed, with a lease of ~1 s that nobody renews.
 
     Called in the worker's main process after a hard time limit (see :class:`LockedRequest`), which Celery
@@ -77,7 +68,7 @@ def end_lease_of(task: LockedTask, task_id: str, key: str, worker: str, limit: i
     Only a record written by the killed child (``worker``, its pid and host) is taken over: another delivery
     of the same task id (a retry, a redelivered twin) may hold the lock by now, and must keep it.
     """
-    lock = ending_lease(task, key, task_id, limit, worker=worker, at=str(int(time.time() * 1000)))
+    lock = ending_lease(ctx, key, task_id, limit, worker=worker, at=str(int(time.time() * 1000)))
     if lock.acquire(blocking=False):  # nobody held it any more: nothing to end
         lock.release()
         return

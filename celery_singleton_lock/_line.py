@@ -9,21 +9,29 @@ lost line costs time, never a job.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kombu.utils import json as kombu_json
 
 from . import _resend as resend
 from . import signals
-from ._monitoring import Skipped
-from ._run import PARKED_HEADER, REDELIVERY_HEADER, SINCE_HEADER, WOKEN_HEADER, Options, Run, since, text
+from ._run import (
+    PARKED_HEADER,
+    REDELIVERY_HEADER,
+    SINCE_HEADER,
+    WOKEN_HEADER,
+    Context,
+    Options,
+    Run,
+    Skipped,
+    since,
+    text,
+)
+from .policies.waiting import WAITING
 from .record import sibling_key
 from .scripts import PARK_CAPPED_CODE as _PARK_CAPPED
 from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
 from .scripts import POP_WAITER_CODE as _POP_WAITER
-
-if TYPE_CHECKING:
-    from .task import LockedTask
 
 __all__ = ["WAITERS_TTL", "full", "park", "replaced", "superseded_by", "unpark", "waiters", "wake_next"]
 
@@ -39,15 +47,15 @@ def waiters(key: str, options: Options) -> tuple[Any, str, str]:
     return options.settings.nodes.clients[0], sibling_key(key, ":waiters"), sibling_key(key, ":parked")
 
 
-def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
+def park(ctx: Context, run: Run, task_id: str, options: Options) -> bool:
     """Put this rescheduled duplicate in its key's waiting line, with the message that wakes it.
 
     The line (a sorted set of task ids by arrival, and each one's message) lives on the first lock node: it only
     makes waiting faster. The holder's release wakes the oldest waiter at once; without the line (the node is
     down, the message cannot be encoded) every waiter still has its fallback copy. False when not parked.
     """
-    request = task.request
-    if request.is_eager or (task.serializer or task.app.conf.task_serializer) != "json":
+    request = ctx.request
+    if request.is_eager or (ctx.task.serializer or ctx.task.app.conf.task_serializer) != "json":
         # Eager: nothing waits. Another serializer: the line stores JSON, which would change the arguments (int
         # dict keys, tuples): such a waiter has its fallback copy only.
         return False
@@ -56,9 +64,7 @@ def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
         return False  # a chord member must run: never in a line where a newer call could replace it
     try:
         arrived = since(request)
-        woken = dict(
-            resend.copy(task, {PARKED_HEADER: 1, WOKEN_HEADER: 1, REDELIVERY_HEADER: 1, SINCE_HEADER: arrived})
-        )
+        woken = dict(resend.copy(ctx, {PARKED_HEADER: 1, WOKEN_HEADER: 1, REDELIVERY_HEADER: 1, SINCE_HEADER: arrived}))
         message = kombu_json.dumps(woken)  # type: ignore[no-untyped-call]
         client, line, messages = waiters(run.key, options)
         expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
@@ -74,7 +80,7 @@ def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
                 expire_ms,
                 sibling_key(run.key, ":superseded:"),
             )
-            superseded(task, run, task_id, [text(x) for x in answer or ()])
+            superseded(ctx, run, task_id, [text(x) for x in answer or ()])
             return True
         cap = options.max_waiting
         if cap is not None:
@@ -96,58 +102,58 @@ def park(task: LockedTask, run: Run, task_id: str, options: Options) -> bool:
         pipe.pexpire(messages, expire_ms)
         pipe.execute()
     except Exception:  # the fallback copy still wakes it
-        logger.debug("could not park %s[%s] in line for %s", task.name, task_id, run.key, exc_info=True)
+        logger.debug("could not park %s[%s] in line for %s", ctx.name, task_id, run.key, exc_info=True)
         return False
     return True
 
 
-def full(task: LockedTask, run: Run, task_id: str, holder_id: str | None, options: Options) -> None:
+def full(ctx: Context, run: Run, task_id: str, holder_id: str | None, options: Options) -> None:
     """lock_max_waiting: this new duplicate found its key's line full: REVOKED at once, saying so and naming the key."""
-    request = task.request
+    request = ctx.request
     reason = (
-        f"duplicate of {task.name} skipped: the waiting line of lock {run.key} is full "
-        f"({run.line_full} waiting, lock_max_waiting={options.max_waiting})"
+        f"duplicate of {ctx.name} skipped: the waiting line of lock {run.key} is full "
+        f"{WAITING.full(run.line_full, options.max_waiting)}"
     )
-    task._count("skipped", options)
+    ctx.count("skipped")
     signals.duplicate_skipped.send(
-        sender=task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy="max_waiting"
+        sender=ctx.task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy="max_waiting"
     )
-    if not (request.is_eager or task.ignore_result or request.ignore_result):
-        task.backend.mark_as_revoked(task_id, reason, request=None)
-    resend.skip_quietly(task, run, Skipped(reason, run.key, holder_id))
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+        ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
+    resend.skip_quietly(ctx, run, Skipped(reason, run.key, holder_id))
 
 
-def superseded(task: LockedTask, run: Run, task_id: str, answer: list[str]) -> None:
+def superseded(ctx: Context, run: Run, task_id: str, answer: list[str]) -> None:
     """Tell the callers of the jobs a "replace" park took out of the line (``answer``: see _PARK_REPLACING)."""
     if answer[:1] == ["self"]:
         # A newer call waits in line: that one wins. This call's job is marked superseded (its other copy stops
         # on it), and stops here.
         run.superseded_by = answer[1]
-        task._count("replaced")
+        ctx.count("replaced")
         return
     for replaced in answer:
-        task._count("replaced")
-        reason = f"superseded by task {task_id}: a newer {task.name} of lock {run.key} waits in its place"
+        ctx.count("replaced")
+        reason = f"superseded by task {task_id}: a newer {ctx.name} of lock {run.key} waits in its place"
         signals.duplicate_skipped.send(
-            sender=task, key=run.key, task_id=replaced, holder_task_id=task_id, policy="replace"
+            sender=ctx.task, key=run.key, task_id=replaced, holder_task_id=task_id, policy="replace"
         )
-        if not task.ignore_result:
+        if not ctx.task.ignore_result:
             try:
-                task.backend.mark_as_revoked(replaced, reason, request=None)
+                ctx.task.backend.mark_as_revoked(replaced, reason, request=None)
             except Exception:  # its fallback copy says so again when it stops
                 logger.debug("could not store the supersession of %s", replaced, exc_info=True)
 
 
-def replaced(task: LockedTask, run: Run, task_id: str, newer: str) -> None:
+def replaced(ctx: Context, run: Run, task_id: str, newer: str) -> None:
     """This delivery's job was replaced in the line by ``newer`` ("replace"): it does not run."""
-    request = task.request
-    reason = f"superseded by task {newer}: a newer {task.name} of lock {run.key} runs in its place"
-    if not (request.is_eager or task.ignore_result or request.ignore_result):
-        task.backend.mark_as_revoked(task_id, reason, request=None)
-    resend.skip_quietly(task, run, Skipped(reason, run.key, newer))
+    request = ctx.request
+    reason = f"superseded by task {newer}: a newer {ctx.name} of lock {run.key} runs in its place"
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+        ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
+    resend.skip_quietly(ctx, run, Skipped(reason, run.key, newer))
 
 
-def superseded_by(task: LockedTask, key: str, task_id: str, options: Options) -> str | None:
+def superseded_by(ctx: Context, key: str, task_id: str, options: Options) -> str | None:
     """The task id that replaced this waiting job ("replace"), or None."""
     try:
         client, _, _ = waiters(key, options)
@@ -158,7 +164,7 @@ def superseded_by(task: LockedTask, key: str, task_id: str, options: Options) ->
     return None if value is None else text(value)
 
 
-def unpark(task: LockedTask, key: str, task_id: str, options: Options) -> None:
+def unpark(ctx: Context, key: str, task_id: str, options: Options) -> None:
     """This job got the lock: take it out of the line (a copy woken for it later would only stop on DONE)."""
     try:
         client, line, messages = waiters(key, options)
@@ -167,17 +173,17 @@ def unpark(task: LockedTask, key: str, task_id: str, options: Options) -> None:
         pipe.hdel(messages, task_id)
         pipe.execute()
     except Exception:
-        logger.debug("could not unpark %s[%s]", task.name, task_id, exc_info=True)
+        logger.debug("could not unpark %s[%s]", ctx.name, task_id, exc_info=True)
 
 
-def wake_next(task: LockedTask, key: str, options: Options) -> None:
+def wake_next(ctx: Context, key: str, options: Options) -> None:
     """After a release: send the oldest waiter of ``key`` to run now (it takes the lock, or waits again)."""
     try:
         client, line, messages = waiters(key, options)
         message = client.eval(_POP_WAITER, 2, line, messages)
         if message is None:
             return
-        woken = task.app.signature(kombu_json.loads(message))  # type: ignore[no-untyped-call]
+        woken = ctx.task.app.signature(kombu_json.loads(message))  # type: ignore[no-untyped-call]
         woken.apply_async(countdown=None)
     except Exception:  # the waiter's fallback copy still wakes it
         logger.warning("could not wake the next waiter of lock %s", key, exc_info=True)

@@ -12,7 +12,6 @@ the right line.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from billiard.einfo import ExceptionWithTraceback
@@ -22,15 +21,13 @@ from celery.worker.request import Request
 
 from . import _handover as handover
 from . import _preskip as preskip
-from ._run import HOST, is_locked_task
+from ._run import HOST, SKIP_MARK, Skipped, is_locked_task
 from .renewal import flush_stats
 
 __all__ = ["KIND_EVENT", "SKIP_MARK", "LockedRequest", "Skipped", "parse_skipped"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
-#: How a Skipped's repr begins: what a worker's main process (which sees only the repr) and the log filter look for.
-SKIP_MARK = "<celery_singleton_lock.Skipped:"
 #: The Celery event a worker sends for each kind of Skipped, instead of task-succeeded (None: no event at all).
 KIND_EVENT: dict[str, str | None] = {
     "duplicate": "task-revoked",  # another job holds the lock: REVOKED
@@ -41,31 +38,6 @@ KIND_EVENT: dict[str, str | None] = {
     "done": None,
     "waiting": None,
 }
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """What ``__call__`` returns for a delivery that did not run the body.
-
-    ``kind`` is ``"duplicate"`` (skipped: another job holds the lock, or replaced it in line), ``"deferred"`` (re-sent
-    to run later: reschedule, replace, an outage back-off, a split vote), ``"done"`` (a copy of a job that already
-    succeeded), ``"waiting"`` (a copy of a job re-sent to wait for its twin), or ``"settled"`` (a copy of a job whose
-    successful run was killed before it stored its result: REVOKED is stored for it). Celery's events report
-    duplicate and settled as ``task-revoked`` and deferred as ``task-retried``, and nothing for done and waiting
-    (their task id's own run reports it), never ``task-succeeded``; the worker's log line says what happened.
-    """
-
-    reason: str
-    key: str
-    holder_task_id: str | None
-    kind: str = "duplicate"
-
-    def __repr__(self) -> str:
-        # The main process parses this (see LockedRequest.send_event): kind, the holder's id with its length (a task
-        # id may hold any character), then the reason. No space before the holder: Celery cuts a long repr short
-        # (Task.resultrepr_maxsize), and what survives must still name the kind.
-        holder = self.holder_task_id or ""
-        return f"{SKIP_MARK}{self.kind}:{len(holder)}:{holder} {self.reason}>"
 
 
 def parse_skipped(text: str) -> tuple[str, str | None, str] | None:
@@ -201,12 +173,13 @@ class LockedRequest(Request):  # type: ignore[misc]
         if not is_locked_task(task) or not self.worker_pid:
             return  # never accepted by a child: no body ran, nothing was held
         try:
-            task._count("killed")
+            ctx = task.lock_context()
+            ctx.count("killed")
             args, kwargs = self.args or (), self.kwargs or {}
-            limit = task.lock_limit_for(*args, **kwargs)
+            limit = ctx.limit_for(args, kwargs)
             if limit is None:  # lock_limit=None: a rate only, no lock held
                 return
-            key = task.lock_key_for(*args, **kwargs)
-            handover.end_lease_of(task, self.id, key, f"{self.worker_pid}@{HOST}", limit)
+            key = ctx.key(args, kwargs)
+            handover.end_lease_of(ctx, self.id, key, f"{self.worker_pid}@{HOST}", limit)
         except Exception:
             logger.exception("could not end the lease of %s[%s]", task.name, self.id)

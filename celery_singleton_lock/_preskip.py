@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any, cast
 from celery.worker import state as worker_state
 
 from . import signals
-from ._run import OWN_HEADERS, is_locked_task
+from ._run import OWN_HEADERS, Context, Options, is_locked_task
 from .decision import RUNNING
 from .nodes import NodeSet
+from .policies.limit import LIMIT
 from .record import _merged, done_key_for, record_of
 from .scripts import STATUS as _STATUS
 
@@ -135,7 +136,7 @@ def _fast_nodes(settings: LockSettings) -> NodeSet | None:
 
 
 def _clear_case(request: Any, task: Any) -> bool:
-    if task.lock_scope != "run" or task.lock_limit != 1:
+    if task.lock_scope != "run" or not LIMIT.plain(task):
         return False
     data = request.request_dict
     if data.get("retries") or data.get("redelivered") or (request.delivery_info or {}).get("redelivered"):
@@ -153,7 +154,7 @@ def skipped(request: Any) -> bool:
     task = request.task
     if not is_locked_task(task):
         return False
-    options = task._options()  # noqa: SLF001
+    options = task.lock_options()
     settings = options.settings
     if (
         not (_at_start and settings.skip_before_pool)
@@ -179,7 +180,7 @@ def skipped(request: Any) -> bool:
     if request.chord:  # after the gate: reading it decodes the message's embed (~4 µs a non-duplicate would pay)
         return False
     try:
-        key = task._key(options, request.args or (), request.kwargs or {})  # noqa: SLF001
+        key = Context(task, options).key(request.args or (), request.kwargs or {})
     except Exception:  # an argument the key cannot be made of: the child says so, as before
         return False
     nodes = _fast_nodes(settings)
@@ -212,11 +213,11 @@ def skipped(request: Any) -> bool:
     holder = record.get("job")
     if record.get("state") != RUNNING or not holder or holder == request.id:
         return False
-    _skip(request, task, key, holder, time.perf_counter() - started)
+    _skip(request, task, options, key, holder, time.perf_counter() - started)
     return True
 
 
-def _skip(request: Any, task: Any, key: str, holder: str, runtime: float) -> None:
+def _skip(request: Any, task: Any, options: Options, key: str, holder: str, runtime: float) -> None:
     """What the child's skip does (``_delivery.duplicate`` and ``_Duplicate.revoke``), from the main process."""
     task_id = request.id
     reason = f"duplicate of {task.name} skipped: lock {key} held by task {holder}"
@@ -227,7 +228,7 @@ def _skip(request: Any, task: Any, key: str, holder: str, runtime: float) -> Non
     request.acknowledge()
     request._already_revoked = True  # noqa: SLF001 - Celery's own mark: a second revoked() answers True at once
     try:
-        task._count("skipped")  # noqa: SLF001
+        Context(task, options).count("skipped")
         signals.duplicate_skipped.send(
             sender=task, key=key, task_id=task_id, holder_task_id=holder, policy="skip", request=request
         )

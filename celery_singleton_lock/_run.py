@@ -1,26 +1,34 @@
-"""A delivery's own state, a task's resolved options, and the headers the library's re-sent copies carry.
+"""A delivery's own state, a task's resolved options, the context the rooms take, and the headers of re-sent copies.
 
 The lowest room of the Celery side: every other one (enqueue, delivery, line, hand-over) reads these, and this
-module reads nothing of theirs.
+module reads nothing of theirs. :class:`Context` is the seam between ``LockedTask`` (the table of contents: Celery's
+hooks and the options) and the rooms that do the work: ``LockedTask`` builds one per call (``apply_async``) and per
+delivery (``before_start``), and the rooms take it; they never import the task module nor call its private methods.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from . import signals
 from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
+from .errors import LockLostError
+from .keys import Binder, custom_key, lock_key
+from .policies.limit import LIMIT
+from .record import RUNNING
+from .redlock import Redlock
+from .renewal import watchdog
 
 if TYPE_CHECKING:
-    from ._monitoring import Skipped
     from .interrupt import Target
-    from .keys import Binder
     from .policies import Policy
     from .policies.rate import Rate
-    from .redlock import Redlock
     from .renewal import Lease
 
 __all__ = [
@@ -37,10 +45,13 @@ __all__ = [
     "RESERVED_HEADER",
     "SETTLE_HEADER",
     "SINCE_HEADER",
+    "SKIP_MARK",
     "VERSION_HEADER",
     "WOKEN_HEADER",
+    "Context",
     "Options",
     "Run",
+    "Skipped",
     "is_locked_task",
     "mark_joined",
     "since",
@@ -48,6 +59,8 @@ __all__ = [
     "try_of",
     "worker_id",
 ]
+
+logger = logging.getLogger("celery_singleton_lock.task")
 
 #: Seconds of the lease that ends a killed or revoked run's hold (nobody renews it).
 END_LEASE = 1.0
@@ -101,6 +114,35 @@ OWN_HEADERS = frozenset(
 DONE_MARGIN = 300.0
 
 
+#: How a Skipped's repr begins: what a worker's main process (which sees only the repr) and the log filter look for.
+SKIP_MARK = "<celery_singleton_lock.Skipped:"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What ``__call__`` returns for a delivery that did not run the body.
+
+    ``kind`` is ``"duplicate"`` (skipped: another job holds the lock, or replaced it in line), ``"deferred"`` (re-sent
+    to run later: reschedule, replace, an outage back-off, a split vote), ``"done"`` (a copy of a job that already
+    succeeded), ``"waiting"`` (a copy of a job re-sent to wait for its twin), or ``"settled"`` (a copy of a job whose
+    successful run was killed before it stored its result: REVOKED is stored for it). Celery's events report
+    duplicate and settled as ``task-revoked`` and deferred as ``task-retried``, and nothing for done and waiting
+    (their task id's own run reports it), never ``task-succeeded``; the worker's log line says what happened.
+    """
+
+    reason: str
+    key: str
+    holder_task_id: str | None
+    kind: str = "duplicate"
+
+    def __repr__(self) -> str:
+        # The main process parses this (see LockedRequest.send_event): kind, the holder's id with its length (a task
+        # id may hold any character), then the reason. No space before the holder: Celery cuts a long repr short
+        # (Task.resultrepr_maxsize), and what survives must still name the kind.
+        holder = self.holder_task_id or ""
+        return f"{SKIP_MARK}{self.kind}:{len(holder)}:{holder} {self.reason}>"
+
+
 def is_locked_task(task: Any) -> bool:
     """``task`` is a LockedTask (told without importing the task module, which imports the rooms that ask)."""
     return getattr(task, "_singleton_lock_task", False) is True
@@ -131,6 +173,7 @@ class Run:
     )
     rate_token: str = ""  # lock_rate: the owner token of this delivery's counted start (to uncount it)
     limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
+    ctx: Context | None = None  # the delivery's context (what __call__ hands the release or the hand-over)
 
 
 @dataclass(frozen=True)
@@ -152,6 +195,13 @@ class Options:
     max_waiting: int | None = None  # lock_max_waiting: at most this many new duplicates wait in the key's line
     rate: Rate | None = None  # lock_rate, parsed (None: no rate)
     on_rate_limit: str = "wait"  # lock_on_rate_limit
+    cooldown: float = 0.0  # seconds a success keeps the job locked (policies.cooldown)
+    space: str = ""  # what the keys are named after: the task's lock_group, or its name
+    key_fn: Callable[..., str] | None = None  # lock_key: the key's distinguishing part from the arguments
+    unique_on: Sequence[str] | None = None  # lock_unique_on
+    rate_on: Sequence[str] | None = None  # lock_rate_on
+    scope: str = "run"  # lock_scope
+    queue_ttl: float = 600.0  # lock_queue_ttl
 
     @property
     def waits_in_line(self) -> bool:
@@ -185,3 +235,129 @@ def try_of(record: dict[str, str]) -> int | None:
     """The holder record's ``try`` (its delivery's retries), None when absent or not a plain decimal number."""
     value = record.get("try", "")
     return int(value) if value.isascii() and value.isdigit() else None
+
+
+class Context:
+    """The seam: what the Celery-side rooms need of a LockedTask, for one call or one delivery.
+
+    ``task`` is the Celery task (its public API: ``request``, ``backend``, ``app``, ``signature_from_request``, ...);
+    everything of the library's own is here: the resolved :class:`Options`, the key builder, the lock factory,
+    counting, the loss hooks. Built by ``LockedTask.lock_context()`` (a slotted object: one allocation a delivery).
+    """
+
+    __slots__ = ("cls", "name", "options", "task")
+
+    #: Task names warned once per process that their body cannot be interrupted where it runs.
+    uninterruptible_warned: ClassVar[set[str]] = set()
+
+    def __init__(self, task: Any, options: Options) -> None:
+        self.task = task
+        self.options = options
+        self.name: str = task.name
+        # ``__class__``, not ``type()``: a task not yet bound to a finalized app is Celery's PromiseProxy, whose
+        # ``__class__`` is the task's class (a callable option read on the class is not bound as a method).
+        self.cls: Any = task.__class__
+
+    @property
+    def request(self) -> Any:
+        """The task's current request (a thread-local stack lookup: read it once per step)."""
+        return self.task.request
+
+    # -- keys ------------------------------------------------------------------------------------------------
+
+    def key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The lock key of a call with these arguments."""
+        options = self.options
+        if options.key_fn is not None:
+            return custom_key(options.settings.prefix, options.space, options.key_fn, args, kwargs)
+        return lock_key(
+            options.settings.prefix, options.space, options.binder, args, kwargs, unique_on=options.unique_on
+        )
+
+    def key_for(self, *args: Any, **kwargs: Any) -> str:
+        """:meth:`key` of ``f(*args, **kwargs)``."""
+        return self.key(args, kwargs)
+
+    def rate_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The rate key of a call with these arguments (None: the task has no rate)."""
+        options = self.options
+        if options.rate is None:
+            return None
+        on = list(options.rate_on) if options.rate_on is not None else []
+        prefix = f"{options.settings.prefix}rate:"
+        return lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=on)
+
+    def limit_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+        """How many runs of this call's key may hold it at once (the limit feature's answer for them)."""
+        return LIMIT.for_call(self.cls, self.name, args, kwargs)
+
+    # -- the lock ----------------------------------------------------------------------------------------------
+
+    def new_lock(self, key: str, task_id: str, retries: int, limit: int | None = None, scan: int = 0) -> Redlock:
+        """A run's lock on ``key``: its holder record says who holds it (this task, worker, try)."""
+        options = self.options
+        settings = options.settings
+        if limit is None:
+            limit = LIMIT.static(self.cls)
+        return Redlock(
+            settings.nodes,
+            key,
+            ttl=options.ttl,
+            fence_key=settings.fence_key,
+            job=task_id,
+            limit=limit,
+            scan=scan,
+            record={
+                "state": RUNNING,
+                "name": self.name,
+                "worker": worker_id(),
+                "at": str(int(time.time() * 1000)),
+                "try": str(retries),
+            },
+        )
+
+    def count(self, event: str) -> None:
+        """Count one ``event`` (an outcome of :data:`celery_singleton_lock.metrics.OUTCOMES`) for this task: in
+        memory, written to Redis by the watchdog (no I/O here)."""
+        settings = self.options.settings
+        watchdog().count(settings.nodes, settings.prefix, event, self.name)
+
+    # -- loss --------------------------------------------------------------------------------------------------
+
+    def on_lost(self, task_id: str, target: Target | None, lease: Lease, reason: str) -> None:
+        """Called in the watchdog's thread when renewal fails."""
+        self.count("lost")
+        name = self.name
+        signals.lock_lost.send(sender=self.task, key=lease.lock.name, task_id=task_id, reason=reason)
+        logger.warning(
+            "Lock %s of %s[%s] LOST while running: %s; %s",
+            lease.lock.name,
+            name,
+            task_id,
+            reason,
+            "interrupting the body (lock_on_lost='interrupt')"
+            if target is not None and target.armed
+            else "the task should stop before further side effects (self.check_lock() raises from now on)",
+        )
+        if target is not None:
+            target.fire(LockLostError(f"lock {lease.lock.name} of {name} lost: {reason}", key=lease.lock.name))
+
+    def arm(self, run: Run, target: Target) -> None:
+        """lock_on_lost="interrupt": make this run's body interruptible where it runs (see the interrupt module)."""
+        if target.arm():
+            run.interrupt = target
+        elif self.name not in Context.uninterruptible_warned:
+            Context.uninterruptible_warned.add(self.name)
+            logger.warning(
+                "%s has lock_on_lost='interrupt', but its body runs in a thread other than the main one (threads or "
+                "eventlet pool, an in-process test worker): it is NOT interrupted when its lock is lost; use the "
+                "prefork, solo or gevent pool, or call self.check_lock() before side effects",
+                self.name,
+            )
+
+    @staticmethod
+    def disarm(run: Run) -> None:
+        """The body has ended: a loss noticed from now on must not interrupt what follows."""
+        if run.interrupt is not None:
+            run.interrupt.disarm()
+            run.interrupt = None

@@ -30,7 +30,7 @@ from .config import (
     settings_for,
 )
 from .errors import ConfigurationError
-from .policies import matrix
+from .policies import FEATURES, matrix
 from .policies.debounce import check_debounce
 from .policies.rate import ON_RATE_LIMIT, parse_rate
 from .renewal import start_liveness
@@ -42,7 +42,6 @@ __all__ = [
     "StartProblem",
     "check_group",
     "check_matrix",
-    "check_max_waiting",
     "check_options",
     "check_rate",
     "check_start",
@@ -152,14 +151,6 @@ def check_matrix(task: Any, settings: LockSettings | None = None) -> None:
         raise ConfigurationError(refused[0].line)
 
 
-def check_max_waiting(name: str, cap: object) -> None:
-    """``lock_max_waiting``: a whole number >= 1 (None: no cap). The policies it needs: the matrix's."""
-    if cap is None:
-        return
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ConfigurationError(f"lock_max_waiting of {name} must be a whole number >= 1 (or None), got {cap!r}")
-
-
 # Options of other libraries that fall into our namespace: a task migrating from them is told what to use.
 _PEER_OPTIONS: Final = {"lock_expiry": "lock_ttl (celery-singleton's lock_expiry; ours is renewed while it runs)"}
 
@@ -214,8 +205,8 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
         raise ConfigurationError(
             f"unknown option(s) of {name}: {', '.join(hints)}; LockedTask's options are {', '.join(known)}"
         )
-    if isinstance(cls.lock_cooldown, bool) or not isinstance(cls.lock_cooldown, int | float) or cls.lock_cooldown < 0:
-        raise ConfigurationError(f"lock_cooldown of {name} must be a number of seconds >= 0, got {cls.lock_cooldown!r}")
+    for feature in FEATURES:
+        feature.check(cls)
     if cls.lock_ttl is not None:
         check_ttl(cls.lock_ttl, f"lock_ttl of {name}")
     if cls.lock_scope not in _SCOPES:
@@ -224,14 +215,7 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
             f"{did_you_mean(cls.lock_scope, _SCOPES)}"
         )
     check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {name}")
-    limit = cls.lock_limit
     check_rate(cls)
-    if (
-        limit is not None
-        and not callable(limit)
-        and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1)
-    ):
-        raise ConfigurationError(f"lock_limit of {name} must be a whole number >= 1 or None, got {limit!r}")
     if cls.lock_on_duplicate is not None:
         check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {name}")
     if cls.lock_on_unavailable is not None:
@@ -251,7 +235,6 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
             f"Request of {name} must subclass celery_singleton_lock.LockedRequest (it reports skipped "
             f"duplicates to monitors as REVOKED, not as successes), got {cls.Request!r}"
         )
-    check_max_waiting(name, cls.lock_max_waiting)
     check_debounce(cls, settings)
     if cls.lock_unique_on is not None and cls.lock_key is None:
         _check_names(cls, "lock_unique_on", cls.lock_unique_on)

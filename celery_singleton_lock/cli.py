@@ -58,6 +58,7 @@ from .inventory import (
     show_lock,
 )
 from .metrics import MetricsReport, parse_since, read_metrics
+from .policies.waiting import WAITING
 
 __all__ = [
     "KINDS",
@@ -329,7 +330,7 @@ def show_command(
     waiting = line_of(settings, key)
     name = (info.task_name if info is not None else None) or (burst.task_name if burst is not None else None)
     task = ctx.obj.app.tasks.get(name) if name else None
-    cap = getattr(task, "lock_max_waiting", None)
+    cap = WAITING.cap(task)
     if as_json:
         lock = None if info is None else info.to_json(now)
         ctx.obj.echo(
@@ -348,7 +349,7 @@ def show_command(
         if burst is not None:
             ctx.obj.echo(f"pending burst  {burst.state}: {burst_line(burst)}")
         if waiting:
-            ctx.obj.echo(f"waiting line   {waiting} waiting" + (f" (cap {cap}: lock_max_waiting)" if cap else ""))
+            ctx.obj.echo(f"waiting line   {waiting} waiting" + WAITING.shown(cap))
     _finish(ctx, report)
     if info is None and burst is None and not waiting:
         ctx.exit(1)  # nothing under this key: a script asking "is it held?" gets no

@@ -671,6 +671,7 @@ def _lasting_tasks(app: Any) -> list[str]:
     """The LockedTasks whose promise rests on records kept across time: ``lock_cooldown`` (no second run within it)
     and ``lock_scope='queue'`` (no second message while one waits)."""
     from ._run import is_locked_task  # noqa: PLC0415
+    from .policies.cooldown import COOLDOWN_FEATURE  # noqa: PLC0415
 
     try:
         tasks = dict(app.tasks)
@@ -679,7 +680,7 @@ def _lasting_tasks(app: Any) -> list[str]:
     return sorted(
         name
         for name, task in tasks.items()
-        if is_locked_task(task) and (bool(task.lock_cooldown) or task.lock_scope == "queue")
+        if is_locked_task(task) and (COOLDOWN_FEATURE.keeps_records(task) or task.lock_scope == "queue")
     )
 
 

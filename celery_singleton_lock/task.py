@@ -24,11 +24,11 @@ docs/protocol.md.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import inspect
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, cast
 
 from celery import Task
@@ -37,11 +37,10 @@ from celery.exceptions import Ignore, Reject, Retry
 from . import _delivery as delivery
 from . import _enqueue as enqueue
 from . import _handover as handover
-from . import signals
 from ._brokers import native_delayed_delivery, visibility_timeout
 from ._enqueue import DEFAULT_QUEUE_TTL
 from ._monitoring import SKIP_MARK, LockedRequest, Skipped, parse_skipped
-from ._run import DONE_MARGIN, Options, Run, mark_joined, worker_id
+from ._run import DONE_MARGIN, Context, Options, Run, mark_joined
 from ._startup import (
     SettingsStep,
     StartError,
@@ -53,14 +52,13 @@ from ._startup import (
     start_problems,
 )
 from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
-from .decision import RUNNING
 from .errors import ConfigurationError, LockLostError
-from .interrupt import Target, outside_body
-from .keys import Binder, custom_key, lock_key
+from .interrupt import outside_body
+from .keys import Binder
 from .policies import policy_for
+from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.rate import RateLimitPolicy, parse_rate
-from .redlock import Redlock
-from .renewal import Lease, watchdog
+from .policies.waiting import WAITING
 
 __all__ = [
     "SKIP_MARK",
@@ -232,35 +230,36 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window=max(2 * ttl, visibility or 0.0) + DONE_MARGIN,
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
-                max_waiting=self.lock_max_waiting,
+                max_waiting=WAITING.cap(self),
+                cooldown=COOLDOWN_FEATURE.seconds(self),
                 rate=parse_rate(self.lock_rate, f"lock_rate of {self.name}") if self.lock_rate is not None else None,
                 on_rate_limit=self.lock_on_rate_limit,
+                space=self.lock_group or self.name,
+                key_fn=type(self).lock_key,
+                unique_on=self.lock_unique_on,
+                rate_on=self.lock_rate_on,
+                scope=self.lock_scope,
+                queue_ttl=float(self.lock_queue_ttl),
             )
             self._lock_options = options
         return options
 
+    def lock_options(self) -> Options:
+        """This task's resolved options (the app's settings overlaid with its ``lock_*`` attributes), read once."""
+        return self._lock_options or self._options()
+
+    def lock_context(self) -> Context:
+        """The seam the Celery-side rooms take: this task's options, key builder, lock factory, counting and loss
+        hooks (see :class:`celery_singleton_lock._run.Context`). Built once per call and once per delivery."""
+        return Context(self, self._options())
+
     def lock_key_for(self, *args: Any, **kwargs: Any) -> str:
         """The lock key of a call with these arguments (what ``celery locks`` lists)."""
-        return self._key(self._options(), args, kwargs)
-
-    def _key(self, options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        prefix = options.settings.prefix
-        space = self.lock_group or self.name
-        key_fn = type(self).lock_key
-        if key_fn is not None:
-            return custom_key(prefix, space, key_fn, args, kwargs)
-        return lock_key(prefix, space, options.binder, args, kwargs, unique_on=self.lock_unique_on)
+        return self.lock_context().key(args, kwargs)
 
     def lock_rate_key_for(self, *args: Any, **kwargs: Any) -> str | None:
         """The rate key of a call with these arguments (None: the task has no ``lock_rate``)."""
-        return self._rate_key(self._options(), args, kwargs)
-
-    def _rate_key(self, options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
-        if options.rate is None:
-            return None
-        on = list(self.lock_rate_on) if self.lock_rate_on is not None else []
-        space = self.lock_group or self.name
-        return lock_key(f"{options.settings.prefix}rate:", space, options.binder, args, kwargs, unique_on=on)
+        return self.lock_context().rate_key(args, kwargs)
 
     # -- the client side -----------------------------------------------------------------------------------------
 
@@ -297,7 +296,9 @@ class LockedTask(Task):  # type: ignore[misc]
         def publish_as(args_: Any, kwargs_: Any, **more: Any) -> Any:
             return publish(args_, kwargs_, producer=producer, link=link, link_error=link_error, shadow=shadow, **more)
 
-        return enqueue.send(self, publish_as, args, kwargs, task_id, options, linked=bool(link or link_error))
+        return enqueue.send(
+            self.lock_context(), publish_as, args, kwargs, task_id, options, linked=bool(link or link_error)
+        )
 
     async def aapply_async(
         self,
@@ -323,7 +324,13 @@ class LockedTask(Task):  # type: ignore[misc]
         def publish_as(args_: Any, kwargs_: Any, **more: Any) -> Any:
             return publish(args_, kwargs_, producer=producer, link=link, link_error=link_error, shadow=shadow, **more)
 
-        return await enqueue.asend(self, publish_as, args, kwargs, task_id, options, linked=bool(link or link_error))
+        # A task's first call resolves its settings (Celery's app finalized) off the loop.
+        options_ = self._lock_options
+        if options_ is None:
+            options_ = await asyncio.to_thread(self._options)
+        return await enqueue.asend(
+            Context(self, options_), publish_as, args, kwargs, task_id, options, linked=bool(link or link_error)
+        )
 
     async def adelay(self, *args: Any, **kwargs: Any) -> Any:
         """``delay`` for ``async def`` callers: ``await charge.adelay(7)`` (see :meth:`aapply_async`)."""
@@ -337,47 +344,17 @@ class LockedTask(Task):  # type: ignore[misc]
         revoked; False when there was none (a worker had taken the job over already: it runs, or ran, and is left
         alone).
         """
-        return enqueue.revoke_queued(self, task_id, *args, **kwargs)
+        return enqueue.revoke_queued(self.lock_context(), task_id, *args, **kwargs)
 
     # -- a delivery ----------------------------------------------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         """Gather the facts of this delivery, let :func:`~celery_singleton_lock.decision.decide` choose, act."""
-        delivery.start(self, task_id, args, kwargs)
+        delivery.start(Context(self, self._options()), task_id, args, kwargs)
 
     def lock_limit_for(self, *args: Any, **kwargs: Any) -> int | None:
         """The ``lock_limit`` of a call with these arguments: the option, or a function's answer for them."""
-        limit = type(self).lock_limit
-        if not callable(limit):
-            return limit
-        value = limit(*args, **kwargs)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigurationError(f"lock_limit of {self.name} must return a whole number >= 1, got {value!r}")
-        return value
-
-    def _new_lock(
-        self, key: str, task_id: str, options: Options, retries: int, limit: int | None = None, scan: int = 0
-    ) -> Redlock:
-        settings = options.settings
-        if limit is None:
-            static = type(self).lock_limit
-            limit = static if isinstance(static, int) else 1
-        return Redlock(
-            settings.nodes,
-            key,
-            ttl=options.ttl,
-            fence_key=settings.fence_key,
-            job=task_id,
-            limit=limit,
-            scan=scan,
-            record={
-                "state": RUNNING,
-                "name": self.name,
-                "worker": worker_id(),
-                "at": str(int(time.time() * 1000)),
-                "try": str(retries),
-            },
-        )
+        return self.lock_context().limit_for(args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run: Run | None = self.request.__dict__.get("_singleton_lock")
@@ -388,7 +365,9 @@ class LockedTask(Task):  # type: ignore[misc]
         if run.outcome is not None:
             return run.outcome
         run.entered = True
-        self._count("started")
+        ctx = run.ctx
+        assert ctx is not None  # set with the Run by the delivery
+        ctx.count("started")
         succeeded = ended = False
         if run.debounced is not None:  # lock_debounce: the burst's last call's arguments
             args, kwargs = run.debounced
@@ -409,9 +388,9 @@ class LockedTask(Task):  # type: ignore[misc]
             if run.handover_ttl is not None:
                 # self.retry() sent the retry: now that the body has ended (unwound, or returned after
                 # retry(throw=False)), the job is the retry's. Not before: the body was still inside the job.
-                handover.hand_over(self, run, run.handover_ttl)
+                handover.hand_over(ctx, run, run.handover_ttl)
             else:
-                delivery.release(self, run, done=ended, succeeded=succeeded)
+                delivery.release(ctx, run, done=ended, succeeded=succeeded)
         return result
 
     # -- exits -------------------------------------------------------------------------------------------------
@@ -443,7 +422,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         # Anything but Retry raised (MaxRetriesExceededError, the exception re-raised, Reject for a failed
         # publish): nothing was sent, nothing is handed over.
-        lease_for = handover.retry_lease(self, eta, countdown, options)
+        lease_for = handover.retry_lease(run.ctx or self.lock_context(), eta, countdown, options)
         try:
             sent = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         except Retry:
@@ -486,49 +465,9 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 
-    def _on_lost(self, task_id: str, target: Target | None, lease: Lease, reason: str) -> None:
-        """Called in the watchdog's thread when renewal fails."""
-        self._count("lost")
-        signals.lock_lost.send(sender=self, key=lease.lock.name, task_id=task_id, reason=reason)
-        logger.warning(
-            "Lock %s of %s[%s] LOST while running: %s; %s",
-            lease.lock.name,
-            self.name,
-            task_id,
-            reason,
-            "interrupting the body (lock_on_lost='interrupt')"
-            if target is not None and target.armed
-            else "the task should stop before further side effects (self.check_lock() raises from now on)",
-        )
-        if target is not None:
-            target.fire(LockLostError(f"lock {lease.lock.name} of {self.name} lost: {reason}", key=lease.lock.name))
-
-    _uninterruptible_warned: ClassVar[set[str]] = set()
-
-    def _arm(self, run: Run, target: Target) -> None:
-        """lock_on_lost="interrupt": make this run's body interruptible where it runs (see the interrupt module)."""
-        if target.arm():
-            run.interrupt = target
-        elif self.name not in LockedTask._uninterruptible_warned:
-            LockedTask._uninterruptible_warned.add(self.name)
-            logger.warning(
-                "%s has lock_on_lost='interrupt', but its body runs in a thread other than the main one (threads or "
-                "eventlet pool, an in-process test worker): it is NOT interrupted when its lock is lost; use the "
-                "prefork, solo or gevent pool, or call self.check_lock() before side effects",
-                self.name,
-            )
-
-    @staticmethod
-    def _disarm(run: Run) -> None:
-        if run.interrupt is not None:
-            run.interrupt.disarm()
-            run.interrupt = None
-
-    def _count(self, event: str, options: Options | None = None) -> None:
-        """Count one ``event`` (an outcome of :data:`celery_singleton_lock.metrics.OUTCOMES`) for this task: in
-        memory, written to Redis by the watchdog (no I/O here)."""
-        settings = (options or self._options()).settings
-        watchdog().count(settings.nodes, settings.prefix, event, self.name)
+    def _count(self, event: str) -> None:
+        """Count one outcome for this task (see :meth:`Context.count`)."""
+        self.lock_context().count(event)
 
 
 outside_body(LockedTask.__call__)  # lock_on_lost="interrupt": a signal handled in __call__'s own code is not the body's

@@ -6,6 +6,7 @@ Read from the sources' ASTs (nothing is imported), so a circle is caught before 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -107,12 +108,14 @@ def _module_level(tree: ast.Module) -> list[ast.AST]:
     return out
 
 
-def _graph(*, lazy: bool) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (``lazy``: also the imports inside functions)."""
+def _graph(*, lazy: bool, typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (``lazy``: also the imports inside functions; ``typing``: also those
+    under ``if TYPE_CHECKING:``, which are arrows of the design as much as the others)."""
     graph: dict[str, set[str]] = {}
     for name in MODULES:
         tree = _source(name)
-        ours, _ = _imports(_walk(tree) if lazy else _module_level(tree))
+        nodes = list(ast.walk(tree)) if typing else _walk(tree) if lazy else _module_level(tree)
+        ours, _ = _imports(nodes)
         graph[name] = ours - {name}
     return graph
 
@@ -156,6 +159,75 @@ def test_no_circle_even_through_imports_inside_functions() -> None:
     assert _cycle(_graph(lazy=True)) is None
 
 
+#: Arrows left out of the circle check below, each with its reason (the lock core's rewrite, issue 31, removes it).
+KNOWN_CORE_ARROWS = frozenset({("renewal", "redlock")})  # renewal still drives Redlock itself: the core's own circle
+
+
+def test_no_circle_counting_type_only_imports_and_imports_inside_functions() -> None:
+    """No chain of imports, those under ``if TYPE_CHECKING:`` and inside functions included, leads from a module back
+    to itself (the Celery side was one 12-file circle through its type-only imports of ``task``)."""
+    graph = _graph(lazy=True, typing=True)
+    for source, target in KNOWN_CORE_ARROWS:
+        graph[source].discard(target)
+    assert _cycle(graph) is None
+
+
+#: The Celery side's rooms: ``LockedTask`` (the table of contents) and the rooms it hands its work to.
+ROOMS = frozenset(
+    {"task", "_run", "_enqueue", "_delivery", "_debounced", "_line", "_handover", "_resend", "_monitoring"}
+    | {"_preskip", "_brokers", "_startup", "_reach", "signals"}
+)
+#: The feature port and its features, and the pure decision they answer in: below the rooms, above the core.
+PORT = frozenset({"policies", "decision", "facts"})
+#: What the port stands on: the lock core and the settings, keys and errors every side shares.
+BELOW_PORT = CORE | {"config", "keys", "errors"}
+
+
+@pytest.mark.parametrize("name", sorted(ROOMS - {"task"}))
+def test_no_room_imports_the_task_module(name: str) -> None:
+    """A Celery-side room takes the context LockedTask builds (``_run.Context``) and never imports ``task``, not
+    even for the type checker nor inside a function: LockedTask stays the table of contents above the rooms."""
+    ours, _ = _imports(ast.walk(_source(name)))
+    assert "task" not in ours, f"{name} imports the task module"
+
+
+@pytest.mark.parametrize("name", sorted(ROOMS - {"task"}))
+def test_no_room_calls_a_private_method_of_the_task(name: str) -> None:
+    """The rooms reach LockedTask only through the context: no ``task._count``, ``task._options()``, ``task._key``
+    ... (35 such calls before the seam)."""
+    calls = [
+        f"{node.value.id}.{node.attr}"  # type: ignore[attr-defined]
+        for node in ast.walk(_source(name))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in ("task", "sender")
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+    assert not calls, f"{name} calls {sorted(set(calls))}"
+
+
+@pytest.mark.parametrize("name", sorted(PORT))
+def test_the_port_imports_no_room(name: str) -> None:
+    """Rooms -> port (policies, decide) -> core, never back: a feature module imports (anywhere, type-only too) only
+    the port and what it stands on; what it needs of Celery it gets through the context a room hands it."""
+    ours, foreign = _imports(ast.walk(_source(name)))
+    assert ours <= PORT | BELOW_PORT, f"{name} imports {sorted(ours - PORT - BELOW_PORT)}"
+    assert not foreign.intersection(CELERY_SIDE), f"{name} imports {sorted(foreign.intersection(CELERY_SIDE))}"
+
+
+@pytest.mark.parametrize("name", sorted(BELOW_PORT))
+def test_what_the_port_stands_on_imports_nothing_above_it(name: str) -> None:
+    """The core, the settings, keys and errors import (anywhere, type-only too) neither the port nor a room."""
+    ours, _ = _imports(ast.walk(_source(name)))
+    assert ours <= BELOW_PORT, f"{name} imports {sorted(ours - BELOW_PORT)}"
+
+
+def test_every_layer_names_modules_that_exist() -> None:
+    """The layers' lists name modules that exist (a rename must update them, or the checks above check nothing)."""
+    assert ROOMS | PORT | BELOW_PORT <= MODULES, sorted((ROOMS | PORT | BELOW_PORT) - MODULES)
+
+
 @pytest.mark.parametrize("name", sorted(CORE))
 def test_the_lock_core_imports_nothing_of_celery_nor_the_celery_side(name: str) -> None:
     """A lock core module imports (anywhere, also inside functions) only the core's other modules, never Celery,
@@ -187,8 +259,15 @@ def test_ops_modules_import_nothing_of_the_task_side(name: str) -> None:
     assert not ours & TASK_SIDE, f"{name} imports {sorted(ours & TASK_SIDE)}"
 
 
+def _counter(node: ast.expr) -> bool:
+    """``node`` is what counts a task's outcomes: a context (``ctx``, ``self.ctx``, ``Context(...)``), or ``self``
+    inside the context's own methods."""
+    text = ast.unparse(node)
+    return text in ("ctx", "self.ctx", "self", "self.task") or text.startswith("Context(")
+
+
 def test_every_outcome_counted_is_one_of_the_metrics_vocabulary() -> None:
-    """``LockedTask._count("...")`` names an outcome of ``metrics.OUTCOMES`` everywhere: an unknown name would be
+    """``Context.count("...")`` names an outcome of ``metrics.OUTCOMES`` everywhere: an unknown name would be
     counted under a field no stats table, page or /metrics family shows (the rate room once counted "rate_limited")."""
     counted: set[str] = set()
     for file in PACKAGE.rglob("*.py"):
@@ -196,10 +275,124 @@ def test_every_outcome_counted_is_one_of_the_metrics_vocabulary() -> None:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "_count"
+                and node.func.attr in ("count", "_count")
+                and _counter(node.func.value)
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
             ):
                 counted.add(str(node.args[0].value))
-    assert counted, "no _count call found: the test looks in the wrong place"
+    assert counted, "no count call found: the test looks in the wrong place"
     assert counted <= set(OUTCOMES), f"counted but not in OUTCOMES: {sorted(counted - set(OUTCOMES))}"
+
+
+# -- the feature port (issue 31): a feature is named by its own module, reached through the port elsewhere ----------
+
+#: Each feature behind the port: its module under policies/ and the task options it owns.
+FEATURE_OPTIONS = {
+    "debounce": ("policies/debounce.py", ("lock_debounce", "lock_debounce_max")),
+    "rate": ("policies/rate.py", ("lock_rate", "lock_rate_on", "lock_on_rate_limit")),
+    "max_waiting": ("policies/waiting.py", ("lock_max_waiting",)),
+    "cooldown": ("policies/cooldown.py", ("lock_cooldown",)),
+    "limit": ("policies/limit.py", ("lock_limit",)),
+}
+#: Where a feature's option is still named outside its module, the port's matrix and task.py's declarations: the
+#: moves left (issue 31). Exact counts: a new mention fails the test below, and a move must lower its count here.
+NOT_YET_MOVED = {
+    # debounce and rate: their Celery-side halves (_debounced, _delivery.rate_gate, Run.rate_*) are still rooms, and
+    # their option checks still sit in _startup and their option reads in LockedTask._options.
+    ("debounce", "_debounced.py"): 7,
+    ("debounce", "_delivery.py"): 1,
+    ("debounce", "_enqueue.py"): 3,
+    ("debounce", "task.py"): 2,
+    ("rate", "_startup.py"): 12,
+    ("rate", "task.py"): 5,
+    # operators' words (doctor, explain, inventory, metrics): they name the option the operator set, on purpose.
+    ("cooldown", "doctor.py"): 2,
+    ("cooldown", "explain.py"): 2,
+    ("cooldown", "inventory.py"): 1,
+    ("debounce", "explain.py"): 8,
+    ("debounce", "inventory.py"): 1,
+    ("debounce", "metrics.py"): 1,
+    ("limit", "explain.py"): 1,
+    ("max_waiting", "explain.py"): 3,
+    ("rate", "explain.py"): 6,
+    ("rate", "inventory.py"): 1,
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of ``tree``'s docstring constants (a module's, class's, function's, or an attribute's)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        for name in ("body", "orelse"):
+            body = getattr(node, name, None)
+            if not isinstance(body, list):
+                continue
+            for statement in body:
+                if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                    out.add(id(statement.value))
+    return out
+
+
+def _declarations(tree: ast.Module) -> set[int]:
+    """The ids of the nodes of LockedTask's option declarations (``lock_x: ClassVar[...] = ...`` in its body)."""
+    out: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "LockedTask":
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign):
+                    out.update(id(n) for n in ast.walk(statement))
+    return out
+
+
+def _option_mentions(path: Path, names: frozenset[str]) -> int:
+    """How often ``path``'s code names one of ``names``: an identifier, attribute, keyword, parameter, or a word of a
+    string that is not a docstring (comments and docstrings are prose, not a reach into the feature)."""
+    tree = parse(path)
+    skip = _docstrings(tree) | (_declarations(tree) if path.name == "task.py" else set())
+    count = 0
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        words: list[str] = []
+        if isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, ast.keyword) and node.arg:
+            words = [node.arg]
+        elif isinstance(node, ast.arg):
+            words = [node.arg]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            words = re.findall(r"\w+", node.value)
+        count += sum(1 for w in words if w in names)
+    return count
+
+
+def _feature_spread() -> dict[tuple[str, str], int]:
+    """(feature, file) -> mentions of the feature's options outside its module, the matrix and task's declarations."""
+    spread: dict[tuple[str, str], int] = {}
+    for feature, (home, names) in FEATURE_OPTIONS.items():
+        for path in sorted(PACKAGE.rglob("*.py")):
+            relative = path.relative_to(PACKAGE).as_posix()
+            if relative in (home, "policies/matrix.py"):
+                continue
+            n = _option_mentions(path, frozenset(names))
+            if n:
+                spread[feature, relative] = n
+    return spread
+
+
+def test_the_option_counter_sees_a_mention() -> None:
+    """The counter is not vacuous: the matrix names every feature's option, and task.py declares each one."""
+    for home, names in FEATURE_OPTIONS.values():
+        assert _option_mentions(PACKAGE / "policies" / "matrix.py", frozenset(names)), names
+        assert (PACKAGE / home).exists(), home
+
+
+def test_a_feature_is_named_only_by_its_module_the_matrix_and_the_option_declarations() -> None:
+    """Outside its module under policies/, the matrix and LockedTask's option declarations, the package reaches
+    debounce, rate, lock_max_waiting, cooldown and lock_limit only through the port: where one of their options is
+    still named elsewhere is exactly the list of moves left (NOT_YET_MOVED), never more."""
+    expected = {k: v for k, v in NOT_YET_MOVED.items() if v}
+    assert _feature_spread() == expected

@@ -16,15 +16,29 @@ names it.
 
 from __future__ import annotations
 
-from typing import ClassVar, NoReturn, Protocol
+from typing import Any, ClassVar, NoReturn, Protocol
 
 from ..facts import Decision, Facts
+from .cooldown import COOLDOWN_FEATURE
 from .fail import Fail
+from .limit import LIMIT
 from .replace import Replace
 from .reschedule import Reschedule
 from .skip import Skip
+from .waiting import WAITING
 
-__all__ = ["POLICIES", "Duplicate", "Fail", "Policy", "Replace", "Reschedule", "Skip", "policy_for"]
+__all__ = [
+    "FEATURES",
+    "POLICIES",
+    "Duplicate",
+    "Fail",
+    "Feature",
+    "Policy",
+    "Replace",
+    "Reschedule",
+    "Skip",
+    "policy_for",
+]
 
 
 class Duplicate(Protocol):
@@ -66,6 +80,25 @@ class Policy(Protocol):
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (Skip(), Fail(), Reschedule(), Replace())}
+
+
+class Feature(Protocol):
+    """A feature behind the port: one module here owns its ``lock_*`` options, their checks, its hooks at the points
+    of a call's and a delivery's life, and its scripts' rows in docs/protocol.md; the rooms reach it through here
+    (and the options matrix holds its verdicts with the other options). Its hooks are its own methods, called by the
+    room of that moment with what the room's context gives: ``cooldown`` at release (:meth:`Cooldown.at_release`),
+    ``limit`` where a call's lock is made (:meth:`Limit.for_call`), ``max_waiting`` where a duplicate parks."""
+
+    name: ClassVar[str]
+    #: The task options it owns (the only place outside task.py's declarations and the matrix that names them).
+    options: ClassVar[tuple[str, ...]]
+
+    def check(self, cls: Any) -> None:
+        """Refuse an invalid value of its options in one line (ConfigurationError), at registration and start."""
+
+
+#: The features behind the port, in the order their option checks run.
+FEATURES: tuple[Feature, ...] = (COOLDOWN_FEATURE, LIMIT, WAITING)
 
 
 def policy_for(name: str) -> Policy:
