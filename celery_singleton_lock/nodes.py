@@ -5,6 +5,10 @@ logical node whose script calls go to the master of their keys' slot). :class:`N
 at once (all commands written before any reply is read, no threads) and gathers one answer or exception per node.
 Connections of the pools built from URLs are checked out on a lean path of our own (``_take``/``_give``) and read
 by our own RESP2 reader (``_resp``) where it can.
+
+:meth:`NodeSet.drive` runs one of the lease's step machines (``lease.py``): each :class:`Request` it yields is one
+fan-out (:meth:`NodeSet.run`), each :class:`Pause` a sleep. ``aio.AsyncNodes.drive`` runs the same machines with
+``asyncio``: the acquire, extend, release and hand-over are written once, in ``lease.py``.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import re
 import threading
 import time as mod_time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, NamedTuple, TypeVar, cast
 
 import redis
 import redis.connection
@@ -37,7 +41,37 @@ from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
 
-__all__ = ["IDLE_MAX", "NodeError", "NodeSet"]
+__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Pause", "Request", "Steps"]
+
+_T = TypeVar("_T")
+
+#: A script call as :meth:`NodeSet.run` takes it: the script, its keys, its arguments.
+Undo = tuple[Script, Sequence[str], Sequence[str | int]]
+
+
+class Request(NamedTuple):
+    """A step machine's request: run ``script`` with ``keys`` and ``args`` on ``nodes`` (None: all) at once, and
+    send back one answer per node (an exception for a node that failed, None for a node not asked)."""
+
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[str | int]
+    nodes: Iterable[int] | None = None
+    #: Written on the same connection after the call when a node times out (see :meth:`NodeSet.run`).
+    undo_on_timeout: Undo | None = None
+    #: The async face only: sent from a background task when the caller is cancelled (or fails) while this
+    #: request is in flight (a cancelled attempt takes its token back off the nodes).
+    abandon: Undo | None = None
+
+
+class Pause(NamedTuple):
+    """A step machine's request to wait ``seconds`` (an acquire's back-off between attempts); nothing is sent back."""
+
+    seconds: float
+
+
+#: A step machine: a generator yielding requests, sent the nodes' answers, returning its result (see ``lease.py``).
+Steps = Generator[Request | Pause, Any, _T]
 
 
 _NO_SETINFO: dict[str, Any] = (
@@ -402,6 +436,21 @@ class NodeSet:
 
     def __repr__(self) -> str:
         return f"NodeSet({list(self.names)!r}, quorum={self.quorum})"
+
+    def drive(self, steps: Steps[_T], sleep: Callable[[float], None] = mod_time.sleep) -> _T:
+        """Run the step machine ``steps`` to its end: each :class:`Request` fanned out by :meth:`run` and its answers
+        sent back, each :class:`Pause` slept with ``sleep``; returns what the machine returns."""
+        try:
+            step = next(steps)
+            while True:
+                if isinstance(step, Request):
+                    script, keys, args, nodes, undo, _ = step
+                    step = steps.send(self.run(script, keys, args, nodes, undo_on_timeout=undo))
+                else:
+                    sleep(step.seconds)
+                    step = steps.send(None)
+        except StopIteration as stop:
+            return cast(_T, stop.value)
 
     def run(
         self,
