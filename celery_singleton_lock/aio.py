@@ -30,7 +30,7 @@ from redis.exceptions import NoScriptError, RedisError
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockLostError
 from .lease import _Lease, _LeaseSpec
-from .nodes import NodeError, Request, Steps, _url_options
+from .nodes import Done, NodeError, Request, Steps, _url_options, advance
 from .record import fence_key_for, fence_key_in_slot
 from .scripts import Script
 
@@ -213,22 +213,16 @@ class AsyncNodes:
         """Run the step machine ``steps`` to its end (``NodeSet.drive``, awaited): each :class:`Request` fanned out
         by :meth:`run`, each ``Pause`` slept. A request's ``abandon`` is sent from a background task when the caller
         is cancelled (or fails) while that request is in flight."""
-        step: Any = None
+        step = advance(steps, None)
         try:
-            step = next(steps)
-            while True:
-                if isinstance(step, Request):
-                    script, keys, args, nodes, undo, _ = step
-                    step = steps.send(await self.run(script, keys, args, nodes, undo_on_timeout=undo))
-                else:
-                    await asyncio.sleep(step.seconds)
-                    step = steps.send(None)
-        except StopIteration as stop:
-            return cast(_T, stop.value)
+            while not isinstance(step, Done):
+                answers = await (step.via(self.run) if isinstance(step, Request) else asyncio.sleep(step.seconds))
+                step = advance(steps, answers)
         except BaseException:
             if isinstance(step, Request) and step.abandon is not None:
                 _spawn(self.run(*step.abandon))
             raise
+        return step.value
 
     async def run(
         self,

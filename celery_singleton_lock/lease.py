@@ -525,11 +525,13 @@ class _LeaseSpec:
         which the nodes failing now are added.
         """
         out: list[bool | None] = [False] * len(locks)
-        live: list[int] = []
+        # The leases as they are now: the async face's release drops its lease before it waits for the mutex, so
+        # the lock's lease may be gone once the answers are in (the extend then judges the lease it sent).
+        live: list[tuple[int, _Lease]] = []
         for i, lock in enumerate(locks):
             lease = lock._lease
             if lease is not None and lease.renewable and lease.deadline > lock._clock():
-                live.append(i)
+                live.append((i, lease))
             elif lease is not None and lease.renewable:
                 lock._lease = None
         if not live:
@@ -537,11 +539,8 @@ class _LeaseSpec:
         nodes = locks[0].nodes
         keys: list[str] = []
         args: list[str | int] = []
-        for i in live:
-            lock = locks[i]
-            lease = lock._lease
-            assert lease is not None
-            keys += (lease.key, lock.fence_key)
+        for i, lease in live:
+            keys += (lease.key, locks[i].fence_key)
             args += (lease.token, lease.ttl_ms, lease.fence)
         clock = locks[0]._clock
         start = clock()
@@ -555,10 +554,8 @@ class _LeaseSpec:
         if unanswered is not None:
             unanswered.update(j for j, a in enumerate(answers) if isinstance(a, BaseException))
         now = clock()
-        for n, i in enumerate(live):
+        for n, (i, lease) in enumerate(live):
             lock = locks[i]
-            lease = lock._lease
-            assert lease is not None
             codes = [None if isinstance(a, BaseException) else a[n] for a in answers]
             repaired = [j for j, c in enumerate(codes) if c == REPAIRED]
             if repaired and lease.fields:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, ClassVar, NamedTuple, TypeVar, cast
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar, cast
 
 import redis
 import redis.connection
@@ -41,9 +41,10 @@ from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
 
-__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Pause", "Request", "Steps"]
+__all__ = ["IDLE_MAX", "Done", "NodeError", "NodeSet", "Pause", "Request", "Steps", "advance"]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 #: A script call as :meth:`NodeSet.run` takes it: the script, its keys, its arguments.
 Undo = tuple[Script, Sequence[str], Sequence[str | int]]
@@ -63,6 +64,10 @@ class Request(NamedTuple):
     #: request is in flight (a cancelled attempt takes its token back off the nodes).
     abandon: Undo | None = None
 
+    def via(self, run: Callable[..., _R]) -> _R:
+        """This request sent by ``run`` (``NodeSet.run``, or ``AsyncNodes.run``: then a coroutine to await)."""
+        return run(self.script, self.keys, self.args, self.nodes, undo_on_timeout=self.undo_on_timeout)
+
 
 class Pause(NamedTuple):
     """A step machine's request to wait ``seconds`` (an acquire's back-off between attempts); nothing is sent back."""
@@ -70,8 +75,26 @@ class Pause(NamedTuple):
     seconds: float
 
 
+class Done(Generic[_T]):
+    """A step machine's end: what it returned."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: _T) -> None:
+        self.value = value
+
+
 #: A step machine: a generator yielding requests, sent the nodes' answers, returning its result (see ``lease.py``).
 Steps = Generator[Request | Pause, Any, _T]
+
+
+def advance(steps: Steps[_T], answers: Any) -> Request | Pause | Done[_T]:
+    """The step machine's next request once sent ``answers`` (None to start it, or after a pause), or its end: the
+    generator protocol, for both drivers (``NodeSet.drive``, ``AsyncNodes.drive``)."""
+    try:
+        return steps.send(answers)
+    except StopIteration as stop:
+        return Done(stop.value)
 
 
 _NO_SETINFO: dict[str, Any] = (
@@ -440,17 +463,14 @@ class NodeSet:
     def drive(self, steps: Steps[_T], sleep: Callable[[float], None] = mod_time.sleep) -> _T:
         """Run the step machine ``steps`` to its end: each :class:`Request` fanned out by :meth:`run` and its answers
         sent back, each :class:`Pause` slept with ``sleep``; returns what the machine returns."""
-        try:
-            step = next(steps)
-            while True:
-                if isinstance(step, Request):
-                    script, keys, args, nodes, undo, _ = step
-                    step = steps.send(self.run(script, keys, args, nodes, undo_on_timeout=undo))
-                else:
-                    sleep(step.seconds)
-                    step = steps.send(None)
-        except StopIteration as stop:
-            return cast(_T, stop.value)
+        step = advance(steps, None)
+        while not isinstance(step, Done):
+            if isinstance(step, Pause):
+                sleep(step.seconds)
+                step = advance(steps, None)
+            else:
+                step = advance(steps, step.via(self.run))
+        return step.value
 
     def run(
         self,
@@ -459,7 +479,7 @@ class NodeSet:
         args: Sequence[str | int],
         nodes: Iterable[int] | None = None,
         *,
-        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None = None,
+        undo_on_timeout: Undo | None = None,
     ) -> list[Any]:
         """Run ``script`` on the given nodes (default: all) at once; one answer or exception per node.
 
@@ -645,7 +665,7 @@ class _Spread:
         self,
         nodes: NodeSet,
         deadline: float,
-        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+        undo_on_timeout: Undo | None,
     ) -> Any:
         """The node's answer: the reply (a batch: one entry per item, in item order), or an exception."""
         if self.error is not None:
@@ -676,7 +696,7 @@ class _Spread:
         conn: Any,
         members: list[int],
         deadline: float,
-        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+        undo_on_timeout: Undo | None,
     ) -> None:
         missing: list[int] = []
         for k, n in enumerate(members):
