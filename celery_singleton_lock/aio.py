@@ -5,7 +5,7 @@ machines (acquire, extend, release, hand-over), which :meth:`AsyncNodes.drive` r
 So a sync and an async holder of one name exclude each other and share one fencing sequence. What differs is I/O
 only: the fan-out is ``asyncio.gather`` over the nodes, each node's exchange bounded by ``socket_timeout``
 (``asyncio.timeout``), so a paused node costs the loop nothing and the attempt at most ``socket_timeout``; and a
-caller cancelled mid-attempt has its attempt undone from a background task (``Request.abandon``).
+caller cancelled mid-attempt has its attempt undone from a background task (a request's ``abandon``).
 
 Clients built from URLs are shared per event loop (a ``redis.asyncio`` connection belongs to the loop that opened
 it); :func:`aclose` closes the running loop's (an app's shutdown hook).
@@ -30,7 +30,7 @@ from redis.exceptions import NoScriptError, RedisError
 from ._urls import NodeURL, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockLostError
 from .lease import _Lease, _LeaseSpec
-from .nodes import Done, NodeError, Request, Steps, _url_options, advance
+from .nodes import NodeError, Request, Steps, _url_options
 from .record import fence_key_for, fence_key_in_slot
 from .scripts import Script
 
@@ -210,19 +210,22 @@ class AsyncNodes:
         return NodeError(self.names[index], f"{type(exc).__name__}: {exc}")
 
     async def drive(self, steps: Steps[_T]) -> _T:
-        """Run the step machine ``steps`` to its end (``NodeSet.drive``, awaited): each :class:`Request` fanned out
-        by :meth:`run`, each ``Pause`` slept. A request's ``abandon`` is sent from a background task when the caller
-        is cancelled (or fails) while that request is in flight."""
-        step = advance(steps, None)
+        """Run the step machine ``steps`` to its end (``NodeSet.drive``, awaited): each request fanned out
+        by :meth:`run`, each pause slept. A request's ``abandon`` is sent from a background task when the caller is
+        cancelled (or fails) while that request is in flight."""
+        answers: Any = None
+        step: Request | float = 0.0
         try:
-            while not isinstance(step, Done):
-                answers = await (step.via(self.run) if isinstance(step, Request) else asyncio.sleep(step.seconds))
-                step = advance(steps, answers)
+            while True:
+                step = steps.send(answers)
+                call = asyncio.sleep(step) if isinstance(step, float) else self.run(*step[:5])
+                answers = await call
+        except StopIteration as stop:
+            return cast(_T, stop.value)
         except BaseException:
-            if isinstance(step, Request) and step.abandon is not None:
-                _spawn(self.run(*step.abandon))
+            if not isinstance(step, float) and step[5] is not None:
+                _spawn(self.run(*step[5]))
             raise
-        return step.value
 
     async def run(
         self,
@@ -230,7 +233,6 @@ class AsyncNodes:
         keys: Sequence[str],
         args: Sequence[str | int],
         nodes: Iterable[int] | None = None,
-        *,
         undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None = None,
     ) -> list[Any]:
         """Run ``script`` on the given nodes (default: all) concurrently; one answer or exception per node (None

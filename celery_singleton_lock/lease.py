@@ -9,11 +9,10 @@ the algorithms themselves, acquire (with its back-off), extend (batched: the wat
 hand-over (transfer) and the status reads, as *step machines*.
 
 The shape: sans-I/O. A step machine is a generator that yields requests, "run this script with these keys and
-arguments on these nodes" (:class:`~celery_singleton_lock.nodes.Request`) or "wait this long"
-(:class:`~celery_singleton_lock.nodes.Pause`), is sent each request's per-node answers, and returns the operation's
-result. The sync face drives it with :meth:`NodeSet.drive <celery_singleton_lock.nodes.NodeSet.drive>` (the
-write-all-then-read-all fan-out), the async face with :meth:`AsyncNodes.drive
-<celery_singleton_lock.aio.AsyncNodes.drive>` (``asyncio.gather``). A face only takes its mutex, checks for a fork,
+arguments on these nodes" (a :data:`~celery_singleton_lock.nodes.Request`) or "wait this many seconds" (a float),
+is sent each request's per-node answers, and returns the operation's result. The sync face drives it with
+``NodeSet.drive`` (the write-all-then-read-all fan-out), the async face with ``AsyncNodes.drive``
+(``asyncio.gather``). A face only takes its mutex, checks for a fork,
 and hands a machine to its driver; no face sends a script itself (``tests/test_layout.py`` holds them to it).
 
 Why this and not one source generated into the other (httpcore's ``unasync``): the faces are not the same code
@@ -25,7 +24,7 @@ A generated copy would carry all of that as branches on "am I async", and a seco
 with a check; a step machine keeps the algorithm in one place that both run as it is, testable without I/O, at the
 cost of one generator per operation (measured: within noise on the hot path, see docs/benchmarks.md). Cancellation
 (the async face's own concern) rides on the requests: an acquire's requests carry the undo to send from a
-background task if the caller is cancelled while they are in flight (``Request.abandon``).
+background task if the caller is cancelled while they are in flight (their ``abandon``).
 
 Fencing tokens. Each node keeps a counter per lock name, bumped by the acquire script in the same atomic step as
 the ``SET``. The max over the quorum is *not* enough on its own: a failed attempt raises the counters of the
@@ -53,7 +52,7 @@ from typing import Any, ClassVar, Protocol
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
-from .nodes import NodeError, Pause, Request, Steps
+from .nodes import NodeError, Steps
 from .record import _brief, _merged, _prefixed, done_key_for, record_of, slot_keys
 from .scripts import (
     ACQUIRE,
@@ -131,6 +130,20 @@ def _tally(
             if len(answer) > 3:
                 slot_owners.append(_prefixed(answer[3]))
     return fences, slots, holders, slot_owners, failed, done
+
+
+def _granted_alike(answers: Sequence[Any]) -> int | None:
+    """The fencing token every node granted the acquire with, or None when one did not grant or gave another."""
+    fence = None
+    for answer in answers:
+        if type(answer) is not list or answer[0] != ACQUIRED:
+            return None
+        token = int(answer[1])
+        if fence is None:
+            fence = token
+        elif token != fence:
+            return None
+    return fence
 
 
 def _settle(fences: dict[int, int], slots: dict[int, int], slot_keys: Sequence[str]) -> tuple[str, dict[int, int]]:
@@ -275,9 +288,12 @@ class _LeaseSpec:
     #: True once the renewal of a ``with`` / ``async with`` block found the lease lost (reset by the next block).
     lost: bool = False
 
+    #: True while the findings of a failed attempt are set (a won attempt then resets them; otherwise it need not).
+    _found: bool = False
+
     def _reset_failure(self) -> None:
         """Back to the class's defaults (no finding), whatever an earlier attempt found."""
-        self.split = self.done = self.contended = False
+        self.split = self.done = self.contended = self._found = False
         self.held_by = self.holder_record = self.held_for = None
         self.node_errors = ()
 
@@ -335,7 +351,8 @@ class _LeaseSpec:
         self._lease = lease
         self._last_key = lease.key
         self._fence = lease.fence
-        self._reset_failure()
+        if self._found:
+            self._reset_failure()
         return True
 
     def _refusal(self) -> LockError:
@@ -346,21 +363,26 @@ class _LeaseSpec:
             return LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
         return LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
 
-    # -- the step machines (see the module's docstring): each yields Requests / Pauses, returns the result ----------
+    # -- the step machines (see the module's docstring): each yields requests (or pauses), returns the result --------
 
     def _acquire_steps(self, blocking: bool, timeout: float | None, replaces: str | None) -> Steps[bool]:  # noqa: FBT001
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s (None:
         ``self.timeout``). A blocking acquire stops early, returning False, when the job is done (``done``)."""
+        # A fresh owner token per attempt: attempt k's undo (or a late copy of its acquire, delivered after attempt
+        # k+1 succeeded) then matches nothing of attempt k+1's, and cannot delete or re-set its lease.
+        if not blocking:  # one attempt: its machine itself (the hot path: one generator, not two)
+            return self._attempt_steps(self._new_token(), replaces)
+        return self._retry_steps(timeout, replaces)
+
+    def _retry_steps(self, timeout: float | None, replaces: str | None) -> Steps[bool]:
         if timeout is None:
             timeout = self.timeout
         deadline = None if timeout is None else self._clock() + timeout
         attempt = 0
         while True:
-            # A fresh owner token per attempt: attempt k's undo (or a late copy of its acquire, delivered after
-            # attempt k+1 succeeded) then matches nothing of attempt k+1's, and cannot delete or re-set its lease.
             if (yield from self._attempt_steps(self._new_token(), replaces)):
                 return True
-            if not blocking or self.done:
+            if self.done:
                 return False
             delay = random.uniform(self.RETRY_BASE, min(self.RETRY_CAP, self.RETRY_BASE * 2**attempt))  # noqa: S311
             if deadline is not None:
@@ -368,7 +390,7 @@ class _LeaseSpec:
                 if remaining <= 0:
                     return False
                 delay = min(delay, remaining)
-            yield Pause(delay)
+            yield delay
             attempt += 1
 
     def _attempt_steps(self, token: str, replaces: str | None) -> Steps[bool]:
@@ -379,19 +401,22 @@ class _LeaseSpec:
         # caller is cancelled meanwhile (some nodes may hold this token: the name would stay blocked for a ttl).
         undo = (UNDO, self._slots, (token,))
         start = self._clock()
-        answers = yield Request(
-            ACQUIRE,
-            self._keys,
-            (token, ttl_ms, self._fencing, replaces or "", self.job or "", self._limit_arg, *self._fields),
-            undo_on_timeout=undo,
-            abandon=undo,
+        args: tuple[str | int, ...] = (
+            token,
+            ttl_ms,
+            self._fencing,
+            replaces or "",
+            self.job or "",
+            self._limit_arg,
+            *self._fields,
         )
-        if len(self._slots) == 1 and all(type(a) is list and a[0] == ACQUIRED for a in answers):
+        answers = yield (ACQUIRE, self._keys, args, None, undo, undo)  # undone on a timeout, or if abandoned
+        if len(self._slots) == 1:
             # The common case, every node granted the one key: the general path below with nothing to undo, fence
             # or settle, when every node gave the same fencing token (always so on one node).
-            fence = int(answers[0][1])
+            fence = _granted_alike(answers)
             deadline = start + self.ttl - self._drift()
-            if all(int(a[1]) == fence for a in answers) and deadline > self._clock():
+            if fence is not None and deadline > self._clock():
                 return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=self._slots[0]))
         fences, slots, holders, slot_owners, failed, done = _tally(answers)
         errors = [nodes.error(i, exc) for i, exc in failed]
@@ -399,14 +424,14 @@ class _LeaseSpec:
         if len(granted) >= nodes.quorum and not done:
             if len(granted) < len(fences):
                 others = [i for i in fences if i not in granted]
-                yield Request(UNDO, self._slots, (token,), others, abandon=undo)
+                yield (UNDO, self._slots, (token,), others, None, undo)
                 fences = granted
             fence = max(fences.values())
             behind = [i for i, f in fences.items() if f < fence]
             confirmed = len(fences) - len(behind)
             if behind and confirmed < nodes.quorum:
                 # Answers come by node index (None for nodes not asked), not by position in ``behind``.
-                fenced = yield Request(FENCE, (key, self.fence_key), (token, fence), behind, abandon=undo)
+                fenced = yield (FENCE, (key, self.fence_key), (token, fence), behind, None, undo)
                 for i in behind:
                     answer = fenced[i]
                     if answer == 1:
@@ -421,8 +446,9 @@ class _LeaseSpec:
         # delivery must still find). A node that timed out got the undo already, on the same connection (see
         # NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
         if fences:
-            yield Request(UNDO, self._slots, (token,), fences, abandon=undo)
+            yield (UNDO, self._slots, (token,), fences, None, undo)
         self._reset_failure()
+        self._found = True
         self.node_errors = tuple(errors)
         self.done = done
         self.held_by, self.held_for, self.holder_record, self.contended, self.split = _findings(
@@ -432,8 +458,8 @@ class _LeaseSpec:
 
     def _release_steps(self, lease: _Lease) -> Steps[bool]:
         """Give ``lease`` up on every node (the caller has dropped it): True if we still held it on a quorum."""
-        answers = yield Request(RELEASE, (lease.key,), (lease.token,))
-        freed = sum(1 for a in answers if a == 1)
+        answers = yield (RELEASE, (lease.key,), (lease.token,), None, None, None)
+        freed = answers.count(1)
         return freed >= self.nodes.quorum and lease.deadline > self._clock()
 
     def _finish_steps(self, done_for: float, waited_for: float, cooldown: float) -> Steps[bool]:
@@ -442,7 +468,7 @@ class _LeaseSpec:
         lease = self._lease
         self._lease = None
         token = lease.token if lease is not None else ""
-        answers = yield Request(
+        answers = yield (
             FINISH,
             (lease.key if lease is not None else self.name, done_key_for(self.name, self.job)),
             (
@@ -452,8 +478,11 @@ class _LeaseSpec:
                 int(cooldown * 1000),
                 self._new_token() if cooldown > 0 else "",  # the cooldown record's owner, if one is kept
             ),
+            None,
+            None,
+            None,
         )
-        freed = sum(1 for a in answers if a == 1)
+        freed = answers.count(1)
         return lease is not None and freed >= self.nodes.quorum and lease.deadline > self._clock()
 
     def _transfer_steps(self, ttl: float, record: Mapping[str, str] | None, renewable: bool) -> Steps[bool]:  # noqa: FBT001
@@ -464,9 +493,9 @@ class _LeaseSpec:
         start = self._clock()
         token = self._new_token()
         changes = [x for kv in (record or {}).items() for x in kv]
-        answers = yield Request(TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
+        answers = yield (TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes), None, None, None)
         current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
-        moved = sum(1 for a in answers if a == 1)
+        moved = answers.count(1)
         held = moved >= self.nodes.quorum and lease.deadline > self._clock()
         lease.renewable = False  # handed on: a renewal waiting for its turn must not take it for a loss
         # The instance keeps the handed-over token, so release() can still cancel the hand-over.
@@ -491,7 +520,7 @@ class _LeaseSpec:
         lease = self._lease
         if lease is None or lease.deadline <= self._clock():
             return False
-        answers = yield Request(STATUS, (lease.key, self.fence_key), ())
+        answers = yield (STATUS, (lease.key, self.fence_key), (), None, None, None)
         mine = sum(
             1 for a in answers if not isinstance(a, BaseException) and record_of(a[0]).get("owner") == lease.token
         )
@@ -501,7 +530,7 @@ class _LeaseSpec:
         """For each of ``keys``: the holder record a quorum of nodes holds right now (same owner), or None."""
         out: list[dict[str, str] | None] = []
         for key in keys:
-            answers = yield Request(STATUS, (key, self.fence_key), ())
+            answers = yield (STATUS, (key, self.fence_key), (), None, None, None)
             records = [record_of(a[0]) for a in answers if not isinstance(a, BaseException) and a[0]]
             owners = Counter(r.get("owner", "") for r in records)
             holder: dict[str, str] | None = None
@@ -546,11 +575,12 @@ class _LeaseSpec:
         start = clock()
         answers: list[Any]
         if unanswered:
-            answers = yield Request(EXTEND, keys, args, [j for j in range(len(nodes)) if j not in unanswered])
+            asked = [j for j in range(len(nodes)) if j not in unanswered]
+            answers = yield (EXTEND, keys, args, asked, None, None)
             for j in unanswered:
                 answers[j] = RedisTimeoutError("not asked: it did not answer an earlier batch of this renewal")
         else:
-            answers = yield Request(EXTEND, keys, args)
+            answers = yield (EXTEND, keys, args, None, None, None)
         if unanswered is not None:
             unanswered.update(j for j, a in enumerate(answers) if isinstance(a, BaseException))
         now = clock()
@@ -561,7 +591,7 @@ class _LeaseSpec:
             if repaired and lease.fields:
                 # A node that lost the key (restarted) now holds owner and fence only: give it the whole record
                 # back, or a reader there (a redelivery, the CLI) could not tell whose job holds it.
-                yield Request(REFILL, (lease.key,), (lease.token, *lease.fields), repaired)
+                yield (REFILL, (lease.key,), (lease.token, *lease.fields), repaired, None, None)
             votes = codes.count(EXTENDED)
             # A node that answered LOST (someone else holds it) or REPAIRED (it had lost our key) no longer holds
             # our lease; one that did not answer may still hold it.
@@ -579,5 +609,5 @@ class _LeaseSpec:
             if any(c is not None and c != LOST for c in codes):
                 # Lost, yet some nodes still (or again, by repair) hold our token: take it back off them, or a
                 # key nobody owns would block the name for a whole ttl (e.g. after `celery locks release`).
-                yield Request(RELEASE, (lease.key,), (lease.token,))
+                yield (RELEASE, (lease.key,), (lease.token,), None, None, None)
         return out

@@ -6,8 +6,8 @@ at once (all commands written before any reply is read, no threads) and gathers 
 Connections of the pools built from URLs are checked out on a lean path of our own (``_take``/``_give``) and read
 by our own RESP2 reader (``_resp``) where it can.
 
-:meth:`NodeSet.drive` runs one of the lease's step machines (``lease.py``): each :class:`Request` it yields is one
-fan-out (:meth:`NodeSet.run`), each :class:`Pause` a sleep. ``aio.AsyncNodes.drive`` runs the same machines with
+:meth:`NodeSet.drive` runs one of the lease's step machines (``lease.py``): each :data:`Request` it yields is one
+fan-out (:meth:`NodeSet.run`), each number a sleep. ``aio.AsyncNodes.drive`` runs the same machines with
 ``asyncio``: the acquire, extend, release and hand-over are written once, in ``lease.py``.
 """
 
@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, ClassVar, Generic, NamedTuple, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import redis
 import redis.connection
@@ -41,60 +41,25 @@ from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
 
-__all__ = ["IDLE_MAX", "Done", "NodeError", "NodeSet", "Pause", "Request", "Steps", "advance"]
+__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Request", "Steps", "Undo"]
 
 _T = TypeVar("_T")
-_R = TypeVar("_R")
 
 #: A script call as :meth:`NodeSet.run` takes it: the script, its keys, its arguments.
 Undo = tuple[Script, Sequence[str], Sequence[str | int]]
 
 
-class Request(NamedTuple):
-    """A step machine's request: run ``script`` with ``keys`` and ``args`` on ``nodes`` (None: all) at once, and
-    send back one answer per node (an exception for a node that failed, None for a node not asked)."""
+#: A step machine's request, a plain tuple (cheap: the hot path makes two per lock cycle):
+#: ``(script, keys, args, nodes, undo_on_timeout, abandon)``. Run ``script`` with ``keys`` and ``args`` on ``nodes``
+#: (None: all) at once and send back one answer per node (an exception for a node that failed, None for a node not
+#: asked); ``undo_on_timeout`` as :meth:`NodeSet.run` takes it; ``abandon`` (the async face only) is sent from a
+#: background task when the caller is cancelled (or fails) while the request is in flight (a cancelled attempt takes
+#: its token back off the nodes). Its first five items are :meth:`NodeSet.run`'s arguments, in order.
+Request = tuple[Script, Sequence[str], Sequence[str | int], Iterable[int] | None, Undo | None, Undo | None]
 
-    script: Script
-    keys: Sequence[str]
-    args: Sequence[str | int]
-    nodes: Iterable[int] | None = None
-    #: Written on the same connection after the call when a node times out (see :meth:`NodeSet.run`).
-    undo_on_timeout: Undo | None = None
-    #: The async face only: sent from a background task when the caller is cancelled (or fails) while this
-    #: request is in flight (a cancelled attempt takes its token back off the nodes).
-    abandon: Undo | None = None
-
-    def via(self, run: Callable[..., _R]) -> _R:
-        """This request sent by ``run`` (``NodeSet.run``, or ``AsyncNodes.run``: then a coroutine to await)."""
-        return run(self.script, self.keys, self.args, self.nodes, undo_on_timeout=self.undo_on_timeout)
-
-
-class Pause(NamedTuple):
-    """A step machine's request to wait ``seconds`` (an acquire's back-off between attempts); nothing is sent back."""
-
-    seconds: float
-
-
-class Done(Generic[_T]):
-    """A step machine's end: what it returned."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: _T) -> None:
-        self.value = value
-
-
-#: A step machine: a generator yielding requests, sent the nodes' answers, returning its result (see ``lease.py``).
-Steps = Generator[Request | Pause, Any, _T]
-
-
-def advance(steps: Steps[_T], answers: Any) -> Request | Pause | Done[_T]:
-    """The step machine's next request once sent ``answers`` (None to start it, or after a pause), or its end: the
-    generator protocol, for both drivers (``NodeSet.drive``, ``AsyncNodes.drive``)."""
-    try:
-        return steps.send(answers)
-    except StopIteration as stop:
-        return Done(stop.value)
+#: A step machine (see ``lease.py``): a generator yielding a :data:`Request` (sent the nodes' answers) or a float
+#: (seconds to wait: an acquire's back-off; sent None), and returning the operation's result.
+Steps = Generator[Request | float, Any, _T]
 
 
 _NO_SETINFO: dict[str, Any] = (
@@ -460,17 +425,16 @@ class NodeSet:
     def __repr__(self) -> str:
         return f"NodeSet({list(self.names)!r}, quorum={self.quorum})"
 
-    def drive(self, steps: Steps[_T], sleep: Callable[[float], None] = mod_time.sleep) -> _T:
-        """Run the step machine ``steps`` to its end: each :class:`Request` fanned out by :meth:`run` and its answers
-        sent back, each :class:`Pause` slept with ``sleep``; returns what the machine returns."""
-        step = advance(steps, None)
-        while not isinstance(step, Done):
-            if isinstance(step, Pause):
-                sleep(step.seconds)
-                step = advance(steps, None)
-            else:
-                step = advance(steps, step.via(self.run))
-        return step.value
+    def drive(self, steps: Steps[_T], sleep: Callable[[float], object] = mod_time.sleep) -> _T:
+        """Run the step machine ``steps`` to its end: each :data:`Request` fanned out by :meth:`run` and its answers
+        sent back, each pause slept with ``sleep``; returns what the machine returns."""
+        answers: Any = None
+        try:
+            while True:
+                step = steps.send(answers)
+                answers = sleep(step) if isinstance(step, float) else self.run(*step[:5])
+        except StopIteration as stop:
+            return cast(_T, stop.value)
 
     def run(
         self,
@@ -478,7 +442,6 @@ class NodeSet:
         keys: Sequence[str],
         args: Sequence[str | int],
         nodes: Iterable[int] | None = None,
-        *,
         undo_on_timeout: Undo | None = None,
     ) -> list[Any]:
         """Run ``script`` on the given nodes (default: all) at once; one answer or exception per node.
