@@ -447,7 +447,7 @@ class _LeaseSpec:
         # NodeSet.run); a node that refused holds someone else's token; one we could not reach got nothing.
         if fences:
             yield (UNDO, self._slots, (token,), fences, None, undo)
-        self._reset_failure()
+        # Every finding is set here (none of an earlier attempt's stays), and a won attempt resets them all.
         self._found = True
         self.node_errors = tuple(errors)
         self.done = done
