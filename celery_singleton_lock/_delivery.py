@@ -44,6 +44,7 @@ from ._run import (
     RESERVED_HEADER,
     SETTLE_HEADER,
     SINCE_HEADER,
+    VERSION_HEADER,
     WOKEN_HEADER,
     Options,
     Run,
@@ -265,6 +266,7 @@ def carry_out(task: LockedTask, run: Run, decision: Decision, facts: Facts, lock
         unavailable(task, run, lock, task_id, options, "run")
     elif act is Act.FAIL_UNAVAILABLE:
         unavailable(task, run, lock, task_id, options, "fail")
+        debounced.failed(task, run, task.request)  # its burst ends: the next call starts a new one
         errors = [str(e) for e in lock.node_errors] or [f"held by {lock.held_by!r}, a record of no task"]
         raise LockUnavailableError(run.key, node_errors=errors)
     elif act is Act.DEFER and decision.reason == "unavailable":
@@ -344,6 +346,7 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
             or (options.settings.max_retries is not None and attempt + 1 > options.settings.max_retries)
         ):
             give_back(task, run, lock, options)
+            debounced.failed(task, run, request)  # its burst ends: the next call starts a new one
             raise LockUnavailableError(key, node_errors=verdict.errors)
         delay = min(options.settings.retry_max_delay, options.settings.retry_delay * 2**attempt)
         countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
@@ -353,9 +356,12 @@ def rate_gate(task: LockedTask, run: Run, lock: Redlock | None, options: Options
     if not waits:  # once per call: its re-sent copies asking again are the same call
         task._count("rate-limited")
     said = f"rate {rate} of {key} reached"
+    signals.rate_limited.send(sender=task, key=key, task_id=task_id, rate=str(rate), policy=options.on_rate_limit)
     # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
     # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
     contended = verdict.contended and not request.is_eager
+    if not contended and options.on_rate_limit != "wait" and not debounced.rate_refused(task, run, options, request):
+        return False  # a burst's job not due yet: re-sent for its due time (the rate is asked again then)
     if not contended and (options.on_rate_limit == "fail" or request.is_eager):
         give_back(task, run, lock, options)
         raise RateLimitedError(key, task_name=task.name, rate=str(rate), wait=verdict.wait)
@@ -453,12 +459,13 @@ def hold(task: LockedTask, run: Run, lock: Redlock, options: Options, request: A
     task_id = run.task_id
     if (
         task.lock_debounce
-        and getattr(request, DEBOUNCE_HEADER, None)
+        and (getattr(request, DEBOUNCE_HEADER, None) or getattr(request, VERSION_HEADER, None))
         and not run.retries
         and not debounced.claim(task, run, options, request)
     ):
-        # Not due yet (a later call joined the burst): re-sent for its due time; the lock goes back at once, and
-        # the start the rate counted for it is uncounted (the body did not start: a deferred delivery uses no share).
+        # Not due yet (a later call joined the burst): re-sent for its due time; or superseded (a newer version of
+        # the key ran): the lock goes back at once, and the start the rate counted for it is uncounted (the body
+        # did not start: a deferred delivery uses no share).
         uncount_rate(run, options)
         lock.release()
         if run.parked or getattr(request, PARKED_HEADER, None):

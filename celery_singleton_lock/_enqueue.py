@@ -409,6 +409,7 @@ def _verdict(
     options_ = task._options()
     if lock.done:  # this very task id already ran
         task._count("joined")
+        signals.call_joined.send(sender=task, key=key, task_id=task_id, holder_task_id=task_id)
         return task.AsyncResult(task_id), None, 0.0, None
     record = lock.holder_record or {}
     holder, state = record.get("job"), record.get("state")
@@ -428,6 +429,7 @@ def _verdict(
         return None, None, 0.0, None  # a job of its own, meant to run after the holder: sent, waits at the worker
     if holder == task_id and state != SENDING:  # sent again with its own id while queued or running: enough
         task._count("joined")
+        signals.call_joined.send(sender=task, key=key, task_id=task_id, holder_task_id=task_id)
         return task.AsyncResult(task_id), None, 0.0, None
     if holder == running and state == RUNNING:
         # The running job sends itself again from its body (its next run): sent, as in run scope; the worker

@@ -228,7 +228,9 @@ def _skip(request: Any, task: Any, key: str, holder: str, runtime: float) -> Non
     request._already_revoked = True  # noqa: SLF001 - Celery's own mark: a second revoked() answers True at once
     try:
         task._count("skipped")  # noqa: SLF001
-        signals.duplicate_skipped.send(sender=task, key=key, task_id=task_id, holder_task_id=holder, policy="skip")
+        signals.duplicate_skipped.send(
+            sender=task, key=key, task_id=task_id, holder_task_id=holder, policy="skip", request=request
+        )
         # The fields LockedRequest.send_event gives the child's skip (Flower shows "exception"; ours are the rest).
         request.send_event(
             "task-revoked",

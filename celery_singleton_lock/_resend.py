@@ -81,3 +81,6 @@ def skip_quietly(task: LockedTask, run: Run, outcome: Skipped) -> None:
     request.chord = None
     request.callbacks = None
     request.chain = None
+    signals.delivery_skipped.send(
+        sender=task, key=run.key, task_id=request.id, kind=outcome.kind, holder_task_id=outcome.holder_task_id
+    )

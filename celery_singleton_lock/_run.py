@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "CLAIM_HEADER",
     "DEBOUNCE_HEADER",
     "DONE_MARGIN",
     "END_LEASE",
@@ -36,6 +37,7 @@ __all__ = [
     "RESERVED_HEADER",
     "SETTLE_HEADER",
     "SINCE_HEADER",
+    "VERSION_HEADER",
     "WOKEN_HEADER",
     "Options",
     "Run",
@@ -75,6 +77,8 @@ WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
 DEBOUNCE_HEADER = "singleton_lock_debounce"  # lock_debounce: a burst's job message (the seq of the call it carries)
+VERSION_HEADER = "singleton_lock_version"  # lock_debounce: the stamp of the call whose arguments a message carries
+CLAIM_HEADER = "singleton_lock_debounce_claims"  # lock_debounce: claims re-sent for want of the nodes holding versions
 RATE_HEADER = "singleton_lock_rate_waits"  # lock_rate: how many times this call waited for the window
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
@@ -87,6 +91,8 @@ OWN_HEADERS = frozenset(
         SINCE_HEADER,
         RESERVED_HEADER,
         DEBOUNCE_HEADER,
+        VERSION_HEADER,
+        CLAIM_HEADER,
         RATE_HEADER,
     }
 )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import click
-from celery import bootsteps
+from celery import bootsteps, signals
 from kombu.utils.imports import symbol_by_name
 
 from . import _preskip as preskip
@@ -33,6 +33,7 @@ from .errors import ConfigurationError
 from .policies import matrix
 from .policies.debounce import check_debounce
 from .policies.rate import ON_RATE_LIMIT, parse_rate
+from .renewal import start_liveness
 
 __all__ = [
     "ConfigurationRefusedError",
@@ -333,6 +334,11 @@ class SettingsStep(bootsteps.Step):  # type: ignore[misc]
         warn_about_broker(parent.app)
         warn_about_pool(parent)
         preskip.pool_started(parent)
+        if settings.liveness_file:
+            # At worker_ready, once the pool has forked: the main process's watchdog thread then starts writing.
+            path = settings.liveness_file
+            signals.worker_ready.connect(lambda **_: start_liveness(path), weak=False, dispatch_uid=f"csl-live:{path}")
+            logger.info("celery_singleton_lock: liveness heartbeat in %s", path)
         super().__init__(parent, **kwargs)
 
 

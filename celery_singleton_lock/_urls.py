@@ -32,7 +32,7 @@ Besides redis-py's own schemes, a node may be a Sentinel-managed master or a Red
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
@@ -41,7 +41,7 @@ import redis.connection
 
 from .errors import ConfigurationError
 
-__all__ = ["NodeURL", "parse_node_url", "redact_url", "validate_url"]
+__all__ = ["NodeURL", "credentials_for", "parse_node_url", "redact_url", "use_credentials", "validate_url"]
 
 # Schemes naming several hosts: a Sentinel set (its master is the node) or a Redis Cluster (one logical node).
 _MULTI: Final = ("redis+sentinel://", "rediss+sentinel://", "redis+cluster://", "rediss+cluster://")
@@ -425,3 +425,23 @@ def validate_url(url: object) -> str:
         shown = redact_url(url)
         raise ConfigurationError(f"invalid Redis URL {shown if shown.startswith('<') else repr(shown)}: {problem}")
     return url
+
+
+# -- credential providers (singleton_lock_credential_provider) ------------------------------------------------------
+
+#: URL -> the redis-py ``CredentialProvider`` its connections authenticate with. Read where the clients are built
+#: (nodes.py and aio.py), so every NodeSet and AsyncNodes built from that URL (settings, pre-skip, async producers)
+#: uses it; redis-py asks the provider on every new connection, so a rotated secret needs no restart.
+_providers: dict[str, object] = {}
+
+
+def use_credentials(urls: Sequence[object], provider: object) -> None:
+    """Authenticate every new connection to the nodes ``urls`` (the URL strings among them) with ``provider``."""
+    for url in urls:
+        if isinstance(url, str):
+            _providers[url] = provider
+
+
+def credentials_for(url: str) -> object | None:
+    """The credential provider of ``url``'s connections, or None (the URL's own user and password, if any)."""
+    return _providers.get(url)

@@ -27,7 +27,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
-from ._urls import NodeURL, parse_node_url, redact_url, validate_url
+from ._urls import NodeURL, credentials_for, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError, LockLostError
 from .lease import _Lease, _LeaseSpec
 from .nodes import NodeError, Request, Steps, _url_options
@@ -98,7 +98,7 @@ def _client_name(client: aioredis.Redis) -> str:
 def _sentinel_master(spec: NodeURL, options: dict[str, Any]) -> aioredis.Redis:
     """A client of the master of ``spec.service`` on redis.asyncio, as ``nodes._sentinel_master`` builds it."""
     kwargs = _url_options(spec, options)
-    sentinel_kwargs = {**options, "retry": None}
+    sentinel_kwargs = {k: v for k, v in options.items() if k != "credential_provider"} | {"retry": None}
     sentinel_kwargs.update((name.removeprefix("sentinel_"), value) for name, value in spec.sentinel_options)
     if spec.tls:
         sentinel_kwargs.update({k: v for k, v in kwargs.items() if k.startswith("ssl")})
@@ -191,6 +191,9 @@ class AsyncNodes:
                     "protocol": 2,
                     **_NO_SETINFO,
                 }
+                provider = credentials_for(item)  # singleton_lock_credential_provider (asked per new connection)
+                if provider is not None:
+                    options["credential_provider"] = provider
                 spec = parse_node_url(item)
                 client = (
                     aioredis.Redis.from_url(item, **options)

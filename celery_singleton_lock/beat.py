@@ -43,6 +43,7 @@ from celery.utils.time import timezone as celery_timezone
 from ._reach import warn_unreachable
 from ._startup import StartError, check_start
 from .config import LockSettings, settings_for
+from .health import write_heartbeat
 from .redlock import Redlock
 
 __all__ = [
@@ -386,6 +387,18 @@ class SingletonSchedulerMixin:
             logger.info("beat: each due run is claimed before it is sent, on %s", _nodes(settings))
             warn_unreachable(settings.nodes, "beat")
 
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``tick``; then, with ``singleton_lock_liveness_file`` set, rewrite that file, due again after the
+        sleep the tick returned (``celery locks health --liveness``; see :mod:`celery_singleton_lock.health`)."""
+        interval = cast(Any, super()).tick(*args, **kwargs)
+        path = settings_for(self.app).liveness_file
+        if path:
+            try:
+                write_heartbeat(path, role="beat", due_in=float(interval or 0))
+            except OSError as exc:
+                logger.warning("beat: cannot write the liveness file: %s", exc)
+        return interval
+
     def is_due(self, entry: Any) -> Any:
         """Celery's ``is_due``; but a ``last_run_at`` on the second pass of a repeated (DST fall-back) hour is read
         as the end of its first pass.
@@ -521,6 +534,36 @@ class SingletonSchedulerMixin:
         base = cast(str, cast(Any, super()).info)
         line = f"    . singleton -> runs claimed on {_nodes(settings)}"
         return f"{base}\n{line}" if base else line
+
+
+_database_scheduler: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``SingletonDatabaseScheduler``, built on first use: django-celery-beat's ``DatabaseScheduler`` whose due runs
+    are sent once (``celery -A proj beat -S celery_singleton_lock.beat:SingletonDatabaseScheduler`` on every host).
+
+    Built here, not at import, because it needs Django and django-celery-beat (which this package does not), with
+    Django's settings configured (the Celery app module of a Django project does that). Every instance reads the
+    same ``PeriodicTask`` rows; the slot of a run comes from its schedule and the clock, never from the
+    ``last_run_at`` each instance writes back, so each run is claimed, and sent, once.
+    """
+    global _database_scheduler  # noqa: PLW0603 - built once per process
+    if name != "SingletonDatabaseScheduler":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _database_scheduler is None:
+        try:
+            from django_celery_beat.schedulers import DatabaseScheduler  # noqa: PLC0415 - Django is optional
+        except ImportError as exc:
+            raise ImportError(
+                f"SingletonDatabaseScheduler needs django-celery-beat (pip install django-celery-beat): {exc}"
+            ) from exc
+        _database_scheduler = type(
+            "SingletonDatabaseScheduler",
+            (SingletonSchedulerMixin, DatabaseScheduler),
+            {"__module__": __name__, "__qualname__": "SingletonDatabaseScheduler", "__doc__": __getattr__.__doc__},
+        )
+    return _database_scheduler
 
 
 class SingletonScheduler(SingletonSchedulerMixin, PersistentScheduler):  # type: ignore[misc]

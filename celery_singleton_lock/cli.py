@@ -1,4 +1,4 @@
-"""``celery -A app locks list|show|release|stats|doctor|web``: see and force-release an app's locks; check its setup.
+"""``celery -A app locks list|show|release|stats|doctor|web|health|explain``: see and force-release locks; probes.
 
 The logic lives in plain functions taking a :class:`~celery_singleton_lock.config.LockSettings` (scan, merge,
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
@@ -34,6 +34,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from .config import LockSettings, settings_for
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
 from .errors import ConfigurationError
+from .health import DEFAULT_GRACE, Liveness, Readiness, liveness, readiness
 from .inventory import (
     _TASK_STATES,  # noqa: F401 - tests read it here
     KINDS,
@@ -205,6 +206,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 _preload = cast(Callable[[F], F], handle_preload_options)
 
 
+def _seconds_option(name: str, default: float, help_text: str, minimum: float = 0.0) -> Callable[[F], F]:
+    """A ``--NAME SECONDS`` option (a float >= ``minimum``, its default shown in ``--help``)."""
+    return click.option(name, type=click.FloatRange(min=minimum), default=default, show_default=True, help=help_text)
+
+
 def _settings(ctx: click.Context) -> LockSettings:
     try:
         return settings_for(ctx.obj.app)
@@ -367,6 +373,10 @@ def release_command(ctx: click.Context, key: str, *, yes: bool) -> None:
         ctx.obj.error(f"error: {key} is {why}: not released (this command only deletes locks)")
         _report_errors(ctx, seen)
         ctx.exit(1)
+    if not key.startswith(settings.prefix):
+        # Prefixes never nest (config.check_prefix): a key not under this app's prefix is another app's lock.
+        ctx.obj.error(f"error: {key} is not under this app's prefix {settings.prefix!r}: not released (use its -A)")
+        ctx.exit(1)
     ctx.obj.echo(format_show(key, info, states, settings.nodes.quorum, time.time()))
     _report_errors(ctx, seen)
     if not yes and not click.confirm(f"\nForce-release {key} on every node?", default=False):
@@ -414,8 +424,15 @@ def stats_command(ctx: click.Context, *, as_json: bool, since: str | None) -> No
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (keep it local).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True, help="Port (0: any free).")
 @click.option("--refresh", type=click.FloatRange(min=0.0), default=5.0, show_default=True, help="Page refresh (s).")
+@click.option(
+    "--allowed-host",
+    "allowed_host",
+    multiple=True,
+    help="A host name requests may name in their Host header (repeatable); the bound address and the loopback "
+    "names always are.",
+)
 @click.pass_context
-def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> None:
+def web_command(ctx: click.Context, *, host: str, port: int, refresh: float, allowed_host: tuple[str, ...]) -> None:
     """Serve the locks page at / and Prometheus metrics at /metrics (stdlib WSGI server).
 
     Read-only unless the environment variable SINGLETON_LOCK_WEB_SECRET holds a secret (16+ characters): then a
@@ -426,9 +443,9 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
     settings = _settings(ctx)
     secret = os.environ.get(SECRET_ENV) or None
     try:
-        # A loopback address answers loopback host names only: no DNS rebinding of a web site onto the page.
-        local = host in LOOPBACK_HOSTS or host.startswith("127.")
-        allowed = (*LOOPBACK_HOSTS, host) if local else None
+        # Only the names the server is meant to be reached by: no DNS rebinding of a web site onto the page (its
+        # name re-resolved to this address), no Host header a proxy or cache could be fooled by.
+        allowed = _allowed_hosts(host, allowed_host)
         app = make_app(ctx.obj.app, secret=secret, refresh=refresh, allowed_hosts=allowed)
     except ConfigurationError as exc:
         raise click.ClickException(f"{exc} (set in {SECRET_ENV})") from None
@@ -442,6 +459,7 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
     bound_host, bound_port = server.server_address[:2]
     mode = "releases need the secret" if secret else f"read-only (set {SECRET_ENV} to allow releases)"
     ctx.obj.echo(f"locks web for {settings.prefix!r} on http://{bound_host}:{bound_port}/ ({mode}); Ctrl-C stops")
+    ctx.obj.echo(f"answering Host names: {', '.join(allowed)} (add one with --allowed-host)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -450,24 +468,113 @@ def web_command(ctx: click.Context, *, host: str, port: int, refresh: float) -> 
         server.server_close()
 
 
+def _allowed_hosts(host: str, extra: Sequence[str]) -> tuple[str, ...]:
+    """The Host names ``locks web`` answers: the loopback names, the bound address (a wildcard address: this
+    machine's names), and ``extra`` (``--allowed-host``); an IPv6 address as a Host names it in brackets."""
+    names = [*LOOPBACK_HOSTS, host]
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - compared, not bound
+        names += [socket.gethostname(), socket.getfqdn()]
+    names += [h.strip() for h in extra if h.strip()]
+    names += [f"[{n}]" for n in names if ":" in n and not n.startswith("[")]
+    return tuple(dict.fromkeys(n.lower() for n in names if n))
+
+
+# --- locks health (the probes live in celery_singleton_lock.health) ------------------------------------------------
+
+
+@locks.command(name="health", cls=CeleryCommand)
+@click.option("--readiness", "probe", flag_value="readiness", default=True, help="A quorum of lock nodes answers.")
+@click.option("--liveness", "probe", flag_value="liveness", help="The worker's watchdog (or beat) writes its file.")
+@click.option("--file", "path", default=None, help="The liveness file (default: singleton_lock_liveness_file).")
+@_seconds_option("--grace", DEFAULT_GRACE, "Seconds a heartbeat may be later than it said before the probe fails.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
+@click.pass_context
+def health_command(ctx: click.Context, *, probe: str, path: str | None, grace: float, as_json: bool) -> None:
+    """A probe for Kubernetes: exit 0 when healthy, 1 with one line saying why not.
+
+    --readiness (the default): at least a quorum of the lock nodes answers (each asked once, at the same time,
+    within singleton_lock_socket_timeout). --liveness: the heartbeat file a worker's lock watchdog or a beat
+    under the singleton scheduler rewrites is not overdue (see docs/ops.md).
+    """
+    settings = _settings(ctx)
+    found: Readiness | Liveness
+    if probe == "liveness":
+        path = path or settings.liveness_file
+        if not path:
+            raise click.UsageError("--liveness needs a file: set singleton_lock_liveness_file or pass --file PATH")
+        found = liveness(path, grace=grace)
+        ok = found.ok
+    else:
+        found = readiness(settings)
+        ok = found.ready
+    if as_json:
+        ctx.obj.echo(json.dumps(found.to_json()))
+    elif ok:
+        ctx.obj.echo(found.line())
+    else:
+        ctx.obj.error(found.line())
+    if not ok:
+        ctx.exit(1)
+
+
+# --- locks explain (the reading lives in celery_singleton_lock.explain) ---------------------------------------------
+
+
+def _json_arg(value: str, option: str, kind: type) -> Any:
+    example = "'[1, \"x\"]'" if kind is list else "'{\"a\": 1}'"
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc.msg}): e.g. {example}", param_hint=option) from None
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(
+            f"must be a JSON {'array' if kind is list else 'object'}, e.g. {example}", param_hint=option
+        )
+    return parsed
+
+
+@locks.command(name="explain", cls=CeleryCommand)
+@click.argument("task_name", metavar="TASK")
+@click.option("-a", "--args", "args_json", default="[]", help="Positional arguments, a JSON array: '[1, \"x\"]'.")
+@click.option("-k", "--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object: '{\"a\": 1}'.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
+@click.pass_context
+def explain_command(ctx: click.Context, task_name: str, *, args_json: str, kwargs_json: str, as_json: bool) -> None:
+    """What would happen to TASK called with these arguments now, and why (Celery's `call` convention).
+
+    Its key; who holds it (task id, worker, since when, fencing token); the waiting line and its cap; the rate
+    windows and when a share frees; a cooldown, a pending debounced burst, done markers; each node's answer when
+    the nodes disagree. Reads only. Exit 1 when fewer than a quorum of the nodes answered.
+    """
+    from .explain import explain, format_explanation  # noqa: PLC0415 - only this command needs it
+
+    args = _json_arg(args_json, "--args", list)
+    kwargs = _json_arg(kwargs_json, "--kwargs", dict)
+    try:
+        found = explain(ctx.obj.app, task_name, args, kwargs)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    except TypeError as exc:  # the arguments do not fit the task's signature
+        raise click.BadParameter(f"{task_name}: {exc}", param_hint="--args/--kwargs") from None
+    now = time.time()
+    if as_json:
+        ctx.obj.echo(json.dumps(found.to_json(now), indent=2))
+    else:
+        ctx.obj.echo(format_explanation(found, now))
+    if found.verdict == "unavailable":
+        ctx.exit(1)
+
+
 # --- locks doctor (the checks live in celery_singleton_lock.doctor) --------------------------------------------------
 
 
 @locks.command(name="doctor", cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document (for scripts; see docs/cli.md).")
-@click.option(
-    "--max-clock-drift",
-    type=click.FloatRange(min=0.0),
-    default=DEFAULT_MAX_CLOCK_DRIFT,
-    show_default=True,
-    help="Seconds a node's clock may differ from this host's before a warning.",
+@_seconds_option(
+    "--max-clock-drift", DEFAULT_MAX_CLOCK_DRIFT, "Seconds a node's clock may differ from this host's before a warning."
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=DEFAULT_TIMEOUT,
-    show_default=True,
-    help="Seconds all checks of one node may take (the nodes are checked at once).",
+@_seconds_option(
+    "--timeout", DEFAULT_TIMEOUT, "Seconds all checks of one node may take (the nodes are checked at once).", 0.1
 )
 @click.pass_context
 def doctor_command(ctx: click.Context, *, as_json: bool, max_clock_drift: float, timeout: float) -> None:

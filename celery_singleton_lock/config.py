@@ -8,6 +8,7 @@ exists to prevent. The settings are cached on the app; :func:`settings_for` is c
 from __future__ import annotations
 
 import difflib
+import importlib
 import logging
 import re
 import threading
@@ -17,7 +18,9 @@ from typing import Any, Final, Literal, cast, get_args
 
 import redis
 from redis.cluster import RedisCluster
+from redis.credentials import CredentialProvider
 
+from ._urls import use_credentials
 from .errors import ConfigurationError
 from .redlock import NodeSet, redact_url
 
@@ -63,7 +66,11 @@ class LockSettings:
     ``singleton_lock_max_retries``        None (forever)               retries before giving up when unavailable
     ``singleton_lock_renew_fraction``     1/3                          renew every ``ttl * fraction`` seconds
     ``singleton_lock_skip_before_pool``   True                         skip a clear duplicate in the worker's main
-                                                                       process, before the pool (docs: README)
+                                                                       process, before the pool (docs/how-it-works.md)
+    ``singleton_lock_credential_provider`` None                        a redis-py ``CredentialProvider`` (or its
+                                                                       dotted path) for every node connection
+    ``singleton_lock_liveness_file``      None                         a heartbeat file the worker's watchdog and
+                                                                       beat rewrite (``locks health --liveness``)
     ===================================== ============================ ==============================================
     """
 
@@ -78,12 +85,13 @@ class LockSettings:
     max_retries: int | None = None
     renew_fraction: float = 1 / 3
     skip_before_pool: bool = True
+    liveness_file: str | None = None
+    credential_provider: Any = field(default=None, repr=False)  # repr: its class only (it may hold a secret)
     nodes: NodeSet = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_ttl(self.ttl, "singleton_lock_ttl")
-        if not isinstance(self.prefix, str):
-            raise ConfigurationError(f"singleton_lock_prefix must be a string, got {self.prefix!r}")
+        check_prefix(self.prefix)
         _positive(self.socket_timeout, "singleton_lock_socket_timeout")
         check_policy(self.on_duplicate, DuplicatePolicy, "singleton_lock_on_duplicate")
         check_policy(self.on_unavailable, UnavailablePolicy, "singleton_lock_on_unavailable")
@@ -101,11 +109,23 @@ class LockSettings:
             raise ConfigurationError(
                 f"singleton_lock_skip_before_pool must be True or False, got {self.skip_before_pool!r}"
             )
+        if self.liveness_file is not None and (not isinstance(self.liveness_file, str) or not self.liveness_file):
+            raise ConfigurationError(
+                f"singleton_lock_liveness_file must be a file path (e.g. '/tmp/celery-liveness.json') or None, "
+                f"got {self.liveness_file!r}"
+            )
+        if self.credential_provider is not None:
+            provider = _credential_provider(self.credential_provider)
+            object.__setattr__(self, "credential_provider", provider)
+            _no_userinfo(self.urls)
+            use_credentials(self.urls, provider)
         object.__setattr__(self, "nodes", NodeSet(list(self.urls), socket_timeout=self.socket_timeout))
 
     def __repr__(self) -> str:
         # Not the generated repr: it would print the URLs' passwords, and settings end up in logs and tracebacks.
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr and f.name != "urls"]
+        if self.credential_provider is not None:
+            shown.append(f"credential_provider=<{type(self.credential_provider).__qualname__}>")
         return f"LockSettings(urls={self.redacted_urls!r}, {', '.join(shown)})"
 
     @property
@@ -138,11 +158,70 @@ _FIELDS: Final = {
     "max_retries",
     "renew_fraction",
     "skip_before_pool",
+    "liveness_file",
+    "credential_provider",
 }
 
 
 # Settings of celery-singleton that fall into our namespace: an app migrating from it gets told what to use.
 _PEER_SETTINGS: Final = {"singleton_lock_expiry": "singleton_lock_ttl (or lock_ttl on the task)"}
+
+
+def _credential_provider(value: object) -> CredentialProvider:
+    """A ``CredentialProvider``: given, or named by a dotted path (``"proj.redis:provider"``) to an instance or to a
+    class (or function) that makes one with no arguments."""
+    found = value
+    if isinstance(value, str):
+        module, _, attr = value.partition(":") if ":" in value else value.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"singleton_lock_credential_provider {value!r} cannot be imported ({type(exc).__name__}): give a "
+                "dotted path such as 'proj.redis:credentials' or a redis.credentials.CredentialProvider instance"
+            ) from None
+    if callable(found) and not isinstance(found, CredentialProvider):
+        found = found()
+    if not isinstance(found, CredentialProvider):
+        raise ConfigurationError(
+            "singleton_lock_credential_provider must be a redis.credentials.CredentialProvider instance (or a "
+            f"dotted path to one), got {type(found).__module__}.{type(found).__qualname__}"
+        )
+    return found
+
+
+def _no_userinfo(urls: Sequence[object]) -> None:
+    """Refuse a URL carrying a user or password beside a credential provider (redis-py takes one or the other)."""
+    for i, url in enumerate(urls):
+        if isinstance(url, str) and "@" in url.split("://", 1)[-1].split("/", 1)[0]:
+            raise ConfigurationError(
+                f"singleton_lock_urls[{i}] {redact_url(url)} carries a user or password and "
+                "singleton_lock_credential_provider is set: remove them from the URL (the provider gives them)"
+            )
+
+
+#: A prefix: an optional leading hash tag, then a name, then one ``:`` that ends it (see :func:`check_prefix`).
+PREFIX_SHAPE = re.compile(r"(\{[^{}:]+\})?[^{}:]*:")
+
+
+def check_prefix(value: object) -> str:
+    """``value`` if it is a valid ``singleton_lock_prefix``: one ``:``, at its end, and braces only as a leading
+    hash tag (``"app:"``, ``"{locks}app:"``, ``"{locks}:"``).
+
+    Why: two apps whose prefixes nest (``"a:"`` and ``"a:b:"``) would see each other's keys on shared nodes (a key
+    ``a:b:t:v2:...`` is under both), so one app's ``locks list``, page and release would act on the other's locks.
+    With one ``:`` that ends every prefix, no prefix starts another one (only itself): a key is under at most one
+    app's prefix, whatever task names and ``lock_key`` functions the apps use.
+    """
+    if not isinstance(value, str):
+        raise ConfigurationError(f"singleton_lock_prefix must be a string, got {value!r}")
+    if PREFIX_SHAPE.fullmatch(value) is None:
+        name = re.sub(r"[{}:]+", "-", value).strip("-") or "app"
+        raise ConfigurationError(
+            f"singleton_lock_prefix {value!r} must hold one ':', at its end (braces only as a leading hash tag): "
+            f"prefixes that nest ('a:' and 'a:b:') see each other's locks; use e.g. {name + ':'!r}"
+        )
+    return value
 
 
 def _positive(value: object, setting: str) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "LockInfo",
     "NodeRelease",
     "NodeState",
+    "RateWindow",
     "Report",
     "done_marker_of",
     "format_duration",
@@ -41,6 +42,7 @@ __all__ = [
     "list_locks",
     "merge",
     "read_keys",
+    "read_rate",
     "read_stats",
     "release_lock",
     "scan_keys",
@@ -288,7 +290,10 @@ def done_marker_of(key: str) -> tuple[str, str] | None:
 
 def _is_metrics_key(prefix: str, key: str) -> bool:
     """A hash of the workers' counts (see :mod:`celery_singleton_lock.metrics`), not a lock."""
-    return key == total_key(prefix) or key.startswith(minute_key(prefix, 0)[:-1])
+    # (Under a prefix with a hash tag the flush's batch markers are named under it too: "P stats:batch:<id>".)
+    return key == total_key(prefix) or key.startswith(
+        (minute_key(prefix, 0)[:-1], f"{prefix}stats:batch:", f"{total_key(prefix)}:batch:")
+    )
 
 
 def _glob_escape(text: str) -> str:
@@ -331,8 +336,9 @@ def scan_keys(settings: LockSettings, *, match: str = "*", done: bool = False) -
                         or _is_fence_key(key)
                     ):
                         continue
-                    if done_marker_of(key) is not None and not done:
-                        continue
+                    marker = done_marker_of(key)
+                    if marker is not None and (not done or not marker[0].startswith(settings.prefix)):
+                        continue  # (a "{*P*:done:*" match can be another app's: "{xa:t:v2:..}:done:1" for P "a:")
                     found.add(key)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
@@ -482,7 +488,9 @@ def scan_bursts(settings: LockSettings, match: str = "*", *, skip: Iterable[int]
         try:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                 name = _text(raw).removesuffix(":debounce")
-                found.add(name if _has_tag(settings.prefix) else name[1:-1])
+                lock = name if _has_tag(settings.prefix) else name[1:-1]
+                if lock.startswith(settings.prefix) and burst_key_for(lock) == _text(raw):
+                    found.add(lock)
         except (RedisError, OSError) as exc:
             errors.append(nodes.error(i, exc))
     return Report(sorted(found), tuple(errors), len(nodes), nodes.quorum)
@@ -535,6 +543,39 @@ def line_of(settings: LockSettings, key: str) -> int | None:
         return int(settings.nodes.clients[0].zcard(sibling_key(key, ":waiters")))
     except (RedisError, OSError):
         return None
+
+
+@dataclass(frozen=True)
+class RateWindow:
+    """One node's sliding log of a ``lock_rate`` key: the starts counted in the last window, by that node's clock."""
+
+    node: str
+    starts: tuple[float, ...]  # seconds ago each counted start began, newest first
+    frees_in: float  # seconds until one more start fits on this node (0: now)
+
+
+def read_rate(settings: LockSettings, key: str, limit: int, period: float) -> Report[list[RateWindow | None]]:
+    """Rate ``key``'s log on each node (None: did not answer): the starts of the last ``period`` seconds and when
+    one more of ``limit`` fits there. Read only (ZRANGE and TIME), never trimmed: that is rate.lua's job."""
+    nodes = settings.nodes
+    out: list[RateWindow | None] = [None] * len(nodes)
+    errors: list[NodeError] = []
+    for i, client in enumerate(nodes.clients):
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.zrange(key, 0, -1, withscores=True)
+            pipe.time()
+            entries, (sec, usec) = pipe.execute()
+        except (RedisError, OSError) as exc:
+            errors.append(nodes.error(i, exc))
+            continue
+        now_us = int(sec) * 1_000_000 + int(usec)
+        window_us = period * 1_000_000
+        live = sorted((float(score) for _, score in entries if float(score) > now_us - window_us), reverse=True)
+        # A start fits once all but limit - 1 of the live ones left the window (rate.lua's rule).
+        frees = 0.0 if len(live) < limit else (live[limit - 1] + window_us - now_us) / 1_000_000
+        out[i] = RateWindow(nodes.names[i], tuple((now_us - t) / 1_000_000 for t in live), max(0.0, frees))
+    return Report(out, tuple(errors), len(nodes), nodes.quorum)
 
 
 def burst_line(info: LockInfo) -> str:

@@ -26,22 +26,29 @@ here, once, with what it means.
 
 from __future__ import annotations
 
+import logging
+import secrets
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from .nodes import NodeError, NodeSet
+from .record import sibling_key
+from .scripts import COUNT as _COUNT
 
 __all__ = [
     "KEEP",
+    "MARK_TTL",
     "OUTCOMES",
     "WAITS",
     "WAIT_MS",
     "MetricsReport",
+    "Outbox",
     "minute_key",
     "parse_since",
     "read_metrics",
@@ -101,6 +108,120 @@ def write(pipe: Any, prefix: str, counts: Mapping[tuple[str, str], int], now: fl
         pipe.hincrby(total_key(prefix), f"{task}{SEP}{outcome}", n)
         pipe.hincrby(bucket, f"{task}{SEP}{outcome}", n)
     pipe.expire(bucket, KEEP)
+
+
+logger = logging.getLogger("celery_singleton_lock.metrics")
+
+#: How long a batch's markers live (s): a batch retried within it is added once.
+MARK_TTL = KEEP
+#: How long a batch is retried at most (s): well inside :data:`MARK_TTL`, after that it is dropped, logged.
+GIVE_UP = 12 * 3600
+#: Batches kept per (nodes, prefix) at most while their node does not answer (the oldest dropped, logged).
+MAX_BATCHES = 1000
+
+
+@dataclass
+class _Batch:
+    """Counts flushed together: one id, one minute, and once sent, one node (see :class:`Outbox`)."""
+
+    counts: Counter[tuple[str, str]]
+    minute: int
+    made: float = field(default_factory=time.monotonic)
+    id: str = field(default_factory=lambda: secrets.token_hex(8))
+    node: int | None = None  # the node it was sent to (maybe received): retried there only
+
+
+class Outbox:
+    """A process's counts on their way to Redis: each flush a *batch* with an id, added exactly once.
+
+    Timeline of the loss this closes: the watchdog sends a batch's pipeline to a node; the node reads part of it, or
+    all of it, and the connection drops (the node paused, restarted, a proxy cut it). Was it added? Sending it again
+    could count it twice; not sending it could lose it. So each hash of a batch is added by ``count.lua`` with the
+    batch's id, which sets a marker beside that hash (``sibling_key(hash, ":batch:<id>")``, :data:`MARK_TTL` s) in the
+    same atomic step: a batch sent again is added where it was not yet, and nowhere twice. A batch sent once (any
+    byte of it may have reached the node) is retried on *that* node only, at each flush, until the node answers
+    (another node has no marker: the batch would count twice there); a batch not yet sent (every node failed its
+    PING) is merged into the next one and may go to any node. Bounded: :data:`MAX_BATCHES` batches per target,
+    each retried at most :data:`GIVE_UP` s; a batch dropped is logged with its size.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()
+        self._batches: dict[tuple[NodeSet, str], list[_Batch]] = {}
+
+    def pending(self) -> int:
+        """Batches not yet known to be added."""
+        with self._lock:
+            return sum(len(b) for b in self._batches.values())
+
+    def send(self, counts: Mapping[tuple[NodeSet, str], Counter[tuple[str, str]]], now: float | None = None) -> None:
+        """Make a batch of each target's ``counts``, then send every batch not yet added (one flush)."""
+        minute = int((time.time() if now is None else now) // 60)
+        # One flush at a time (the watchdog's thread, a flush at exit, a test's): a batch is never merged into while
+        # it is being sent, nor sent twice at once.
+        with self._sending:
+            with self._lock:
+                for target, counter in counts.items():
+                    batches = self._batches.setdefault(target, [])
+                    unsent = next((b for b in batches if b.node is None and b.minute == minute), None)
+                    if unsent is not None:
+                        unsent.counts.update(counter)
+                    elif counter:
+                        batches.append(_Batch(Counter(counter), minute))
+                    while len(batches) > MAX_BATCHES:
+                        lost = batches.pop(0)
+                        logger.warning(
+                            "lock metrics: dropped a batch of %d counts (no node took it)", lost.counts.total()
+                        )
+                work = [(target, list(batches)) for target, batches in self._batches.items()]
+            for (nodes, prefix), batches in work:
+                for batch in batches:
+                    added = self._deliver(nodes, prefix, batch)
+                    old = time.monotonic() - batch.made > GIVE_UP
+                    if not added and old:
+                        logger.warning("lock metrics: gave up a batch of %d counts", batch.counts.total())
+                    if added or old:
+                        with self._lock:
+                            self._batches[(nodes, prefix)].remove(batch)
+
+    def _deliver(self, nodes: NodeSet, prefix: str, batch: _Batch) -> bool:
+        """True once every hash of ``batch`` is added on its node (now, or by an earlier attempt)."""
+        if batch.node is None:
+            for i, client in enumerate(nodes.clients):
+                try:
+                    client.ping()  # nothing of the batch is sent to a node that does not answer this
+                except ResponseError:
+                    pass  # it answered (an ACL user without PING: NOPERM)
+                except (RedisError, OSError):
+                    continue
+                batch.node = i
+                break
+            else:
+                return False
+        for key, fields, life in _hashes_of(prefix, batch):
+            args: list[str | int] = [MARK_TTL, life]
+            for name, n in fields.items():
+                args += [name, n]
+            answer = nodes.run(_COUNT, (key, sibling_key(key, f":batch:{batch.id}")), args, [batch.node])[batch.node]
+            if isinstance(answer, BaseException):
+                logger.debug("lock metrics: a batch was not confirmed; sent again at the next flush (added once)")
+                return False
+        return True
+
+
+def _hashes_of(prefix: str, batch: _Batch) -> list[tuple[str, dict[str, int], int]]:
+    """The hashes a batch adds to: (key, field -> increment, the hash's life in s or 0)."""
+    legacy: Counter[str] = Counter()
+    fields: dict[str, int] = {}
+    for (task, outcome), n in batch.counts.items():
+        if not n:
+            continue
+        if not outcome.startswith("@"):
+            legacy[outcome] += n
+        fields[f"{task}{SEP}{outcome}"] = n
+    out = [(f"{prefix}stats", dict(legacy), 0), (total_key(prefix), fields, 0)]
+    return [*out, (minute_key(prefix, batch.minute), fields, KEEP)] if fields else []
 
 
 def parse_since(text: str) -> float:

@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from . import _resp
-from ._urls import NodeURL, parse_node_url, redact_url, validate_url
+from ._urls import NodeURL, credentials_for, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
@@ -71,7 +71,7 @@ _NO_SETINFO: dict[str, Any] = (
 # redis-py functions without type annotations, called through Any (mypy --strict refuses untyped calls).
 _untyped: Any = SimpleNamespace(parse_url=redis.connection.parse_url, Sentinel=Sentinel, ClusterNode=ClusterNode)
 
-_clients: dict[tuple[str, float, float], redis.Redis | _Cluster] = {}
+_clients: dict[tuple[str, float, float, int], redis.Redis | _Cluster] = {}
 _clients_lock = threading.Lock()
 
 
@@ -82,7 +82,8 @@ def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redi
     ``fork()``, and the pool itself is thread-safe. Nothing here connects: a node that is down when the worker
     starts is a node that does not answer yet, not an error.
     """
-    cache_key = (url, socket_timeout, connect_timeout)
+    provider = credentials_for(url)  # singleton_lock_credential_provider: asked on every new connection
+    cache_key = (url, socket_timeout, connect_timeout, id(provider))
     with _clients_lock:
         client = _clients.get(cache_key)
         if client is None:
@@ -94,6 +95,7 @@ def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redi
                 "socket_connect_timeout": connect_timeout,
                 "protocol": 2,
                 **_NO_SETINFO,
+                **({"credential_provider": provider} if provider is not None else {}),
             }
             if spec is None:
                 client = redis.Redis.from_url(url, **options)
@@ -120,7 +122,7 @@ def _sentinel_master(spec: NodeURL, options: Mapping[str, Any]) -> redis.Redis:
     kwargs = _url_options(spec, options)
     # No retries: redis.Redis retries a refused connect 3 times with back-off by default, and a Sentinel that is down
     # would then cost seconds on every new connection to the master (the next Sentinel is asked at once instead).
-    sentinel_kwargs = {**options, "retry": None}
+    sentinel_kwargs = {k: v for k, v in options.items() if k != "credential_provider"} | {"retry": None}
     sentinel_kwargs.update((name.removeprefix("sentinel_"), value) for name, value in spec.sentinel_options)
     if spec.tls:  # the Sentinels of a TLS deployment listen on TLS too, with the same certificates
         sentinel_kwargs.update({k: v for k, v in kwargs.items() if k.startswith("ssl")})

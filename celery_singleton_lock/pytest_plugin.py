@@ -96,7 +96,8 @@ def singleton_lock_app(singleton_lock_celery_app: Any, singleton_lock_urls: list
 
     app = singleton_lock_celery_app
     base = app.conf.get("singleton_lock_prefix") or _DEFAULT_PREFIX
-    prefix = f"{base}{secrets.token_hex(4)}:" if isinstance(base, str) else base  # a bad prefix: let it be refused
+    # Beside the app's prefix, never under it (prefixes must not nest): "mine:" -> "mine-1a2b3c4d:".
+    prefix = f"{base.removesuffix(':')}-{secrets.token_hex(4)}:" if isinstance(base, str) else base
     with use_lock_nodes(app, singleton_lock_urls, prefix=prefix):
         yield app
 

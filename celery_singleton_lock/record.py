@@ -48,7 +48,7 @@ __all__ = [
     "fence_key_for",
     "fence_key_in_slot",
     "limits_key_for",
-    "newest_claim_key_for",
+    "newest_run_key_for",
     "record_of",
     "sibling_key",
     "slot_keys",
@@ -88,6 +88,8 @@ F_DUE = "due"  #: a burst: when its job runs (the node's Unix ms), unless anothe
 F_SEQ = "seq"  #: a burst: how many calls joined it (its last call's number)
 F_ARGS = "args"  #: a burst: its last call's arguments, JSON ``[args, kwargs]``
 F_SENT = "sent"  #: a burst: '0' until its job's message was published, then when it was (last) published (node ms)
+F_EXP = "exp"  #: a burst: its last call's expiry (Unix ms; 0: none): a re-send carrying its arguments expires then
+F_HIST = "hist"  #: a burst: its last 16 versions (calls), JSON ``[[n, call id, args, due, expires], ...]``
 #: Every field a holder record (or a pending burst) may have.
 FIELDS = (
     F_OWNER,
@@ -106,6 +108,8 @@ FIELDS = (
     F_SEQ,
     F_ARGS,
     F_SENT,
+    F_EXP,
+    F_HIST,
 )
 
 # -- keys --------------------------------------------------------------------------------------------------------
@@ -149,9 +153,9 @@ def claimed_key_for(key: str, job: str) -> str:
     return sibling_key(key, f":debounced:{job}")
 
 
-def newest_claim_key_for(key: str) -> str:
-    """The task id of the newest debounced job that claimed a burst of ``key``: same slot as ``key``."""
-    return sibling_key(key, ":debounced-newest")
+def newest_run_key_for(key: str) -> str:
+    """The newest version of ``key``'s debounced calls that ran (its stamp, job, arguments): same slot as ``key``."""
+    return sibling_key(key, ":debounced-ran")
 
 
 def limits_key_for(prefix: str, space: str) -> str:

@@ -36,14 +36,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from redis.exceptions import RedisError, ResponseError
-
 from . import metrics
+from ._heartbeat import write_heartbeat
 
 if TYPE_CHECKING:
     from .nodes import NodeSet
 
-__all__ = ["Lease", "Renewable", "Watchdog", "flush_stats", "watchdog"]
+__all__ = ["Lease", "Renewable", "Watchdog", "flush_stats", "start_liveness", "watchdog"]
 
 logger = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -106,6 +105,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._stats: dict[tuple[NodeSet, str], Counter[tuple[str, str]]] = {}
+        self._outbox = metrics.Outbox()  # batches sent until a node confirms them, each added once
         self._next_flush = 0.0
         self._sleeping_until = 0.0  # when the thread next wakes up by itself
 
@@ -190,7 +190,17 @@ class Watchdog:
         with self._mutex:
             self._sleeping_until = min([lease.next_renewal for lease in self._leases] + [self._next_flush])
             self._wake.clear()
+            overdue = max([self._clock() - lease.next_renewal for lease in self._leases], default=0.0)
+        if _liveness_file is not None:
+            self._heartbeat(_liveness_file, len(leases), overdue)
         self._wake.wait(max(self._sleeping_until - self._clock(), 0.01))
+
+    def _heartbeat(self, path: str, leases: int, overdue: float) -> None:
+        """Rewrite the liveness file: alive, and due again within one flush interval (the longest sleep)."""
+        try:
+            write_heartbeat(path, role="worker", due_in=STATS_FLUSH_INTERVAL, leases=leases, overdue=overdue)
+        except OSError as exc:
+            logger.warning("lock watchdog: cannot write the liveness file: %s", exc)
 
     def renew(self, leases: list[Lease]) -> None:
         """Renew ``leases`` now: one batched script call per node set (and per BATCH leases)."""
@@ -254,34 +264,12 @@ class Watchdog:
                 logger.exception("lock-lost callback for %s raised", lease.lock.name)
 
     def flush_stats(self) -> None:
-        """Add the counters up in Redis on the first node that answers (:func:`metrics.write`, one pipeline); keep
-        them if none does.
-
-        A node that does not answer a PING is passed over (nothing of the batch was sent to it). Once the pipeline
-        is sent, a failure (a timeout: the node paused or slow) is not "none answered": the node still runs the
-        pipeline when it resumes, so writing the batch again (later, or to the next node) would count it twice; the
-        batch counts as written (at most once). The PING is one round trip per flush, every 5 s, off the hot path."""
+        """Send the counters to Redis as one batch (:class:`metrics.Outbox`: added exactly once, retried until a
+        node confirms it)."""
         with self._mutex:
             pending = {k: c for k, c in self._stats.items() if c}
             self._stats = {k: Counter() for k in self._stats}
-        for (nodes, prefix), counter in pending.items():
-            for client in nodes.clients:
-                try:
-                    client.ping()
-                except ResponseError:
-                    pass  # it answered (an ACL user without PING: NOPERM)
-                except (RedisError, OSError):
-                    continue
-                try:
-                    pipe = client.pipeline(transaction=False)
-                    metrics.write(pipe, prefix, counter)
-                    pipe.execute()
-                except (RedisError, OSError):
-                    logger.debug("lock watchdog: a stats flush failed once sent; not written again (it may land)")
-                break
-            else:
-                with self._mutex:
-                    self._stats[(nodes, prefix)].update(counter)
+        self._outbox.send(pending)
 
 
 _watchdog: Watchdog | None = None
@@ -296,6 +284,20 @@ def _flush_quietly() -> None:
 
 
 _watchdog_lock = threading.Lock()
+#: ``singleton_lock_liveness_file`` once a worker started its liveness (inherited by forked pool children, whose
+#: watchdogs write it too once they run).
+_liveness_file: str | None = None
+
+
+def start_liveness(path: str) -> None:
+    """Make this process's watchdog (and those of processes forked from it) rewrite ``path`` on every pass, and start
+    it now: a worker's main process calls this once its pool has started (see :mod:`celery_singleton_lock.health`)."""
+    global _liveness_file  # noqa: PLW0603 - one per process, by design
+    _liveness_file = path
+    current = watchdog()
+    with current._mutex:  # noqa: SLF001
+        current._ensure_thread()  # noqa: SLF001
+    current._wake.set()  # noqa: SLF001 - write the first heartbeat now
 
 
 def watchdog() -> Watchdog:

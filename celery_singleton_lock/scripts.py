@@ -16,6 +16,8 @@ __all__ = [
     "ACQUIRE_SCRIPT",
     "BRIEF",
     "BRIEF_SCRIPT",
+    "COUNT",
+    "COUNT_SCRIPT",
     "DEBOUNCE_CLAIM",
     "DEBOUNCE_CLAIM_SCRIPT",
     "DEBOUNCE_JOIN",
@@ -109,6 +111,7 @@ DEBOUNCE_CLAIM_SCRIPT = _load("debounce_claim")
 READ_SCRIPT = _load("read")
 BRIEF_SCRIPT = _load("brief")  # the locks page (celery_singleton_lock.web)
 FORCE_RELEASE_SCRIPT = _load("force_release")
+COUNT_SCRIPT = _load("count")  # the metrics flush (celery_singleton_lock.metrics.Outbox)
 
 #: EXTEND_SCRIPT's answer per lease.
 EXTENDED, REPAIRED, LOST = 1, 2, 0
@@ -134,6 +137,7 @@ class Script:
 
 
 ACQUIRE = Script(ACQUIRE_SCRIPT)
+COUNT = Script(COUNT_SCRIPT)
 FENCE = Script(FENCE_SCRIPT)
 RELEASE = Script(RELEASE_SCRIPT)
 TRANSFER = Script(TRANSFER_SCRIPT)
@@ -176,4 +180,5 @@ SCRIPTS: dict[str, Script] = {
     "read": READ,
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,
+    "count": COUNT,
 }

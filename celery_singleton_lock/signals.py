@@ -16,7 +16,15 @@ that raises is logged by Celery and does not affect the lock.
 signal             arguments (besides ``sender``)
 ================== ==================================================================================
 lock_acquired      key, task_id, fencing_token
-duplicate_skipped  key, task_id, holder_task_id, policy ("skip", "fail", "reschedule"; "enqueue": not sent)
+duplicate_skipped  key, task_id, holder_task_id, policy ("skip", "fail", "reschedule"; "enqueue": not sent);
+                   ``request`` too (the worker's Request) when skipped before the pool
+call_joined        key, task_id, holder_task_id: a call at ``delay()`` whose own task id is already queued,
+                   running or done (queue scope): nothing was sent, its caller waits on that job
+delivery_skipped   key, task_id, kind, holder_task_id: a delivery in a pool that did not run the body and ends as
+                   a success in Celery's tracer (``Skipped.kind``: duplicate, deferred, waiting, done, settled);
+                   sent after the decision's own signal, if it has one (done and settled have none)
+rate_limited       key (the rate's key), task_id, rate, policy (``lock_on_rate_limit``): once per delivery held
+                   back by its rate (a re-sent copy that asks again sends it again)
 lock_waiting       key, task_id, countdown, reason ("redelivered" / "unavailable")
 lock_unavailable   key, task_id, policy ("retry", "fail" or "run"), errors (redacted node errors)
 lock_lost          key, task_id, reason
@@ -29,12 +37,15 @@ from __future__ import annotations
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "call_joined",
+    "delivery_skipped",
     "duplicate_skipped",
     "lock_acquired",
     "lock_lost",
     "lock_released",
     "lock_unavailable",
     "lock_waiting",
+    "rate_limited",
 ]
 
 lock_acquired = Signal(name="lock_acquired", providing_args={"key", "task_id", "fencing_token"})
@@ -42,4 +53,7 @@ duplicate_skipped = Signal(name="duplicate_skipped", providing_args={"key", "tas
 lock_waiting = Signal(name="lock_waiting", providing_args={"key", "task_id", "countdown", "reason"})
 lock_unavailable = Signal(name="lock_unavailable", providing_args={"key", "task_id", "policy", "errors"})
 lock_lost = Signal(name="lock_lost", providing_args={"key", "task_id", "reason"})
+call_joined = Signal(name="call_joined", providing_args={"key", "task_id", "holder_task_id"})
+delivery_skipped = Signal(name="delivery_skipped", providing_args={"key", "task_id", "kind", "holder_task_id"})
+rate_limited = Signal(name="rate_limited", providing_args={"key", "task_id", "rate", "policy"})
 lock_released = Signal(name="lock_released", providing_args={"key", "task_id", "held"})

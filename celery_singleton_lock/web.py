@@ -19,10 +19,14 @@ Content-Security-Policy lets only the page's own script run, and no URL, passwor
 
 from __future__ import annotations
 
+import base64
+import bisect
+import hashlib
 import hmac
 import html
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -34,26 +38,31 @@ from urllib.parse import parse_qs
 
 from redis.exceptions import RedisError
 
+from ._gauges import lock_of_line as _lock_of_line
+from ._gauges import read_gauges
 from .config import LockSettings, settings_for
 from .doctor import Finding, run_doctor
 from .errors import ConfigurationError
+from .health import route as health_route
 from .inventory import (
     _TASK_STATES,
     LockInfo,
     Report,
+    burst_line,
     done_marker_of,
     format_duration,
     holder_label,
-    list_locks,
     merge,
+    read_burst,
     read_keys,
     release_lock,
+    scan_bursts,
     scan_keys,
     show_lock,
 )
 from .metrics import OUTCOMES, WAIT_MS, WAITS, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
-from .record import sibling_key
+from .record import burst_key_for
 from .scripts import BRIEF as _BRIEF
 
 __all__ = [
@@ -61,6 +70,7 @@ __all__ = [
     "PAGE_SIZE",
     "Line",
     "exposition",
+    "list_page",
     "make_app",
     "metrics_app",
     "scan_lines",
@@ -77,6 +87,16 @@ LINE_SHOWN = 20
 MIN_SECRET = 16
 #: The request body read at most (a release form is a few hundred bytes).
 MAX_BODY = 16 * 1024
+#: Wrong release secrets a client address may send per ``SECRET_WINDOW`` s; then 429 until the oldest ages out.
+SECRET_TRIES, SECRET_WINDOW = 5, 60.0
+#: Client addresses whose wrong secrets are remembered at most (the oldest are forgotten first).
+MAX_CLIENTS = 10_000
+#: ``/locks.json``: locks per page unless ``?limit=`` says, and the most a page may ask for.
+JSON_LIMIT, JSON_MAX_LIMIT = 500, 5000
+#: The longest ``?cursor=`` taken (a cursor is a key, base64: keys are bounded, see docs/keys.md).
+MAX_CURSOR = 8192
+#: Characters of a key a cursor carries; a longer key is named by them and a digest.
+CURSOR_KEY = 1024
 SCAN_COUNT = 1000
 BATCH = 200
 
@@ -117,23 +137,6 @@ class Line:
     waiters: tuple[tuple[str, float], ...]  # (task id, since: s since the epoch)
 
 
-def _lock_of_line(key: str) -> str | None:
-    """The lock key whose waiting line ``key`` is, or None."""
-    if not key.endswith(":waiters"):
-        return None
-    head = key[: -len(":waiters")]
-    candidates = []
-    if head.startswith("{"):
-        if head.endswith("}"):
-            candidates.append(head[1:-1])
-        candidates.append(head[head.find("}") + 1 :])
-    candidates.append(head)
-    for lock in candidates:
-        if lock and sibling_key(lock, ":waiters") == key:
-            return lock
-    return None
-
-
 def task_of(prefix: str, key: str) -> str:
     """The task name a LockedTask key names (``prefix + name + ':v2:' + hash``), or ``""``."""
     if not key.startswith(prefix):
@@ -162,7 +165,11 @@ def scan_lines(settings: LockSettings, *, skip: Iterable[int] = ()) -> Report[li
         for pattern in patterns:
             for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                 found.add(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
-        keys = sorted((k, lock) for k in found if (lock := _lock_of_line(k)) is not None)
+        keys = sorted(
+            (k, lock)
+            for k in found
+            if (lock := _lock_of_line(k)) is not None and lock.startswith(settings.prefix)  # not "{xa:..}" for "a:"
+        )
         for start in range(0, len(keys), BATCH):
             batch = keys[start : start + BATCH]
             pipe = client.pipeline(transaction=False)
@@ -266,7 +273,8 @@ class Snapshot:
 
     now: float
     briefs: list[Brief]
-    sections: dict[str, tuple[int, list[LockInfo]]]  # section -> (keys in it, the page's keys read and merged)
+    sections: dict[str, tuple[int, list[LockInfo]]]  # section -> (keys in it, the page's keys read and merged);
+    # "pending": the debounced bursts (lock_debounce) waiting to run
     lines: list[Line]
     errors: tuple[NodeError, ...]
     answered: int
@@ -297,8 +305,13 @@ def snapshot(settings: LockSettings, page: int = 1, search: str = "") -> Snapsho
         name: (len(keys), [i for k in keys if (i := infos.get(k)) is not None]) for name, keys in groups.items()
     }
     lines = scan_lines(settings, skip=down)
+    found = scan_bursts(settings, skip=down)
+    pending = [k for k in found.value if not search or search in k or search == task_of(settings.prefix, k)]
+    start = (max(page, 1) - 1) * PAGE_SIZE
+    bursts = [b for k in pending[start : start + PAGE_SIZE] if (b := read_burst(settings, k)) is not None]
+    sections["pending"] = (len(pending), bursts)
     errors = scanned.errors + tuple(
-        x for x in read.errors + lines.errors if x.node not in {e.node for e in scanned.errors}
+        x for x in read.errors + lines.errors + found.errors if x.node not in {e.node for e in scanned.errors}
     )
     answered = len(settings.nodes) - len({x.node for x in scanned.errors + read.errors + briefs.errors})
     return Snapshot(
@@ -333,9 +346,9 @@ def exposition(settings: LockSettings) -> str:
     ``outcome`` only, never a key or a task id. A counter never goes down from one scrape to the next while a node
     holding some of its counts does not answer (:func:`_never_lower`).
     """
-    snap = snapshot(settings, page=0)
-    found = read_metrics(settings.nodes, settings.prefix, skip=_down(settings, snap))
-    found = _never_lower(settings, found, complete=not (found.errors or snap.errors))
+    gauges = read_gauges(settings)
+    found = read_metrics(settings.nodes, settings.prefix, skip=gauges.down)
+    found = _never_lower(settings, found, complete=not (found.errors or gauges.errors))
     out = [
         "# HELP celery_lock_events_total Lock outcomes per task (see celery_singleton_lock.metrics.OUTCOMES).",
         "# TYPE celery_lock_events_total counter",
@@ -350,13 +363,7 @@ def exposition(settings: LockSettings) -> str:
     for task, (ms, n) in found.waits.items():
         out.append(f'celery_lock_wait_seconds_sum{{task="{_label(task)}"}} {ms / 1000.0}')
         out.append(f'celery_lock_wait_seconds_count{{task="{_label(task)}"}} {n}')
-    held: Counter[str] = Counter(b.task for b in snap.briefs if b.kind == "task" and b.state != "partial")
-    waiting: Counter[str] = Counter()
-    for line in snap.lines:
-        waiting[line.task] += line.length
-    records = [b for b in snap.briefs if b.kind not in ("done", "foreign")]
-    partial: Counter[str] = Counter(b.task for b in records if b.state == "partial")
-    incomplete: Counter[str] = Counter(b.task for b in records if b.state != "partial" and b.holding < b.total)
+    held, waiting, partial, incomplete = gauges.held, gauges.waiting, gauges.partial, gauges.incomplete
     for name, help_, values in (
         ("celery_lock_held", "Locks held now per task (running, retry-wait, ending, cooldown, queued).", held),
         ("celery_lock_waiting", "Jobs waiting in a line now per task.", waiting),
@@ -368,7 +375,14 @@ def exposition(settings: LockSettings) -> str:
     out += [
         "# HELP celery_lock_nodes_up Lock nodes that answered this scrape.",
         "# TYPE celery_lock_nodes_up gauge",
-        f"celery_lock_nodes_up {snap.answered}",
+        f"celery_lock_nodes_up {len(settings.nodes) - len({x.node for x in found.errors + gauges.errors})}",
+        "# HELP celery_lock_gauges_age_seconds Age of the walk over the keys the gauges above come from (a walk "
+        "longer than one scrape ends over several).",
+        "# TYPE celery_lock_gauges_age_seconds gauge",
+        f"celery_lock_gauges_age_seconds {gauges.age:.3f}",
+        "# HELP celery_lock_gauges_complete 1 once a walk over every key has ended (the gauges are 0 until then).",
+        "# TYPE celery_lock_gauges_complete gauge",
+        f"celery_lock_gauges_complete {int(gauges.complete)}",
     ]
     return "\n".join(out) + "\n"
 
@@ -524,6 +538,41 @@ def _owner_digest(owner: str | None) -> str:
     return "" if owner is None else hmac.new(b"celery_singleton_lock.web", owner.encode(), "sha256").hexdigest()[:32]
 
 
+class _Tries:
+    """Wrong secrets per client address: at most ``limit`` in any ``window`` s, then :meth:`wait` says how long
+    until one more is allowed. Bounded: the addresses seen longest ago are forgotten past :data:`MAX_CLIENTS`."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit, self.window = limit, window
+        self._failed: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, client: str, now: float) -> list[float]:
+        kept = [t for t in self._failed.get(client, ()) if now - t < self.window]
+        if kept:
+            self._failed[client] = kept
+        else:
+            self._failed.pop(client, None)
+        return kept
+
+    def wait(self, client: str) -> float:
+        """Seconds until ``client`` may try a secret again (0: now)."""
+        now = time.monotonic()
+        with self._lock:
+            recent = self._recent(client, now)
+            return 0.0 if len(recent) < self.limit else recent[-self.limit] + self.window - now
+
+    def failed(self, client: str) -> None:
+        """Count one wrong secret from ``client``."""
+        now = time.monotonic()
+        with self._lock:
+            recent = self._recent(client, now)
+            self._failed.pop(client, None)  # re-inserted last: the dict's order is the order of last failure
+            self._failed[client] = [*recent, now][-self.limit :]
+            while len(self._failed) > MAX_CLIENTS:
+                del self._failed[next(iter(self._failed))]
+
+
 @dataclass
 class _DoctorCache:
     at: float = 0.0
@@ -563,7 +612,8 @@ def render(
     parts.append(
         f'<p class="{status}" id="nodes">{snap.answered} of {snap.total} lock node(s) answered (quorum {snap.quorum}); '
         f"{counts['held']} held, {sum(x.length for x in snap.lines)} waiting, {counts['reserved']} reserved, "
-        f"{counts['cooldown']} cooling down, {counts['beat']} beat claims, {counts['done']} done markers. "
+        f"{counts['cooldown']} cooling down, {counts.get('pending', 0)} debounced run(s) pending, "
+        f"{counts['beat']} beat claims, {counts['done']} done markers. "
         f'<span class="muted">Read at {e(time.strftime("%H:%M:%S", time.gmtime(snap.now)))} UTC'
         f"{f'; refreshes every {refresh:g}s' if refresh else ''}. "
         f'<a href="{e(base)}/metrics">/metrics</a></span></p>'
@@ -619,6 +669,29 @@ def render(
         )
         rows.append([f"<code>{e(line.key)}</code>", e(line.task or "-"), e(line.length), who + more])
     parts += [nav, _table(["key", "task", "waiting", "order"], rows, "lines")]
+    count, pending = snap.sections.get("pending", (0, []))
+    rows = [
+        [
+            f"<code>{e(i.lock_key)}</code>",
+            e(i.state),
+            e(i.task_name or "-"),
+            f"<code>{e(i.task_id or '-')}</code>",
+            e(format_duration(i.ttl)),
+            e(burst_line(i)),
+            e(f"{len(i.nodes)}/{i.total}"),
+        ]
+        for i in pending
+    ]
+    parts += [
+        "<h2>Pending debounced runs</h2>",
+        _nav(count, page, base),
+        _table(
+            ["key", "state", "task", "job's task id", "runs in", "with", "nodes"],
+            rows,
+            "pending",
+            [_mark(i) for i in pending],
+        ),
+    ]
     for title, items, cls, count in (
         ("Queue-scope reservations", reserved, "reserved", counts["reserved"]),
         ("Cooldowns", cooling, "cooldowns", counts["cooldown"]),
@@ -733,10 +806,17 @@ def _csp(nonce: str) -> str:
 
 
 def _respond(
-    start: StartResponse, status: str, body: str, kind: str = "text/html; charset=utf-8", nonce: str = ""
+    start: StartResponse,
+    status: str,
+    body: str,
+    kind: str = "text/html; charset=utf-8",
+    nonce: str = "",
+    retry_after: float = 0.0,
 ) -> list[bytes]:
-    data = body.encode("utf-8")
+    data = body.encode("utf-8", "surrogateescape")
     headers = [("Content-Type", kind), ("Content-Length", str(len(data))), *SECURITY_HEADERS]
+    if retry_after > 0:
+        headers.append(("Retry-After", str(math.ceil(retry_after))))
     headers.append(("Content-Security-Policy", _csp(nonce or secrets.token_urlsafe(8))))
     start(status, headers)
     return [data]
@@ -792,6 +872,7 @@ def make_app(
     metrics = metrics_app(app)
     cache = _DoctorCache()
     guard = threading.Lock()
+    tries = _Tries(SECRET_TRIES, SECRET_WINDOW)
 
     def findings() -> list[Finding] | None:
         if not doctor:
@@ -858,7 +939,14 @@ def make_app(
             return refuse("413 Payload Too Large", "request too large")
         form = parse_qs(environ["wsgi.input"].read(size).decode("utf-8", "replace")) if size > 0 else {}
         given = environ.get("HTTP_X_LOCK_SECRET") or form.get("secret", [""])[0]
-        if not hmac.compare_digest(given.encode("utf-8"), secret.encode("utf-8")):
+        client = str(environ.get("REMOTE_ADDR", "?"))
+        wait = tries.wait(client)
+        if wait > 0:  # before the comparison: a client out of tries learns nothing, even from the right secret
+            logger.warning("locks web: release refused (too many wrong secrets) from %s", client)
+            why = f"too many wrong secrets from {client}: try again in {math.ceil(wait)} s\n"
+            return _respond(start, "429 Too Many Requests", why, "text/plain; charset=utf-8", retry_after=wait)
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode("utf-8")):
+            tries.failed(client)
             return refuse("403 Forbidden", "wrong or missing secret")
         key, owner = form.get("key", [""])[0], form.get("owner", [""])[0]
         current = settings()
@@ -886,6 +974,23 @@ def make_app(
         )
         return page(environ, start, f"released {key} on {done} of {len(report.value)} node(s)")
 
+    def locks_json(environ: dict[str, Any], start: StartResponse) -> list[bytes]:
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        try:
+            after = _cursor_key(query.get("cursor", [""])[0])
+            limit = _limit(query.get("limit", [str(JSON_LIMIT)])[0])
+        except ValueError:
+            why = f"cursor must be a 'next' this endpoint returned, limit a number from 1 to {JSON_MAX_LIMIT}"
+            return _respond(start, "400 Bad Request", json.dumps({"error": why}), "application/json")
+        found = list_page(settings(), after, limit)
+        data = {
+            "locks": [_public(i.to_json(time.time())) for i in found.value[0]],
+            "next": found.value[1],
+            "limit": limit,
+            "errors": [f"{x.node}: {x.error}" for x in found.errors],
+        }
+        return _respond(start, "200 OK", json.dumps(data), "application/json")
+
     hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
 
     def wsgi(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
@@ -893,6 +998,9 @@ def make_app(
         if hosts is not None and _host_name(environ.get("HTTP_HOST", "")) not in hosts:
             logger.warning("locks web: refused a request for host %r", environ.get("HTTP_HOST", "")[:100])
             return _respond(start, "403 Forbidden", "unknown host\n", "text/plain; charset=utf-8")
+        probe = health_route(path, settings)
+        if probe is not None:
+            return probe(environ, start)
         if path in ("/", ""):
             return page(environ, start)
         if path == "/metrics":
@@ -900,16 +1008,85 @@ def make_app(
         if path == "/release":
             return release(environ, start)
         if path == "/locks.json":
-            found = list_locks(settings(), done=True)
-            now = time.time()
-            data = {
-                "locks": [_public(i.to_json(now)) for i in found.value],
-                "errors": [f"{x.node}: {x.error}" for x in found.errors],
-            }
-            return _respond(start, "200 OK", json.dumps(data), "application/json")
+            return locks_json(environ, start)
         return _respond(start, "404 Not Found", "not found\n", "text/plain; charset=utf-8")
 
     return wsgi
+
+
+def _cursor_key(cursor: str) -> tuple[str, str]:
+    """What a ``/locks.json`` cursor names: the last key of the page before, or for a key longer than
+    :data:`CURSOR_KEY` characters its first ones and a digest of it (``(head, digest)``; ``("", "")``: from the
+    first key). Any key is a valid place to start (the next page is the keys after it), so a cursor made up by hand
+    can only move where the listing starts, never past the prefix."""
+    if not cursor:
+        return "", ""
+    if len(cursor) > MAX_CURSOR:
+        raise ValueError(cursor)
+    text, _, digest = cursor.partition(".")
+    try:
+        raw = text.encode("ascii") + b"=" * (-len(text) % 4)
+        return base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8"), digest
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        raise ValueError(cursor) from None
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _cursor_of(key: str) -> str:
+    """The cursor after ``key``: the key itself (base64), or past :data:`CURSOR_KEY` characters (a URL has a
+    bounded length) its first ones and a digest of the whole."""
+    head = key[:CURSOR_KEY]
+    text = base64.urlsafe_b64encode(head.encode("utf-8", "surrogatepass")).decode("ascii").rstrip("=")
+    return text if head == key else f"{text}.{_digest(key)}"
+
+
+def _start(keys: Sequence[str], head: str, digest: str) -> int:
+    """Where the page after the cursor ``(head, digest)`` starts in the sorted ``keys``."""
+    if not digest:
+        return bisect.bisect_right(keys, head)
+    at = bisect.bisect_left(keys, head)
+    for i in range(at, len(keys)):  # the long keys sharing those first characters, in order
+        if not keys[i].startswith(head):
+            break
+        if _digest(keys[i]) == digest:
+            return i + 1
+    return at  # the key is gone: start at its first characters (a key may be listed twice, none is missed)
+
+
+def _limit(text: str) -> int:
+    """``?limit=``: a whole number from 1 to :data:`JSON_MAX_LIMIT` (ValueError otherwise)."""
+    limit = int(text.strip()[:8])
+    if not 1 <= limit <= JSON_MAX_LIMIT:
+        raise ValueError(text)
+    return limit
+
+
+def list_page(settings: LockSettings, after: tuple[str, str], limit: int) -> Report[tuple[list[LockInfo], str | None]]:
+    """The ``limit`` keys after the cursor ``after`` (:func:`_cursor_key`), by key (done markers and pending
+    bursts included), read and merged, and the cursor of the next page (None: this was the last). Only the page's
+    keys are read in full."""
+    scanned = scan_keys(settings, done=True)
+    down = [settings.nodes.names.index(x.node) for x in scanned.errors]
+    bursts = scan_bursts(settings, skip=down)
+    pending = {burst_key_for(k): k for k in bursts.value}
+    keys = sorted({k for k in scanned.value if k not in pending and not k.endswith(":debounce")} | set(pending))
+    at = _start(keys, *after) if after[0] else 0
+    shown = keys[at : at + limit]
+    read = read_keys(settings, [k for k in shown if k not in pending], skip=down)
+    infos: list[LockInfo] = []
+    for key in shown:
+        if key in pending:
+            info = read_burst(settings, pending[key])
+        else:
+            info = merge(key, read.value[key], settings.nodes.quorum, prefix=settings.prefix)
+        if info is not None:
+            infos.append(info)
+    more = _cursor_of(shown[-1]) if at + limit < len(keys) and shown else None
+    errors = scanned.errors + bursts.errors + read.errors
+    return Report((infos, more), errors, len(settings.nodes), settings.nodes.quorum)
 
 
 def _key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> tuple[str, str]:

@@ -507,6 +507,210 @@ def test_a_revoked_pending_job_ends_its_burst_when_a_worker_meets_it(c: Cluster)
     assert debounced_runs(c, k) == [(fresh.id, 2)]
 
 
+def test_a_burst_skipped_for_its_rate_ends_and_the_next_call_starts_a_new_burst(c: Cluster) -> None:
+    """lock_rate 1 per 3 s with lock_on_rate_limit='skip': a burst due while the window is full is REVOKED for the
+    rate and ends on the nodes; a call made once the window is free starts a new burst (a new task id) and runs."""
+    mod = c.app_module()
+    task = mod.debounced_rated
+    k = new_key()
+    first = task.delay(k, 1)
+    assert first.get(timeout=30) == [k, 1]
+    ran_at = time.monotonic()
+    skipped = task.delay(k, 2)
+    with pytest.raises(Exception, match="rate"):
+        skipped.get(timeout=30)
+    assert skipped.state == "REVOKED"
+    time.sleep(max(0.0, 3.3 - (time.monotonic() - ran_at)))  # the window (3 s from the first run) is free again
+    fresh = task.delay(k, 3)
+    assert fresh.id != skipped.id, "the call joined the burst that was skipped for the rate"
+    assert fresh.get(timeout=30) == [k, 3]
+    assert debounced_runs(c, k) == [(first.id, 1), (fresh.id, 3)]
+
+
+def test_a_burst_kept_going_past_its_first_call_s_expires_runs_with_its_last_call_s(c: Cluster) -> None:
+    """The first call expires in 2 s, the burst goes on for 3 s with calls that expire in 30 s: the run is due by
+    the last call's expiry (each call's expires counts for the arguments it carries), so it runs once with the last
+    call's arguments; nobody is REVOKED as expired."""
+    mod = c.app_module()
+    k = new_key()
+    results = [mod.debounced.apply_async((k, 0), expires=2.0)]
+    for i in range(1, 8):  # bounded: 7 calls, ~3.5 s
+        time.sleep(0.5)
+        results.append(mod.debounced.apply_async((k, i), expires=30.0))
+    assert {r.id for r in results} == {results[0].id}
+    assert results[-1].get(timeout=30) == [k, 7], results[-1].state
+    assert debounced_runs(c, k) == [(results[0].id, 7)]
+
+
+def test_a_call_sent_on_its_own_leaves_its_arguments_in_no_burst_and_the_burst_runs_a_quorum_s_version(
+    c: Cluster,
+) -> None:
+    """Call 1 starts burst J, which node 3 missed (lost, a restart); call 2 is made while node 1 is paused: node 2
+    says J, node 3 says call 2's own burst, no quorum, so call 2 is sent on its own. Its arguments must not stay in
+    J (on node 2 alone): J runs call 1's arguments and call 2 runs its own, once each, call 1's first."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    first = mod.debounced.delay(k, 1)
+    with contextlib.closing(c.lock_client(c.locks[2])) as client:
+        client.delete(burst)  # node 3 missed call 1's start
+    c.locks[0].pause()
+    try:
+        second = mod.debounced.delay(k, 2)
+    finally:
+        c.locks[0].resume()
+    assert second.id != first.id, "call 2 was expected to get no quorum"
+    assert first.get(timeout=30) == [k, 1]
+    assert second.get(timeout=30) == [k, 2]
+    c.wait_runs(k, 2, 10)
+    assert debounced_runs(c, k) == [(first.id, 1), (second.id, 2)]
+
+
+def test_debounce_with_one_lock_node_out_at_a_time_keeps_its_three_promises(c: Cluster) -> None:
+    """A seeded schedule (seed printed; CSL_DEBOUNCE_SEED replays one): 16 calls of one key 0.05-0.6 s apart while
+    one lock node at a time is paused (0.3-1.5 s) or restarted empty. From the recorded runs: every call's arguments
+    run (its burst's last call, or on its own), or its job is REVOKED as superseded by a run of a newer call; no
+    version runs twice; a run carries only a call whose caller was given its task id; older versions never run
+    after a newer one."""
+    import random  # noqa: PLC0415
+
+    seed = int(os.environ.get("CSL_DEBOUNCE_SEED") or random.randrange(1 << 30))
+    print(f"debounce fault schedule: CSL_DEBOUNCE_SEED={seed}")
+    rng = random.Random(seed)
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    paused, resume_at, faults = None, 0.0, []
+    try:
+        for i in range(16):  # bounded: 16 calls, at most ~10 s with the faults
+            if paused is None and rng.random() < 0.3:
+                paused, resume_at = rng.choice(c.locks), time.monotonic() + rng.uniform(0.3, 1.5)
+                paused.pause()
+                faults.append(f"pause node {c.locks.index(paused) + 1} before call {i}")
+            elif paused is None and rng.random() < 0.15:
+                node = rng.choice(c.locks)
+                node.restart()
+                faults.append(f"restart node {c.locks.index(node) + 1} empty before call {i}")
+            results.append(mod.debounced.delay(k, i))
+            time.sleep(rng.uniform(0.05, 0.6))
+            if paused is not None and time.monotonic() >= resume_at:
+                paused.resume()
+                paused = None
+    finally:
+        if paused is not None:
+            paused.resume()
+    said = f"seed {seed}, faults {faults}"
+    got = [r.get(timeout=60, propagate=False) for r in results]
+    runs = debounced_runs(c, k)
+    versions = [v for _, v in runs]
+    assert sorted(set(versions)) == sorted(versions), f"a version ran twice: {runs} ({said})"
+    for task_id, v in runs:
+        assert results[v].id == task_id, f"run {task_id} carried call {v}, whose caller got {results[v].id} ({said})"
+    for i, r in enumerate(results):
+        ran = [v for t, v in runs if t == r.id]
+        if not ran and r.state == "REVOKED" and "superseded by task" in str(got[i]):
+            newer = str(got[i]).split("superseded by task ", 1)[1].split(":", 1)[0]
+            by = [v for t, v in runs if t == newer]
+            assert by and by[-1] > i, f"call {i} superseded by {newer}, which ran {by} ({said})"
+            continue
+        assert ran and got[i] == [k, ran[-1]], f"call {i} ({r.id}) did not run: {got[i]}, runs {runs} ({said})"
+        last = max(j for j, other in enumerate(results) if other.id == r.id)
+        assert ran[-1] == last, f"call {i}'s run carried call {ran[-1]}, not its burst's last {last} ({said})"
+    assert versions == sorted(versions), f"older versions ran after a newer one: {versions} ({said})"
+
+
+def test_the_older_burst_a_call_sent_on_its_own_could_not_join_never_runs_after_it(c: Cluster) -> None:
+    """Call 1 starts burst J due in 3 s (a countdown of 2 s), which node 3 missed; call 2, with node 1 paused, gets
+    no quorum and is sent on its own (due in 1 s) and runs first: J's older version then never runs after it, J is
+    REVOKED as superseded by call 2 (whose newer arguments ran)."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    first = mod.debounced.apply_async((k, 1), countdown=2)
+    with contextlib.closing(c.lock_client(c.locks[2])) as client:
+        client.delete(burst)  # node 3 missed call 1's start
+    c.locks[0].pause()
+    try:
+        second = mod.debounced.delay(k, 2)
+    finally:
+        c.locks[0].resume()
+    assert second.id != first.id
+    assert second.get(timeout=30) == [k, 2]
+    first.get(timeout=30, propagate=False)
+    assert [v for _, v in debounced_runs(c, k)] == [2]
+    assert first.state == "REVOKED"
+    assert f"superseded by task {second.id}" in str(first.result)
+
+
+def test_a_claim_that_misses_the_node_holding_the_newest_version_asks_again_rather_than_run_older_arguments(
+    c: Cluster,
+) -> None:
+    """Burst G (never on node 1: a restart) holds v0 then v1 on nodes 2 and 3; G's message carries v0. Node 2 is
+    paused when G claims: node 1 has no burst, node 3 alone holds v0 and v1, so no quorum holds a version. G must not
+    run v0 (v1's caller was given G): it asks again once node 2 is back, and runs v1, once."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock._run import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    g = "g-" + new_key()
+    started = nodes.run(
+        DEBOUNCE_JOIN, [burst], [g, 0, 0, kombu_json.dumps([[k, 0], {}]), 600_000, "x", 60_000, 60_000], nodes=[1, 2]
+    )
+    nodes.run(
+        DEBOUNCE_JOIN,
+        [burst],
+        ["v1-" + g, 0, 0, kombu_json.dumps([[k, 1], {}]), 600_000, "x", 60_000, 60_000],
+        nodes=[1, 2],
+    )
+    at = int(started[1][5])
+    c.locks[1].pause()
+    try:
+        mod.app.send_task(mod.debounced.name, (k, 0), task_id=g, headers={DEBOUNCE_HEADER: 1, VERSION_HEADER: at})
+        with contextlib.closing(c.lock_client(c.locks[2])) as client:
+            for _ in polling(20, 0.05):  # G claimed on node 3 (its burst there ended)
+                if client.hget(burst, "job") is None:
+                    break
+        time.sleep(0.5)  # the claim's answers: node 2 timed out
+    finally:
+        c.locks[1].resume()
+    assert mod.debounced.AsyncResult(g).get(timeout=30) == [k, 1]
+    assert debounced_runs(c, k) == [(g, 1)]
+
+
+def test_a_burst_s_job_that_fails_for_no_quorum_ends_its_burst(c: Cluster) -> None:
+    """lock_on_unavailable='fail': two lock nodes paused when the burst's job reaches the worker, so its run fails
+    (LockUnavailableError); once they resume, the next call starts a new burst (not the FAILED job's) and runs."""
+    mod = c.app_module()
+    task = mod.debounced_failing
+    k = new_key()
+    first = task.delay(k, 1)
+    c.locks[0].pause()
+    c.locks[1].pause()
+    try:
+        for _ in polling(30, 0.1):
+            if first.state == "FAILURE":
+                break
+    finally:
+        c.locks[0].resume()
+        c.locks[1].resume()
+    assert first.state == "FAILURE", first.state
+    assert "LockUnavailable" in repr(first.result)
+    fresh = task.delay(k, 2)
+    assert fresh.id != first.id, "the next call joined the burst whose job failed"
+    assert fresh.get(timeout=30) == [k, 2]
+    assert [v for _, v in debounced_runs(c, k)] == [2]
+
+
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
     from celery import Celery  # noqa: PLC0415
 

@@ -216,7 +216,7 @@ def test_signals_reach_receivers_in_this_process(
 
 
 def test_celerys_task_success_sees_a_skipped_duplicate_as_a_skipped_marker(tasks: SimpleNamespace, worker: Any) -> None:
-    """What the README promises Celery's own ``task_success`` receivers: it still fires for a duplicate skipped in the
+    """monitoring.md promises Celery's own ``task_success`` receivers: it still fires for a duplicate skipped in the
     pool (here: ``singleton_lock_skip_before_pool=False``; a duplicate skipped before the pool never reaches it), with
     ``result`` a ``Skipped`` (its reason naming the holder), while the job's own run gets its real return value."""
     seen: dict[str, Any] = {}

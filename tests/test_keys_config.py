@@ -287,6 +287,12 @@ def test_unknown_setting_lists_the_known_ones() -> None:
         assert known in message
 
 
+@pytest.mark.parametrize("prefix", ["singleton_lock:", "app:", "{locks}app:", "{locks}:", "a.b-c_d:"])
+def test_a_prefix_with_one_colon_at_its_end_is_accepted(prefix: str) -> None:
+    """Prefixes that cannot nest in another app's (one ':', ending them; a leading hash tag) are accepted as given."""
+    assert settings_from({"singleton_lock_urls": DEAD_URL, "singleton_lock_prefix": prefix}).prefix == prefix
+
+
 def test_celery_singleton_setting_says_what_to_use_instead() -> None:
     """An app migrating from celery-singleton with singleton_lock_expiry set is told to use singleton_lock_ttl."""
     with pytest.raises(ConfigurationError, match=r"celery-singleton's setting: use singleton_lock_ttl"):
@@ -306,6 +312,10 @@ def test_celery_singleton_setting_says_what_to_use_instead() -> None:
         ("singleton_lock_renew_fraction", 1, "between 0 and 1"),
         ("singleton_lock_max_retries", -1, "singleton_lock_max_retries must be"),
         ("singleton_lock_prefix", 3, "singleton_lock_prefix must be a string"),
+        ("singleton_lock_prefix", "a:b:", "must hold one ':', at its end"),
+        ("singleton_lock_prefix", "locks", "must hold one ':', at its end"),
+        ("singleton_lock_prefix", "{a:b}c:", "use e.g. 'a-b-c:'"),
+        ("singleton_lock_prefix", "{a:", "braces only as a leading hash tag"),
         ("singleton_lock_skip_before_pool", "yes", "singleton_lock_skip_before_pool must be True or False"),
     ],
 )

@@ -22,8 +22,21 @@ MODULES = frozenset(p.stem for p in PACKAGE.glob("*.py")) | frozenset(
 #: The lock core: scripts, the holder record, nodes and fan-out, the lease (its algorithms, and its sync and async
 #: faces), its renewal and interrupt on loss (``with Redlock``), and what they stand on.
 CORE = frozenset(
-    {"scripts", "record", "nodes", "lease", "redlock", "aio", "renewal", "interrupt", "metrics", "_resp", "_urls"}
-    | {"errors"}
+    {
+        "scripts",
+        "record",
+        "nodes",
+        "lease",
+        "redlock",
+        "aio",
+        "renewal",
+        "interrupt",
+        "metrics",
+        "_resp",
+        "_urls",
+        "errors",
+        "_heartbeat",  # the watchdog's liveness file (stdlib only)
+    }
 )
 CELERY_SIDE = ("celery", "kombu", "billiard", "click")
 

@@ -237,7 +237,7 @@ def test_a_limit_reached_on_quorums_that_differ_per_slot_is_held_not_a_split(
 
 
 def test_instances_with_different_limits_admit_up_to_the_larger_one(redis_node: RedisServer, name: str) -> None:
-    """What the README says of changing N: the slots are 0..N-1 of each instance's own N, so a limit-2 and a limit-3
+    """docs/guarantees.md says of changing N: the slots are 0..N-1 of each instance's own N, so a limit-2 and a limit-3
     instance on one name admit up to 3 at once, a plain lock sees slot 0 only, and a limit-2 instance's view stops
     at its two slots."""
     url = redis_node.url

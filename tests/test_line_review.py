@@ -298,7 +298,7 @@ def test_an_older_call_never_replaces_a_newer_one(c: Cluster) -> None:
 
 
 def test_a_chord_member_waiting_in_line_is_never_replaced(c: Cluster) -> None:
-    """FINDING 7: README: "Chord members always reschedule: a skipped member would fail the chord, one that stored
+    """FINDING 7: policies.md: "Chord members always reschedule: a skipped member would fail the chord, one that stored
     nothing would hang it". A chord member of a "replace" task waited in the line (plain ZADD); a newer plain call
     then parked with _PARK_REPLACING, which replaced EVERY other waiting id, the chord member's too: the chord
     never ended. Fixed: a chord member of a "replace" task never joins the line (its fallback copy runs it)."""

@@ -178,3 +178,121 @@ def test_a_producer_that_exits_flushes_its_counts(c: Cluster) -> None:
     assert first.get(timeout=30) == k
     got = counted(c, name, before, {"joined": 2})
     assert got.get("joined") == 2, got
+
+
+# -- the flush: one batch, added exactly once (metrics.Outbox, count.lua) ----------------------------------------------
+
+
+def _app_on(urls: list[str], name: str) -> Any:
+    from celery import Celery  # noqa: PLC0415
+
+    app = Celery(name, broker="memory://", set_as_current=False)
+    app.conf.update(singleton_lock_urls=urls, singleton_lock_prefix=f"{name}{os.getpid()}:")
+    return app
+
+
+def _exact(settings: Any, task: str) -> tuple[int, int, int]:
+    """The task's 'acquired' count in the legacy hash, since ever, and summed over the minutes (every node)."""
+    found = metrics.read_metrics(settings.nodes, settings.prefix).tasks.get(task, {}).get("acquired", 0)
+    minutes = metrics.read_metrics(settings.nodes, settings.prefix, since=3600).tasks.get(task, {}).get("acquired", 0)
+    legacy = sum(int(client.hget(f"{settings.prefix}stats", "acquired") or 0) for client in settings.nodes.clients)
+    return legacy, found, minutes
+
+
+def test_a_batch_cut_off_on_its_way_to_its_node_is_sent_again_and_counted_once() -> None:
+    """FOUND: a batch sent to a node whose connection dropped before the node read all of it was taken as written
+    (at most once), so its counts were lost. Now it is retried on that node, under its batch id, until the node
+    confirms it: the counts arrive, exactly once, whatever part of it had landed."""
+    from celery_singleton_lock.faults import FaultProxy  # noqa: PLC0415
+    from celery_singleton_lock.renewal import Watchdog  # noqa: PLC0415
+    from celery_singleton_lock.testing import RedisServer  # noqa: PLC0415
+
+    with RedisServer() as server, FaultProxy(server.port) as proxy:
+        settings = settings_for(_app_on([proxy.url], "cutoff"))
+        watchdog = Watchdog()
+        watchdog.count(settings.nodes, settings.prefix, "acquired", "t", 3)
+        watchdog.flush_stats()
+        assert _exact(settings, "t") == (3, 3, 3)
+        slow = proxy.bandwidth(60, direction="upstream")  # a PING passes; a batch takes seconds: cut off mid-way
+        watchdog.count(settings.nodes, settings.prefix, "acquired", "t", 4)
+        watchdog.flush_stats()
+        slow.stop()
+        proxy.cut()
+        for _ in polling(20, 0.2):
+            watchdog.flush_stats()
+            if _exact(settings, "t") == (7, 7, 7):
+                break
+        watchdog.flush_stats()
+        assert _exact(settings, "t") == (7, 7, 7)
+
+
+def test_flushes_paused_mid_way_by_sigstop_are_counted_exactly_once() -> None:
+    """A node SIGSTOPped at any point of a flush and SIGCONTed later (it then runs what it had read): every batch
+    is added once, never twice, never lost, in the legacy hash, the totals and the minutes alike."""
+    import threading  # noqa: PLC0415
+
+    from celery_singleton_lock.renewal import Watchdog  # noqa: PLC0415
+    from celery_singleton_lock.testing import RedisServer  # noqa: PLC0415
+
+    with RedisServer() as server:
+        settings = settings_for(_app_on([server.url], "paused"))
+        watchdog = Watchdog()
+        total = 0
+        for n in range(6):
+            watchdog.count(settings.nodes, settings.prefix, "acquired", "t", n + 1)
+            total += n + 1
+            pause = threading.Timer(0.002 * n, server.pause)
+            pause.start()
+            watchdog.flush_stats()
+            pause.join()
+            server.resume()
+        for _ in polling(20, 0.2):
+            watchdog.flush_stats()
+            if watchdog._outbox.pending() == 0:
+                break
+        assert watchdog._outbox.pending() == 0
+        assert _exact(settings, "t") == (total, total, total)
+
+
+# -- /metrics' gauges: a bounded walk ----------------------------------------------------------------------------------
+
+
+def test_a_scrape_scans_a_bounded_number_of_keys_and_the_walk_counts_each_key_once() -> None:
+    """A scrape makes at most SCANS_PER_SCRAPE SCAN round trips whatever the number of keys; a walk longer than a
+    scrape carries on at the next one, and once it ends the gauges are exact: a key on every node, or only on the
+    second and third, is counted once (held, incomplete), one on the first only is partial."""
+    from celery_singleton_lock import _gauges  # noqa: PLC0415
+    from celery_singleton_lock.testing import RedisServer  # noqa: PLC0415
+
+    servers = [RedisServer().start() for _ in range(3)]
+    try:
+        settings = settings_for(_app_on([s.url for s in servers], "walk"))
+        prefix = settings.prefix
+        clients = [s.client() for s in servers]
+        for client in clients:
+            pipe = client.pipeline(transaction=False)
+            for i in range(3000):
+                pipe.hset(f"{prefix}t.a:v2:{i:032x}", mapping={"owner": f"o{i}", "state": "run", "name": "t.a"})
+            pipe.execute()
+        for client in clients[1:]:
+            client.hset(f"{prefix}t.b:v2:{0:032x}", mapping={"owner": "ob", "state": "run", "name": "t.b"})
+        clients[0].hset(f"{prefix}t.c:v2:{0:032x}", mapping={"owner": "oc", "state": "run", "name": "t.c"})
+        bound = 3
+        old, _gauges.SCANS_PER_SCRAPE = _gauges.SCANS_PER_SCRAPE, bound
+        try:
+            gauges = _gauges.read_gauges(settings)
+            assert gauges.scans <= bound and not gauges.complete
+            for _ in range(40):
+                gauges = _gauges.read_gauges(settings)
+                assert gauges.scans <= bound
+                if gauges.complete:
+                    break
+        finally:
+            _gauges.SCANS_PER_SCRAPE = old
+        assert gauges.complete
+        assert dict(gauges.held) == {"t.a": 3000, "t.b": 1}
+        assert dict(gauges.incomplete) == {"t.b": 1}
+        assert dict(gauges.partial) == {"t.c": 1}
+    finally:
+        for s in servers:
+            s.close()

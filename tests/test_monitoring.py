@@ -160,7 +160,7 @@ def test_finding3b_a_long_holder_id_still_reports_the_skip(ac: Cluster) -> None:
 
 
 def test_finding4_copy_of_a_succeeded_job_deferred_by_an_outage_stays_success(ac: Cluster) -> None:
-    """README: 'copy of a job that already succeeded: stays SUCCESS'. A copy that arrives while no lock node answers
+    """monitoring.md: 'copy of a job that already succeeded: stays SUCCESS'. A copy arriving while no lock node answers
     is deferred first: a task-retried after task-succeeded would put Celery's State in RETRY (RETRY is exempt from
     its precedence rule), and the copy's later events would leave the job REVOKED or STARTED. A copy (redelivered,
     or re-sent by us) says nothing when it waits or stops on DONE: the job stays SUCCESS."""

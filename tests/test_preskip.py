@@ -139,7 +139,7 @@ def test_acks_late_a_worker_sigkilled_mid_storm_loses_nothing_and_runs_nothing_t
         named = {r.id: assert_skipped_duplicate(r, timeout=5) for r in results if states[r.id] == "REVOKED"}
         # No job lost: the holder's job ran to its end after the kill (its redelivered copy), unless a copy sent in
         # the gap between its dead lease and its redelivery ran it first, and the redelivered holder was skipped as
-        # that copy's duplicate (README: the documented limit; copies skipped earlier then name the killed run).
+        # that copy's duplicate (how-it-works.md: documented limit; copies skipped earlier then name the killed run).
         if states[holder.id] == "SUCCESS":
             assert set(named.values()) <= set(ran), (named, runs)  # every skip names a job that ran
         else:

@@ -1,8 +1,10 @@
-"""Promises of README.md that had no end-to-end test, each checked with real workers on real redis-servers.
+"""Promises of the README that had no end-to-end test, each checked with real workers on real redis-servers.
 
 One module-wide cluster (a broker and three lock nodes, tests/worker_cluster.py) and one worker running
 tests/apps/promises_app.py (locked_app's tasks and three more); the worker-start checks start their own short-lived
-``celery worker`` processes. Each docstring quotes or names the README sentence it checks.
+``celery worker`` processes. Each docstring quotes or names the README sentence it checks; those sections are now pages
+of docs/: queue scope, per-key limits and the done window in docs/guarantees.md, Policies in docs/policies.md, the
+chord members' answer in docs/faq.md.
 """
 
 from __future__ import annotations

@@ -66,10 +66,10 @@ def own_app(redis_node: RedisServer) -> Iterator[Celery]:
 def test_the_app_locks_on_the_throwaway_node_under_a_prefix_of_the_test_s_own(
     singleton_lock_app: Celery, singleton_lock_node: RedisServer
 ) -> None:
-    """singleton_lock_app is Celery's celery_app, locking on singleton_lock_node under 'singleton_lock:<random>:'."""
+    """singleton_lock_app is Celery's celery_app, locking on singleton_lock_node under 'singleton_lock-<random>:'."""
     settings = settings_for(singleton_lock_app)
     assert settings.urls == (singleton_lock_node.url,)
-    assert re.fullmatch(r"singleton_lock:[0-9a-f]{8}:", settings.prefix)
+    assert re.fullmatch(r"singleton_lock-[0-9a-f]{8}:", settings.prefix)
 
     @singleton_lock_app.task(base=LockedTask, shared=False, bind=True)
     def probe(self: Any, n: int) -> bool:

@@ -3,7 +3,7 @@
 Real workers (tests/apps/queue_races_app.py: locked_app's tasks plus self-rescheduling ones) on a Redis broker and
 three real lock nodes. Each test names the finding it guards (FINDING n, fixed) or the attack that found nothing
 (HELD). Finding 4 (a delay() between a killed run's lease end and its redelivered copy publishes a new job) is a
-documented limit (README, Guarantees: queue scope), not fixed.
+documented limit (docs/guarantees.md: queue scope), not fixed.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def test_sigkill_of_a_pool_child_redelivers_at_once_and_the_copy_waits_out_the_l
     events: Events = rc.events  # type: ignore[attr-defined]
     events.wait(result.id, "task-succeeded")
     seen = events.types(result.id)
-    # the copy waiting for its twin (the same task id) sends no event of its own (README, Monitoring): a monitor
+    # the copy waiting for its twin (the same task id) sends no event of its own (docs/monitoring.md): a monitor
     # sees the killed run rejected, then the one run that succeeded; never a retry, revoke or failure
     assert "task-rejected" in seen, seen
     assert seen.count("task-succeeded") == 1, seen

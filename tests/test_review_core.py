@@ -148,7 +148,7 @@ def test_a_message_rejected_without_requeue_runs_again_when_dead_lettered_back(d
 
 @pytest.mark.xfail(
     strict=True,
-    reason="documented limit (README, queue scope): a call whose job ran as another call's copy keeps its job's "
+    reason="documented limit (guarantees.md, queue scope): a call whose job ran as another call's copy keeps its job's "
     "result but not its own link callbacks and chain (the copy carries its sender's); running them from the stopped "
     "original would run them twice after a plain redelivery, which stops the same way",
 )

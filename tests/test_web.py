@@ -680,3 +680,254 @@ def test_no_owner_token_nor_a_piece_of_one_is_in_any_output(site: Site) -> None:
         result.revoke()
         for lock in (made[kind] for kind in ("beat", "queued", "cool", "partial")):
             lock.release()
+
+
+def _two_apps(c: Cluster) -> tuple[Celery, Celery]:
+    """Two apps on the same lock nodes, 'pa<hex>:' and 'xpa<hex>:' (one prefix ends the other: "{xpa..." keys
+    match the glob '\\{*pa<hex>:*')."""
+    tag = uuid.uuid4().hex[:8]
+    apps = []
+    for prefix in (f"pa{tag}:", f"xpa{tag}:"):
+        app = Celery(prefix[:-1], broker="memory://", set_as_current=False)
+        app.conf.update(singleton_lock_urls=c.lock_urls, singleton_lock_prefix=prefix, singleton_lock_ttl=TTL)
+        apps.append(app)
+    return apps[0], apps[1]
+
+
+def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks(site: Site) -> None:
+    """FOUND: app 'pa:' listed app 'xpa:'s done markers and lines (their '{xpa...}:done:'/':waiters' names match
+    the scan for '{...pa:...'), and `locks release` released a lock of any prefix. Now the CLI list, the page and
+    /locks.json show only the app's own keys, and neither the CLI nor the page releases the other app's lock."""
+    from celery.bin.base import CLIContext  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.cli import locks  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for, sibling_key  # noqa: PLC0415
+    from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+
+    c = site.c
+    mine, theirs = _two_apps(c)
+    held: list[Redlock] = []
+    owned: dict[str, str] = {}
+    for n, app in enumerate((mine, theirs)):
+        settings = settings_for(app)
+        lock = Redlock(c.lock_urls, f"{settings.prefix}t{n}.job:v2:{'a' * 32}", ttl=60.0)
+        assert lock.acquire(blocking=False)
+        held.append(lock)
+        owned[settings.prefix] = lock.name
+        done = Redlock(c.lock_urls, f"{settings.prefix}t{n}.done:v2:{'b' * 32}", ttl=60.0, job=f"job-{n}")
+        assert done.acquire(blocking=False)
+        assert done.finish(done_for=60, waited_for=60)
+        first = c.lock_client(c.locks[0])
+        first.zadd(sibling_key(lock.name, ":waiters"), {f"waiter-of-{settings.prefix}": time.time() * 1000})
+        first.expire(sibling_key(lock.name, ":waiters"), 60)
+        for server in c.locks:
+            client = c.lock_client(server)
+            burst = burst_key_for(f"{settings.prefix}t{n}.deb:v2:{'c' * 32}")
+            client.hset(burst, mapping={"job": f"j{n}", "name": f"t{n}.deb"})
+            client.expire(burst, 60)
+
+    def cli(app: Celery, *args: str) -> Any:
+        return CliRunner().invoke(locks, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
+
+    try:
+        for n, app, other in ((0, mine, theirs), (1, theirs, mine)):
+            own, foreign = app.conf.singleton_lock_prefix, other.conf.singleton_lock_prefix
+            theirs_named = f"{foreign}t{1 - n}."
+            listing = cli(app, "list", "--done", "--json")
+            assert listing.exit_code == 0, listing.output
+            keys = {e["lock_key"] or e["key"] for e in json.loads(listing.stdout)}
+            assert keys and all(k.startswith(own) for k in keys), keys
+            with served(make_app(app, secret=SECRET, refresh=0, doctor=False)) as url:
+                page = Site(c, url)
+                status, body = page.get("/")
+                assert status == 200
+                assert theirs_named not in body and f"waiter-of-{foreign}" not in body, "the other app's keys shown"
+                assert f"waiter-of-{own}" in body and f"{own}t{n}.job" in body and f"{own}t{n}.deb" in body
+                status, text = page.get("/locks.json")
+                assert status == 200
+                assert all((e["lock_key"] or e["key"]).startswith(own) for e in json.loads(text)["locks"])
+                victim = owned[foreign]
+                owner = c.lock_client(c.locks[0]).hget(victim, "owner").decode()
+                status, _ = page.post("/release", {"key": victim, "owner": _owner_digest(owner), "secret": SECRET})
+                assert status == 400
+            refused = cli(app, "release", owned[foreign], "--yes")
+            assert refused.exit_code == 1 and "not under this app's prefix" in refused.stderr
+        assert all(lock.owned() for lock in held)
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _own_app(c: Cluster, name: str) -> Celery:
+    """An app of this test's own on the module's lock nodes (memory broker: nothing consumes what it sends)."""
+    app = Celery(name, broker="memory://", set_as_current=False)
+    prefix = f"{name}{uuid.uuid4().hex[:8]}:"
+    app.conf.update(singleton_lock_urls=c.lock_urls, singleton_lock_prefix=prefix, singleton_lock_ttl=TTL)
+    return app
+
+
+def test_the_page_shows_pending_debounced_runs(site: Site) -> None:
+    """A burst pending under lock_debounce (what `locks list` shows as kind debounce) is on the page too: its key,
+    task, job's task id, when it runs and the last call's arguments, escaped; /locks.json lists it."""
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+
+    app = _own_app(site.c, "deb")
+
+    @app.task(base=LockedTask, shared=False, lock_debounce=60, lock_unique_on=["key"], name="deb.rebuild")
+    def rebuild(key: str, note: str = "") -> None: ...
+
+    rebuild.delay("acct-1", note="<script>alert(1)</script>")
+    key = rebuild.lock_key_for("acct-1")
+    with served(make_app(app, refresh=0, doctor=False)) as url:
+        status, body = Site(site.c, url).get("/")
+        assert status == 200
+        section = body.split("<h2>Pending debounced runs</h2>", 1)[1].split("<h2>", 1)[0]
+        assert key in section and "deb.rebuild" in section and "pending" in section
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in section and "<script>alert" not in body
+        assert "1 debounced run(s) pending" in body
+        status, text = Site(site.c, url).get("/locks.json")
+        (entry,) = [e for e in json.loads(text)["locks"] if e["kind"] == "debounce"]
+        assert entry["lock_key"] == key
+
+
+def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) -> None:
+    """/locks.json gives `limit` locks (default 500) and a `next` cursor: walking the pages lists every key once;
+    a limit of 0, negative, huge or not a number, and a cursor that is not one are 400; a cursor forged from any
+    key only moves the start, never past the prefix (a key after every key of the app gives an empty page)."""
+    from celery_singleton_lock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.web import _cursor_of  # noqa: PLC0415
+
+    c = site.c
+    app = _own_app(c, "paged")
+    prefix = app.conf.singleton_lock_prefix
+    held = [Redlock(c.lock_urls, f"{prefix}t.job:{n:03d}", ttl=60.0) for n in range(23)]
+    assert all(lock.acquire(blocking=False) for lock in held)
+    try:
+        with served(make_app(app, refresh=0, doctor=False)) as url:
+            page = Site(c, url)
+            seen: list[str] = []
+            cursor, pages = "", 0
+            for _ in range(10):
+                status, text = page.get(f"/locks.json?limit=10&cursor={cursor}")
+                assert status == 200, text
+                doc = json.loads(text)
+                assert len(doc["locks"]) <= 10 and doc["limit"] == 10
+                seen += [e["key"] for e in doc["locks"]]
+                pages += 1
+                if doc["next"] is None:
+                    break
+                cursor = doc["next"]
+            assert pages == 3 and seen == sorted(lock.name for lock in held)
+            status, text = page.get("/locks.json")
+            assert status == 200 and len(json.loads(text)["locks"]) == 23 and json.loads(text)["next"] is None
+            for query in ("limit=0", "limit=-1", "limit=99999999999", "limit=abc", "limit=", "cursor=%%%", "cursor=_w"):
+                status, text = page.get(f"/locks.json?{query}")
+                assert status == 400 and "limit" in json.loads(text)["error"], query
+            status, text = page.get(f"/locks.json?cursor={_cursor_of(prefix + '~')}")
+            assert status == 200 and json.loads(text)["locks"] == []
+            status, text = page.get(f"/locks.json?limit=5&cursor={_cursor_of('a')}")
+            assert [e["key"] for e in json.loads(text)["locks"]] == sorted(lock.name for lock in held)[:5]
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def test_wrong_secrets_are_rate_limited_per_client(site: Site) -> None:
+    """Five wrong release secrets from one address in a minute, then 429 with Retry-After, even for the right
+    secret (a guesser learns nothing more); another page's counts are its own."""
+    c = site.c
+    app = _own_app(c, "tries")
+    with served(make_app(app, secret=SECRET, refresh=0, doctor=False)) as url:
+        page = Site(c, url)
+        for n in range(5):
+            status, _ = page.post("/release", {"key": "k", "owner": "o", "secret": f"wrong-secret-{n:04d}-xxxx"})
+            assert status == 403, n
+        status, body = page.post("/release", {"key": "k", "owner": "o", "secret": SECRET})
+        assert status == 429 and "too many wrong secrets" in body
+        request = urllib.request.Request(url + "/release", data=b"key=k&owner=o", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 429 and 0 < int(refused.value.headers["Retry-After"]) <= 60
+    with served(make_app(app, secret=SECRET, refresh=0, doctor=False)) as url:
+        status, _ = Site(c, url).post("/release", {"key": "k", "owner": "o", "secret": SECRET})
+        assert status == 400  # the right secret, a key not under the prefix: no longer limited
+
+
+def test_locks_web_on_a_non_loopback_address_answers_only_its_allowed_hosts(site: Site) -> None:
+    """FOUND: `locks web --host 0.0.0.0` answered any Host header (DNS rebinding onto the page from a browser on
+    the network). Now it answers the bound address's names, the loopback names and --allowed-host, 403 otherwise."""
+    c = site.c
+    env = {**os.environ, **c.env, "PYTHONPATH": f"{APPS}:{Path(__file__).parent.parent}"}
+    port = free_port()
+    command = [sys.executable, "-m", "celery", "-A", "locked_app", "locks", "web", "--host", "0.0.0.0"]
+    proc = subprocess.Popen(
+        [*command, "--port", str(port), "--allowed-host", "locks.example.org"],
+        env=env,
+        cwd=str(APPS),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def status_for(host: str) -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/livez", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        for _ in polling(60, 0.25):
+            with contextlib.suppress(OSError):
+                if status_for(f"127.0.0.1:{port}") == 200:
+                    break
+        for host in ("locks.example.org", f"LOCKS.example.org:{port}", f"localhost:{port}", "[::1]"):
+            assert status_for(host) == 200, host
+        for host in ("evil.example", f"evil.example:{port}", "locks.example.org.evil.example", "", "a@b"):
+            assert status_for(host) == 403, host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_attack_hostile_keys_huge_unicode_and_invalid_utf8_leave_every_endpoint_whole(site: Site) -> None:
+    """Keys of 20 KB, with emoji, right-to-left marks and bytes that are not UTF-8, and records naming a task in
+    HTML with a quote and a newline: the page, /metrics (parsed by prometheus_client), /locks.json (paged over them
+    with its cursor) and /healthz all answer 200, escaped, and every UTF-8 key is counted and listed once."""
+    c = site.c
+    app = _own_app(c, "hostile")
+    prefix = app.conf.singleton_lock_prefix
+    keys = [
+        f"{prefix}t.huge:" + "x" * 20_000,
+        f"{prefix}t.uni:\U0001f512\u202eevil\u202c",
+        (prefix + "t.bin:").encode() + b"\xff\xfe<script>",
+    ]
+    name = '<img src=x onerror=alert(1)>"\nnext'
+    for server in c.locks:
+        client = c.lock_client(server)
+        for key in keys:
+            client.hset(key, mapping={"owner": "o", "fence": 1, "state": "run", "name": name, "job": "<j>"})
+            client.expire(key, 60)
+    with served(make_app(app, refresh=0, doctor=False)) as url:
+        page = Site(c, url)
+        status, body = page.get("/")
+        assert status == 200 and "<img src=x" not in body and "\U0001f512" in body
+        status, text = page.get("/metrics")
+        assert status == 200
+        held = metrics_families(text)["celery_lock_held"].samples
+        # Not 3: a key that is not UTF-8 is read back by its decoded name, another key (left open, see CHANGELOG).
+        assert [s.value for s in held if s.labels["task"] == name] == [2.0]
+        listed, cursor = [], ""
+        for _ in range(5):
+            status, text = page.get(f"/locks.json?limit=1&cursor={cursor}")
+            assert status == 200, (cursor[:80], len(cursor), text)
+            doc = json.loads(text)
+            listed += [e["key"] for e in doc["locks"]]
+            if doc["next"] is None:
+                break
+            cursor = doc["next"]
+        assert len(listed) == len(set(listed)) and {keys[0], keys[1]} <= set(listed)
+        assert page.get("/healthz")[0] == 200

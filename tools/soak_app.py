@@ -78,7 +78,7 @@ def job(self: Any, key: str, duration: float, retry_countdown: float = 0.0) -> s
         time.sleep(min(0.005, left))
         if lock is not None and time.monotonic() >= next_progress:
             # A long body: the lease now guaranteed (renewals extend it), in case this process is killed next; and
-            # what the README asks of a long body: stop before further side effects once the lock is lost.
+            # what docs/long-tasks.md asks of a long body: stop before further side effects once the lock is lost.
             next_progress = time.monotonic() + 0.2
             record.hset(
                 "progress", f"{self.request.id}|{start!r}", json.dumps([time.time(), time.time() + lock.validity])

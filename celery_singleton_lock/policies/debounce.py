@@ -11,7 +11,32 @@ The burst lives on the lock nodes, never only in a process (docs/protocol.md, "D
   running holds it: the job waits in the key's line, as ``reschedule``), then claims its burst
   (``lua/debounce_claim``): not due yet, it gives the lock back and is re-sent for the due time, carrying the newest
   arguments; due, the burst ends and the job runs with its last call's arguments. A call from then on starts a new
-  burst, which runs after this run (never beside it: the lock).
+  burst, which runs after this run (never beside it: the lock). A job refused by its rate (``lock_on_rate_limit``
+  skip or fail) or revoked or expired ends its burst too: every way a burst's run ends, a call from then on starts
+  a new burst.
+
+Each call is a *version* of its burst (named by its own task id, kept on each node it reached). Promises, with one
+lock node out at a time (paused, or restarted empty):
+
+* every call's arguments run at least once: as its burst's last call (the newest version a quorum of the nodes
+  holds), or on its own when no quorum agreed on a burst at its call (it then takes its version back from every
+  node: the burst never runs it too);
+* no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
+* a run carries only a call whose caller was given its task id;
+* older versions never run after a newer one: a delivery about to run whose version is older than the key's newest
+  run is REVOKED, "superseded by task <the job that ran the newer one>" (the burst's last call's arguments did run:
+  a newer call's); a job's burst is then not run at all, which debounce allows (the last call's arguments run);
+* ``expires`` counts from the call whose arguments a message carries (a burst re-sent for its due time carries its
+  newest version's call's expiry; its first message, the first call's).
+
+Why the order holds (docs/protocol.md, "Debounce", Order): each call is stamped by the nodes' clocks when they take
+it (its stamp: the earliest a node gave it), so a call made after another returned has the larger stamp. Every
+debounced delivery, holding the lock, writes its version's stamp as the key's newest run on every node that
+answers (``lua/debounce_claim``, ``ran``) unless one has a larger one there: then a newer version ran and this one
+is superseded. One node's note suffices (only a run that started writes one), and a note written under the lock is
+on a quorum but the node out, which any later check (a quorum answers) meets. A claim that finds no version a
+quorum holds while a node did not answer asks again rather than run the message's older arguments; a burst's job
+that fails for want of a quorum (``lock_on_unavailable="fail"``) ends its burst.
 
 This module is the policy's pure part: its options' check, and how the nodes' answers are counted.
 """
@@ -20,7 +45,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError
 
@@ -31,13 +56,16 @@ __all__ = [
     "CLAIM_SUPERSEDED",
     "JOIN_STANDIN",
     "JOIN_STARTED",
+    "Version",
     "check_debounce",
+    "choose",
     "majority",
+    "stamp",
 ]
 
 #: debounce_join's first answer: this call started the burst / joined it and publishes a stand-in copy.
 JOIN_STARTED, JOIN_STANDIN = 1, 2
-#: debounce_claim's first answer.
+#: debounce_claim's first answer (claim; SUPERSEDED: 'ran', a newer version ran).
 CLAIM_GONE, CLAIM_START, CLAIM_LATER, CLAIM_SUPERSEDED = 0, 1, 2, 3
 
 
@@ -82,3 +110,47 @@ def majority(answers: Sequence[Any], quorum: int, key: Any) -> tuple[Any, list[A
     if count < quorum:
         return None
     return value, [a for a in answers if not isinstance(a, BaseException) and a is not None and key(a) == value]
+
+
+class Version(NamedTuple):
+    """One call of a burst as a node keeps it: its number on that node, its task id (the version's name), its
+    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms), its expiry (Unix ms, 0: none) and
+    its stamp (when the node took the call, its clock's µs; 0: unknown, a version written before stamps)."""
+
+    n: int
+    call: str
+    args: str
+    due: int
+    expires: int
+    at: int = 0
+
+
+def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version | None:
+    """The newest version that at least ``quorum`` of the nodes hold (one list per node that answered); None when
+    none does. Newest: the highest number any node gave it (calls that raced may be numbered differently on two
+    nodes: the tie goes to the larger task id, the same on every reader). Its stamp: the earliest a node that
+    answered took it (see :func:`stamp`)."""
+    held: Counter[str] = Counter()
+    best: dict[str, Version] = {}
+    first: dict[str, int] = {}
+    for versions in nodes_versions:
+        for v in {v.call: v for v in versions}.values():
+            held[v.call] += 1
+            if v.call not in best or v.n > best[v.call].n:
+                best[v.call] = v
+            if v.at > 0:
+                first[v.call] = min(first.get(v.call, v.at), v.at)
+    agreed = [best[c] for c, count in held.items() if count >= quorum]
+    if not agreed:
+        return None
+    chosen = max(agreed, key=lambda v: (v.n, v.call))
+    return chosen._replace(at=first.get(chosen.call, 0))
+
+
+def stamp(times: Sequence[int]) -> int:
+    """A call's stamp from the stamps the nodes gave it (their clocks' µs when each took it): the earliest (0: none).
+
+    A call made after another one returned is stamped later on every node, so the earliest of its stamps is later
+    than the earliest of the other's (up to the nodes' clocks' skew): the order of calls one after the other."""
+    known = [t for t in times if t > 0]
+    return min(known) if known else 0

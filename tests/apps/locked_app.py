@@ -2,7 +2,8 @@
 
 Configured from the environment (the test writes it): CSL_BROKER, CSL_LOCK_URLS (comma-separated), CSL_RECORD
 (a Redis URL where runs are recorded), CSL_TTL; optionally CSL_BACKEND (default: db 1 of a Redis broker),
-CSL_QUEUE_TYPE (``quorum`` on RabbitMQ), CSL_PREFIX, CSL_VISIBILITY (seconds) and CSL_MAX_TASKS_PER_CHILD.
+CSL_QUEUE_TYPE (``quorum`` on RabbitMQ), CSL_PREFIX, CSL_VISIBILITY (seconds), CSL_MAX_TASKS_PER_CHILD and
+CSL_LIVENESS (a liveness file).
 Every run records ``[key, task_id, pid, start, end]`` so the test
 can check, after the fact, that no two runs of one key overlapped in time.
 """
@@ -40,6 +41,8 @@ app.conf.update(
     # How long the main process waits, after a pool child died, for a result it may have sent (Celery's 10 s).
     worker_lost_wait=float(os.environ.get("CSL_LOST_WAIT", "10")),
 )
+if os.environ.get("CSL_LIVENESS"):
+    app.conf.singleton_lock_liveness_file = os.environ["CSL_LIVENESS"]
 if BROKER.startswith("redis"):
     app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ.get("CSL_VISIBILITY", "3600")),
@@ -515,6 +518,29 @@ def debounced_short_queue_ttl(self: Any, key: str, version: int = 0) -> list[Any
     return [key, version]
 
 
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_debounce=0.5,
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+    lock_on_rate_limit="skip",
+)
+def debounced_rated(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` with one start per 3 s per key (the rate); a burst due while the window is full is skipped."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, lock_on_unavailable="fail")
+def debounced_failing(self: Any, key: str, version: int = 0) -> list[Any]:
+    """``debounced`` that fails at once when its lock has no quorum of nodes (lock_on_unavailable='fail')."""
+    record.rpush("debounced", json.dumps([key, self.request.id, version]))
+    return [key, version]
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_debounce=1, max_retries=2)
 def debounced_retrying(self: Any, key: str, version: int = 0) -> list[Any]:
     """``debounced`` whose first try retries (countdown 0.5 s): the retry runs with the burst's last arguments."""
@@ -548,4 +574,10 @@ def _dialed_limit(key: str, duration: float = 0.0) -> int:
 def dialed(self: Any, key: str, duration: float = 0.0) -> str:
     """At most ``_dialed_limit(key)`` runs of ``key`` at once (a callable limit the test changes while runs hold)."""
     _run(self, key, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(2, 60.0), lock_rate_on=["key"])
+def rated_work(self: Any, key: str) -> str:
+    """At most two starts per key in any minute (``celery locks explain`` reads its windows)."""
+    _run(self, key, 0.0)
     return key

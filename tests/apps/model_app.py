@@ -4,7 +4,8 @@ schedule of that deployment.
 
 The spec: ``{"tasks": [{"name": "m0", "opts": {"lock_on_duplicate": "replace", ...}}, ...]}``; ``"lock_limit":
 "per_key"`` stands for :func:`per_key_limit`. Every task has one signature, ``(key, ver, duration, fail, retries)``,
-and is keyed on ``key`` (``lock_unique_on=["key"]``); ``ver`` tells the calls of one key apart. Each attempt records
+and is keyed on ``key`` (``lock_unique_on=["key"]``; ``lock_limit=None``: no lock, no key); ``ver`` tells the calls
+of one key apart. Each attempt records
 ``{"id", "task", "key", "ver", "attempt", "pid", "start", "rate_at"}`` on ``model:started`` when its body starts and
 the same with ``"end"`` on ``model:ended`` when it ends (a retry's attempt ends at its ``retry()``).
 """
@@ -60,7 +61,9 @@ def _define(spec: dict[str, Any]) -> None:
             return _body(self, key, ver, duration, fail, retries)
 
         run.__name__ = task["name"]
-        app.task(shared=False, base=LockedTask, bind=True, name=task["name"], lock_unique_on=["key"], **opts)(run)
+        if opts.get("lock_limit", 1) is not None:  # lock_limit=None (no lock, a rate only) has no job key to name
+            opts.setdefault("lock_unique_on", ["key"])
+        app.task(shared=False, base=LockedTask, bind=True, name=task["name"], **opts)(run)
 
 
 _define(json.loads(os.environ.get("CSL_MODEL_SPEC") or "{}"))

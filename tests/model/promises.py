@@ -382,6 +382,45 @@ def _check_debounce(h: History) -> list[str]:
                 out.append(f"{space}/{key}: a burst ran other arguments than its last call's v{last.ver}: {vers}")
             if vers != sorted(vers):
                 out.append(f"{space}/{key}: older arguments ran after newer: {vers}")
+        out += _debounce_versions(h, space, key, calls)
+    return out
+
+
+def _debounce_versions(h: History, space: str, key: str, calls: list[Call]) -> list[str]:
+    """lock_debounce, also under faults (policies/debounce.py): each job (the calls given one AsyncResult) runs its
+    last call's arguments, or is REVOKED as superseded by a job that ran a newer call's; a run carries only a call
+    given its job; no call's arguments start twice (a killed run's redelivery aside); older arguments never start
+    after newer ones (calls sent more than ORDER apart)."""
+    out = []
+    sent = {c.ver: c for c in calls}
+    jobs: dict[str, list[Call]] = defaultdict(list)
+    for c in calls:
+        if c.returned:
+            jobs[c.returned].append(c)
+    for job, given in jobs.items():
+        if any(c.revoked for c in given):
+            continue
+        last = max(given, key=lambda c: c.sent)
+        runs = [a for a in h.attempts if a.id == job]
+        for a in runs:
+            if a.ver not in {c.ver for c in given}:
+                mine = [c.ver for c in given]
+                out.append(f"{space}/{key}: job {job} ran v{a.ver}, a call not given its id (v{mine})")
+        o = h.outcomes.get(job)
+        if o is not None and o.state == "REVOKED" and "superseded" in o.reason:
+            newer = [a.ver for a in h.attempts if a.id == _named(o.reason) and a.ver in sent]
+            if not any(sent[v].sent > last.sent - ORDER for v in newer):
+                out.append(f"{space}/{key}: job {job} (last v{last.ver}) superseded by a run of no newer call: {newer}")
+        elif o is not None and o.state == "SUCCESS" and last.ver not in {a.ver for a in runs}:
+            out.append(f"{space}/{key}: job {job}'s last call v{last.ver} never ran: {[a.ver for a in runs]}")
+    firsts = sorted((a for a in h.attempts if a.ver in sent and a.attempt == 0), key=lambda a: a.start)
+    finished = [a.ver for a in firsts if a.end is not None]
+    twice = sorted({v for v in finished if finished.count(v) > 1})
+    if twice:
+        out.append(f"{space}/{key}: v{twice} ran to their end more than once")
+    for a1, a2 in itertools.combinations(firsts, 2):
+        if sent[a2.ver].sent < sent[a1.ver].sent - ORDER:
+            out.append(f"{space}/{key}: v{a2.ver} started after the newer v{a1.ver}")
     return out
 
 
