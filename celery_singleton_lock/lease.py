@@ -12,19 +12,20 @@ The shape: sans-I/O. A step machine is a generator that yields requests, "run th
 arguments on these nodes" (a :data:`~celery_singleton_lock.nodes.Request`) or "wait this many seconds" (a float),
 is sent each request's per-node answers, and returns the operation's result. The sync face drives it with
 ``NodeSet.drive`` (the write-all-then-read-all fan-out), the async face with ``AsyncNodes.drive``
-(``asyncio.gather``). A face only takes its mutex, checks for a fork,
-and hands a machine to its driver; no face sends a script itself (``tests/test_layout.py`` holds them to it).
+(``asyncio.gather``). A face only takes its mutex, checks for a fork and hands a machine to its driver; no face
+sends a script itself (``tests/test_layout.py`` holds them to it).
 
 Why this and not one source generated into the other (httpcore's ``unasync``): the faces are not the same code
 with ``await`` taken out. Their I/O differs in kind (one fan-out writes every command before reading any reply on
 raw connections, the other gathers coroutines each bounded by ``asyncio.timeout``), their mutexes differ (a thread
 lock held across a batched renewal of many leases, an ``asyncio.Lock`` per loop), and so do their lives (the sync
 lock is renewed by the process's watchdog thread, the async one by a task of its own, with cancellation to undo).
-A generated copy would carry all of that as branches on "am I async", and a second, generated file to keep in step
-with a check; a step machine keeps the algorithm in one place that both run as it is, testable without I/O, at the
-cost of one generator per operation (measured: within noise on the hot path, see docs/benchmarks.md). Cancellation
-(the async face's own concern) rides on the requests: an acquire's requests carry the undo to send from a
-background task if the caller is cancelled while they are in flight (their ``abandon``).
+A generated copy would carry all of that as branches on "am I async", plus a second file to keep in step with a
+check; a step machine keeps the algorithm in one place that both run as it is, testable without I/O. Its cost is
+one generator per operation: requests are plain tuples and a one-attempt acquire is one machine, not two, which
+keeps it to a few tenths of a microsecond of Python per lock cycle (docs/benchmarks.md, "The lease once").
+Cancellation (the async face's own concern) rides on the requests: an acquire's requests carry the undo to send
+from a background task if the caller is cancelled while they are in flight (their ``abandon``).
 
 Fencing tokens. Each node keeps a counter per lock name, bumped by the acquire script in the same atomic step as
 the ``SET``. The max over the quorum is *not* enough on its own: a failed attempt raises the counters of the
