@@ -1,12 +1,11 @@
 """AsyncRedlock: Redlock on ``redis.asyncio``, for ``async def`` code (web handlers, asyncio workers).
 
-The same lease as :class:`~celery_singleton_lock.redlock.Redlock`: the same scripts (``scripts.py``), holder
-records and keys (``record.py``), the same quorum, validity and drift rules, the same fencing (the FENCE script
-raises the nodes that are behind) and the same undo of a failed attempt, judged by the same pure helpers
-(``redlock._tally``, ``_settle``, ``_findings``). So a sync and an async holder of one name exclude each other and
-share one fencing sequence. What differs is I/O only: the fan-out is ``asyncio.gather`` over the nodes, each node's
-exchange bounded by ``socket_timeout`` (``asyncio.wait_for``), so a paused node costs the loop nothing and the
-attempt at most ``socket_timeout``.
+The same lease as :class:`~celery_singleton_lock.redlock.Redlock`, run by the same algorithms: ``lease.py``'s step
+machines (acquire, extend, release, hand-over), which :meth:`AsyncNodes.drive` runs here and ``NodeSet.drive`` there.
+So a sync and an async holder of one name exclude each other and share one fencing sequence. What differs is I/O
+only: the fan-out is ``asyncio.gather`` over the nodes, each node's exchange bounded by ``socket_timeout``
+(``asyncio.timeout``), so a paused node costs the loop nothing and the attempt at most ``socket_timeout``; and a
+caller cancelled mid-attempt has its attempt undone from a background task (a request's ``abandon``).
 
 Clients built from URLs are shared per event loop (a ``redis.asyncio`` connection belongs to the loop that opened
 it); :func:`aclose` closes the running loop's (an app's shutdown hook).
@@ -17,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import random
 import time as mod_time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -30,25 +28,13 @@ from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoScriptError, RedisError
 
 from ._urls import NodeURL, credentials_for, parse_node_url, redact_url, validate_url
-from .errors import ConfigurationError, LockLostError, LockNotAcquiredError, LockUnavailableError
-from .nodes import NodeError, _url_options
-from .record import fence_key_for, fence_key_in_slot, record_of
-from .redlock import _findings, _Lease, _LeaseSpec, _settle, _tally
-from .scripts import (
-    ACQUIRE,
-    ACQUIRED,
-    EXTEND,
-    EXTENDED,
-    FENCE,
-    LOST,
-    REFILL,
-    RELEASE,
-    REPAIRED,
-    STATUS,
-    TRANSFER,
-    UNDO,
-    Script,
-)
+from .errors import ConfigurationError, LockLostError
+from .lease import _Lease, _LeaseSpec
+from .nodes import NodeError, Request, Steps, _url_options
+from .record import fence_key_for, fence_key_in_slot
+from .scripts import Script
+
+_T = TypeVar("_T")
 
 __all__ = ["AsyncNodes", "AsyncRedlock", "aclose"]
 
@@ -226,13 +212,30 @@ class AsyncNodes:
             return NodeError(self.names[index], f"TimeoutError: no answer within {self.socket_timeout} s")
         return NodeError(self.names[index], f"{type(exc).__name__}: {exc}")
 
+    async def drive(self, steps: Steps[_T]) -> _T:
+        """Run the step machine ``steps`` to its end (``NodeSet.drive``, awaited): each request fanned out
+        by :meth:`run`, each pause slept. A request's ``abandon`` is sent from a background task when the caller is
+        cancelled (or fails) while that request is in flight."""
+        answers: Any = None
+        step: Request | float = 0.0
+        try:
+            while True:
+                step = steps.send(answers)
+                call = asyncio.sleep(step) if isinstance(step, float) else self.run(*step[:5])
+                answers = await call
+        except StopIteration as stop:
+            return cast(_T, stop.value)
+        except BaseException:
+            if not isinstance(step, float) and step[5] is not None:
+                _spawn(self.run(*step[5]))
+            raise
+
     async def run(
         self,
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
-        nodes: Sequence[int] | Mapping[int, Any] | None = None,
-        *,
+        nodes: Iterable[int] | None = None,
         undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None = None,
     ) -> list[Any]:
         """Run ``script`` on the given nodes (default: all) concurrently; one answer or exception per node (None
@@ -444,82 +447,9 @@ class AsyncRedlock(_LeaseSpec):
         """Try to take the lock; with ``blocking``, retry with jittered back-off for at most ``timeout`` s.
 
         A blocking acquire stops early, returning False, when the job is done (``done``): waiting cannot help.
+        A caller cancelled mid-attempt has the attempt undone (in the background, bounded by ``socket_timeout``).
         """
-        if timeout is None:
-            timeout = self.timeout
-        deadline = None if timeout is None else self._clock() + timeout
-        attempt = 0
-        while True:
-            if await self._attempt():
-                return True
-            if not blocking or self.done:
-                return False
-            delay = random.uniform(self.RETRY_BASE, min(self.RETRY_CAP, self.RETRY_BASE * 2**attempt))  # noqa: S311
-            if deadline is not None:
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    return False
-                delay = min(delay, remaining)
-            await asyncio.sleep(delay)
-            attempt += 1
-
-    async def _attempt(self) -> bool:
-        token = self._new_token()
-        try:
-            return await self._attempt_with(token)
-        except BaseException:
-            # Cancelled (or failed) mid-attempt: some nodes may hold this attempt's token; take it back off them in
-            # the background (bounded by socket_timeout), or the name would stay blocked for a ttl.
-            if self._lease is None or self._lease.token != token:
-                _spawn(self.nodes.run(UNDO, self._slots, (token,)))
-            raise
-
-    async def _attempt_with(self, token: str) -> bool:
-        ttl_ms = int(self.ttl * 1000)
-        nodes = self.nodes
-        start = self._clock()
-        answers = await nodes.run(
-            ACQUIRE,
-            self._keys,
-            (token, ttl_ms, self._fencing, "", self.job or "", self._limit_arg, *self._fields),
-            undo_on_timeout=(UNDO, self._slots, (token,)),
-        )
-        if self.limit == 1 and all(type(a) is list and a[0] == ACQUIRED for a in answers):
-            # Every node granted with one fencing token: nothing to undo, fence or settle (Redlock's fast path).
-            fence = int(answers[0][1])
-            deadline = start + self.ttl - self._drift()
-            if all(int(a[1]) == fence for a in answers) and deadline > self._clock():
-                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=self._slots[0]))
-        fences, slots, holders, slot_owners, failed, done = _tally(answers)
-        errors = [nodes.error(i, exc) for i, exc in failed]
-        key, granted = _settle(fences, slots, self._slots)
-        if len(granted) >= nodes.quorum and not done:
-            if len(granted) < len(fences):
-                await nodes.run(UNDO, self._slots, (token,), [i for i in fences if i not in granted])
-                fences = granted
-            fence = max(fences.values())
-            behind = [i for i, f in fences.items() if f < fence]
-            confirmed = len(fences) - len(behind)
-            if behind and confirmed < nodes.quorum:
-                # Every node of the quorum must hold at least the returned token (see redlock.py's docstring).
-                fenced = await nodes.run(FENCE, (key, self.fence_key), (token, fence), behind)
-                for i in behind:
-                    if fenced[i] == 1:
-                        confirmed += 1
-                    elif isinstance(fenced[i], BaseException):
-                        errors.append(nodes.error(i, fenced[i]))
-            deadline = start + self.ttl - self._drift()
-            if confirmed >= nodes.quorum and deadline > self._clock():
-                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=key))
-        if fences:
-            await nodes.run(UNDO, self._slots, (token,), fences)
-        self._reset_failure()
-        self.node_errors = tuple(errors)
-        self.done = done
-        self.held_by, self.held_for, self.holder_record, self.contended, self.split = _findings(
-            holders, slot_owners, fences, bool(errors), len(nodes), nodes.quorum, self.limit, self.job
-        )
-        return False
+        return await self.nodes.drive(self._acquire_steps(blocking, timeout, None))
 
     async def extend(self) -> bool:
         """Reset the lease to ``ttl`` if we still hold it; False when not extended (lost: ``validity`` is 0; or
@@ -531,38 +461,12 @@ class AsyncRedlock(_LeaseSpec):
     async def _renew(self) -> bool | None:
         """True (extended), False (lost) or None (undecided: too few answers, the lease stands until its deadline).
 
-        The rules are Redlock._extend_locked's for one lease: only nodes that still held our token vote; a node
-        that had lost the key is repaired (and refilled) but does not count.
+        ``_LeaseSpec._extend_steps`` for one lease (the watchdog's batched renewal of Redlocks runs it too): only
+        nodes that still held our token vote; a node that had lost the key is repaired (and refilled) but does not
+        count.
         """
         async with self._lock():
-            lease = self._lease
-            if lease is None or not lease.renewable:
-                return False
-            if lease.deadline <= self._clock():
-                self._lease = None
-                return False
-            start = self._clock()
-            answers = await self.nodes.run(
-                EXTEND, (lease.key, self.fence_key), (lease.token, lease.ttl_ms, lease.fence)
-            )
-            now = self._clock()
-            codes = [None if isinstance(a, BaseException) else a[0] for a in answers]
-            repaired = [i for i, c in enumerate(codes) if c == REPAIRED]
-            if repaired and lease.fields:
-                await self.nodes.run(REFILL, (lease.key,), (lease.token, *lease.fields), repaired)
-            votes = codes.count(EXTENDED)
-            gone = sum(1 for c in codes if c in (LOST, REPAIRED))
-            deadline = start + self.ttl - self._drift()
-            if votes >= self.nodes.quorum and deadline > now and lease.deadline > now:
-                lease.deadline = deadline
-                return True
-            if lease.deadline > now and gone <= len(self.nodes) - self.nodes.quorum:
-                return None
-            self._lease = None
-            if any(c is not None and c != LOST for c in codes):
-                # Lost, yet some nodes still (or again, by repair) hold our token: take it back off them.
-                await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
-            return False
+            return (await self.nodes.drive(self._extend_steps([self], None)))[0]
 
     async def release(self) -> bool:
         """Give the lock up on every node; True if we still held it (on a quorum). Idempotent.
@@ -596,9 +500,7 @@ class AsyncRedlock(_LeaseSpec):
 
     async def _release(self, lease: _Lease) -> bool:
         async with self._lock():  # after an extend in flight: it could otherwise repair the key just deleted
-            answers = await self.nodes.run(RELEASE, (lease.key,), (lease.token,))
-        freed = sum(1 for a in answers if a == 1)
-        return freed >= self.nodes.quorum and lease.deadline > self._clock()
+            return await self.nodes.drive(self._release_steps(lease))
 
     async def transfer(self, ttl: float, record: Mapping[str, str] | None = None) -> bool:
         """Hand the lease on under a fresh owner token for ``ttl`` s, changing the ``record`` fields, on a quorum
@@ -606,42 +508,11 @@ class AsyncRedlock(_LeaseSpec):
         if self._forked():
             return False
         async with self._lock():
-            lease = self._lease
-            if lease is None:
-                return False
-            start = self._clock()
-            token = self._new_token()
-            changes = [x for kv in (record or {}).items() for x in kv]
-            answers = await self.nodes.run(TRANSFER, (lease.key,), (lease.token, token, int(ttl * 1000), *changes))
-            current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record or {})
-            held = sum(1 for a in answers if a == 1) >= self.nodes.quorum and lease.deadline > self._clock()
-            lease.renewable = False  # handed on: a renewal waiting for its turn must not take it for a loss
-            self._lease = (
-                _Lease(
-                    token,
-                    int(ttl * 1000),
-                    lease.fence,
-                    start + ttl - self._drift(),
-                    renewable=False,
-                    fields=tuple(x for kv in current.items() for x in kv),
-                    key=lease.key,
-                )
-                if held
-                else None
-            )
-        return held
+            return await self.nodes.drive(self._transfer_steps(ttl, record, False))  # noqa: FBT003
 
     async def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
-        self._forked()
-        lease = self._lease
-        if lease is None or lease.deadline <= self._clock():
-            return False
-        answers = await self.nodes.run(STATUS, (lease.key, self.fence_key), ())
-        mine = sum(
-            1 for a in answers if not isinstance(a, BaseException) and record_of(a[0]).get("owner") == lease.token
-        )
-        return mine >= self.nodes.quorum
+        return await self.nodes.drive(self._owned_steps())
 
     async def _renewal(self) -> None:
         """The lease's watchdog while ``async with`` runs: extend every ttl/3 (sooner after an undecided round, and
@@ -679,10 +550,7 @@ class AsyncRedlock(_LeaseSpec):
 
     async def __aenter__(self) -> AsyncRedlock:
         if not await self.acquire(blocking=True, timeout=self.timeout):
-            errors = [str(e) for e in self.node_errors]
-            if self.contended or not errors:
-                raise LockNotAcquiredError(self.name, holder=self.held_by, node_errors=errors)
-            raise LockUnavailableError(self.name, holder=self.held_by, node_errors=errors)
+            raise self._refusal()
         self.lost = self._cancelled_by_us = False
         self._owner = asyncio.current_task()
         # Renews the lease (or with auto_renewal=False, only watches for its end: lost, cancel_on_loss).

@@ -5,6 +5,10 @@ logical node whose script calls go to the master of their keys' slot). :class:`N
 at once (all commands written before any reply is read, no threads) and gathers one answer or exception per node.
 Connections of the pools built from URLs are checked out on a lean path of our own (``_take``/``_give``) and read
 by our own RESP2 reader (``_resp``) where it can.
+
+:meth:`NodeSet.drive` runs one of the lease's step machines (``lease.py``): each :data:`Request` it yields is one
+fan-out (:meth:`NodeSet.run`), each number a sleep. ``aio.AsyncNodes.drive`` runs the same machines with
+``asyncio``: the acquire, extend, release and hand-over are written once, in ``lease.py``.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import re
 import threading
 import time as mod_time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import redis
 import redis.connection
@@ -37,7 +41,25 @@ from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
 
-__all__ = ["IDLE_MAX", "NodeError", "NodeSet"]
+__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Request", "Steps", "Undo"]
+
+_T = TypeVar("_T")
+
+#: A script call as :meth:`NodeSet.run` takes it: the script, its keys, its arguments.
+Undo = tuple[Script, Sequence[str], Sequence[str | int]]
+
+
+#: A step machine's request, a plain tuple (cheap: the hot path makes two per lock cycle):
+#: ``(script, keys, args, nodes, undo_on_timeout, abandon)``. Run ``script`` with ``keys`` and ``args`` on ``nodes``
+#: (None: all) at once and send back one answer per node (an exception for a node that failed, None for a node not
+#: asked); ``undo_on_timeout`` as :meth:`NodeSet.run` takes it; ``abandon`` (the async face only) is sent from a
+#: background task when the caller is cancelled (or fails) while the request is in flight (a cancelled attempt takes
+#: its token back off the nodes). Its first five items are :meth:`NodeSet.run`'s arguments, in order.
+Request = tuple[Script, Sequence[str], Sequence[str | int], Iterable[int] | None, Undo | None, Undo | None]
+
+#: A step machine (see ``lease.py``): a generator yielding a :data:`Request` (sent the nodes' answers) or a float
+#: (seconds to wait: an acquire's back-off; sent None), and returning the operation's result.
+Steps = Generator[Request | float, Any, _T]
 
 
 _NO_SETINFO: dict[str, Any] = (
@@ -405,14 +427,24 @@ class NodeSet:
     def __repr__(self) -> str:
         return f"NodeSet({list(self.names)!r}, quorum={self.quorum})"
 
+    def drive(self, steps: Steps[_T], sleep: Callable[[float], object] = mod_time.sleep) -> _T:
+        """Run the step machine ``steps`` to its end: each :data:`Request` fanned out by :meth:`run` and its answers
+        sent back, each pause slept with ``sleep``; returns what the machine returns."""
+        answers: Any = None
+        try:
+            while True:
+                step = steps.send(answers)
+                answers = sleep(step) if isinstance(step, float) else self.run(*step[:5])
+        except StopIteration as stop:
+            return cast(_T, stop.value)
+
     def run(
         self,
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
         nodes: Iterable[int] | None = None,
-        *,
-        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None = None,
+        undo_on_timeout: Undo | None = None,
     ) -> list[Any]:
         """Run ``script`` on the given nodes (default: all) at once; one answer or exception per node.
 
@@ -598,7 +630,7 @@ class _Spread:
         self,
         nodes: NodeSet,
         deadline: float,
-        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+        undo_on_timeout: Undo | None,
     ) -> Any:
         """The node's answer: the reply (a batch: one entry per item, in item order), or an exception."""
         if self.error is not None:
@@ -629,7 +661,7 @@ class _Spread:
         conn: Any,
         members: list[int],
         deadline: float,
-        undo_on_timeout: tuple[Script, Sequence[str], Sequence[str | int]] | None,
+        undo_on_timeout: Undo | None,
     ) -> None:
         missing: list[int] = []
         for k, n in enumerate(members):

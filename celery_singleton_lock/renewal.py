@@ -32,17 +32,17 @@ import os
 import threading
 import time as mod_time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics
 from ._heartbeat import write_heartbeat
 
-if TYPE_CHECKING:  # redlock imports this module (``with Redlock`` is renewed here): no import back at run time
-    from .redlock import NodeSet, Redlock
+if TYPE_CHECKING:
+    from .nodes import NodeSet
 
-__all__ = ["Lease", "Watchdog", "flush_stats", "start_liveness", "watchdog"]
+__all__ = ["Lease", "Renewable", "Watchdog", "flush_stats", "start_liveness", "watchdog"]
 
 logger = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -50,11 +50,37 @@ BATCH = 200  # leases per script call: keeps one Lua call short on the server
 STATS_FLUSH_INTERVAL = 5.0
 
 
+class Renewable(Protocol):
+    """What the watchdog needs of a lock it renews (``Redlock`` is one); this module knows no lock class, so the
+    lock (which registers itself here) and its renewal do not import each other."""
+
+    @property
+    def name(self) -> str:
+        """The lock's name (for the logs)."""
+        ...
+
+    @property
+    def nodes(self) -> NodeSet:
+        """Its nodes: locks whose nodes have equal ``peers`` are renewed together; their counters flushed there."""
+        ...
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still ours by the local clock (0 when not held); no I/O."""
+        ...
+
+    @staticmethod
+    def nodes_extend(locks: Sequence[Any], *, unanswered: set[int] | None = None) -> list[bool | None]:
+        """Extend ``locks`` (of this type, on one set of nodes) in one round trip per node: per lock True
+        (extended), False (lost) or None (undecided); ``unanswered`` nodes are not asked, failing ones added."""
+        ...
+
+
 @dataclass(eq=False)
 class Lease:
     """A held lock under the watchdog's care; ``lost`` turns True (once) when renewal fails."""
 
-    lock: Redlock
+    lock: Renewable
     interval: float
     on_lost: Callable[[Lease, str], None] | None = None
     lost: bool = False
@@ -88,7 +114,7 @@ class Watchdog:
 
     def register(
         self,
-        lock: Redlock,
+        lock: Renewable,
         interval: float,
         on_lost: Callable[[Lease, str], None] | None = None,
         label: tuple[str, str] | None = None,

@@ -995,7 +995,7 @@ def test_adelay_with_a_lock_node_paused_gets_one_job_without_blocking_the_loop(
     caplog.set_level(logging.WARNING, logger="asyncio")
     caplog.set_level(logging.DEBUG, logger="celery_singleton_lock.task")
     mod, k = c.app_module(), wc.new_key()
-    assert enqueue._async_nodes(mod.q_work) is not None  # the reservation takes the AsyncRedlock path
+    assert enqueue._async_nodes(mod.q_work.lock_context()) is not None  # the reservation takes the AsyncRedlock path
 
     async def scenario() -> list[Any]:
         # Two connections per node made while every node answers (retried: a first connect on a loaded box can
@@ -1088,7 +1088,7 @@ def test_a_failed_publish_frees_the_reservation(c: wc.Cluster) -> None:
         raise OSError("broker gone")
 
     with pytest.raises(OSError, match="broker gone"):
-        arun(lambda: enqueue.asend(mod.q_work, broken, (k,), {}, None, {}, linked=False))
+        arun(lambda: enqueue.asend(mod.q_work.lock_context(), broken, (k,), {}, None, {}, linked=False))
     assert c.lock_free(mod.q_work.lock_key_for(k))
 
 

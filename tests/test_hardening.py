@@ -310,9 +310,9 @@ def test_a_hard_time_limit_ends_only_the_killed_run_s_lease(app: Celery, redis_n
     key = job.lock_key_for(3)
     twin = Redlock(app.conf.singleton_lock_urls, key, ttl=10, job="X", record={"state": "run", "worker": "111@h"})
     assert twin.acquire(blocking=False)
-    end_lease_of(job, "X", key, "222@h")  # the killed child was 222
+    end_lease_of(job.lock_context(), "X", key, "222@h")  # the killed child was 222
     assert redis_node.client().hget(key, "owner") == twin.token.encode()
-    end_lease_of(job, "X", key, "111@h")
+    end_lease_of(job.lock_context(), "X", key, "111@h")
     assert redis_node.client().hget(key, "state") == b"ending"
     assert 0 < redis_node.client().pttl(key) <= 1000
 

@@ -20,13 +20,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "celery_singleton_lock"
 MODULES = frozenset(p.stem for p in PACKAGE.glob("*.py")) | frozenset(
     p.parent.name for p in PACKAGE.glob("*/__init__.py")
 )
-#: The lock core: scripts, the holder record, nodes and fan-out, the lease (sync and async), its renewal and interrupt
-#: on loss (``with Redlock``), and what they stand on.
+#: The lock core: scripts, the holder record, nodes and fan-out, the lease (its algorithms, and its sync and async
+#: faces), its renewal and interrupt on loss (``with Redlock``), and what they stand on.
 CORE = frozenset(
     {
         "scripts",
         "record",
         "nodes",
+        "lease",
         "redlock",
         "aio",
         "renewal",
@@ -396,3 +397,56 @@ def test_a_feature_is_named_only_by_its_module_the_matrix_and_the_option_declara
     still named elsewhere is exactly the list of moves left (NOT_YET_MOVED), never more."""
     expected = {k: v for k, v in NOT_YET_MOVED.items() if v}
     assert _feature_spread() == expected
+
+
+def test_no_circle_in_the_lock_core_even_through_type_only_imports() -> None:
+    """Within the lock core, no chain of imports leads from a module back to itself, counting the imports inside
+    functions and those under ``if TYPE_CHECKING:`` (the renewal depends on a protocol, not on ``Redlock``)."""
+    graph = {name: _imports(ast.walk(_source(name)))[0] & CORE - {name} for name in CORE}
+    assert _cycle(graph) is None
+
+
+#: The faces of the lease: they drive ``lease.py``'s step machines and send no script of their own.
+FACES = ("redlock", "aio")
+
+
+def _calls(tree: ast.AST, attr: str) -> list[ast.Call]:
+    """The calls ``<anything>.<attr>(...)`` in ``tree``."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+    ]
+
+
+@pytest.mark.parametrize("name", FACES)
+def test_the_lease_faces_do_not_re_implement_the_algorithm(name: str) -> None:
+    """``Redlock`` and ``AsyncRedlock`` send no script themselves: they import no script of ``scripts.py`` and call
+    the fan-out (``run``) only inside a driver (``drive``), so acquire, extend, release and hand-over are written
+    once, as ``lease.py``'s step machines."""
+    tree = _source(name)
+    scripts = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "scripts" and node.level == 1
+        for alias in node.names
+        if alias.name != "Script"
+    ]
+    assert not scripts, f"{name} imports scripts {scripts}: the step machines in lease.py send them"
+    drivers = [node for node in ast.walk(tree) if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef)]
+    inside = {id(call) for fn in drivers if fn.name == "drive" for call in _calls(fn, "run")}
+    outside = [call.lineno for call in _calls(tree, "run") if id(call) not in inside]
+    assert not outside, f"{name}.py calls run() outside a driver at lines {outside}"
+
+
+def test_the_lease_algorithms_do_no_io() -> None:
+    """``lease.py`` (the step machines) yields requests and never sends one: no client, socket, thread or event loop
+    imported (of redis, only its exception types), no ``run`` or ``drive`` called."""
+    tree = _source("lease")
+    _, foreign = _imports(ast.walk(tree))
+    assert not foreign & {"asyncio", "socket", "selectors", "threading"}, sorted(foreign)
+    named = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+    plain = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert {m for m in named | plain if m.split(".")[0] == "redis"} <= {"redis.exceptions"}
+    assert not _calls(tree, "run")
+    assert not _calls(tree, "drive")

@@ -102,7 +102,7 @@ def test_the_documented_acl_set_can_wake_a_waiting_duplicate(fresh_node: RedisSe
     line, messages = sibling_key(key, ":waiters"), sibling_key(key, ":parked")
     admin.zadd(line, {"w-1": 1})
     admin.hset(messages, "w-1", kombu_json.dumps(dict(waits.signature((1,), task_id="w-1"))))
-    wake_next(waits, key, waits._options())  # what the holder's release does
+    wake_next(waits.lock_context(), key, waits.lock_options())  # what the holder's release does
     # The documented user may ZPOPMIN: the waiter left the line (it was sent), rather than staying on a NOPERM.
     assert admin.zcard(line) == 0
 

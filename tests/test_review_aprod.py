@@ -108,7 +108,9 @@ def test_a_publish_failing_after_its_caller_was_cancelled_frees_the_reservation(
         raise OSError("broker gone")
 
     async def scenario() -> None:
-        caller = asyncio.ensure_future(enqueue.asend(mod.q_work, broken, (k,), {}, None, {}, linked=False))
+        caller = asyncio.ensure_future(
+            enqueue.asend(mod.q_work.lock_context(), broken, (k,), {}, None, {}, linked=False)
+        )
         await until_sending(c, key)
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
