@@ -56,7 +56,7 @@ from .config import UnavailablePolicy
 from .decision import COOLDOWN, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
 from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
-from .policies import policy_for
+from .policies import cancel, policy_for
 from .policies import rate as rate_policy
 from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.limit import LIMIT
@@ -475,10 +475,15 @@ def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) 
     if run.parked or getattr(request, PARKED_HEADER, None):
         line.unpark(ctx, run.key, task_id, options)
     run.lock = lock
-    target = Target() if options.on_lost == "interrupt" else None
+    cancels = options.on_duplicate == "cancel"
+    target = Target() if options.on_lost == "interrupt" or cancels else None
     settings = options.settings
     run.lease = watchdog().register(
-        lock, options.interval, functools.partial(ctx.on_lost, task_id, target), (settings.prefix, ctx.name)
+        lock,
+        options.interval,
+        functools.partial(ctx.on_lost, task_id, target),
+        (settings.prefix, ctx.name),
+        functools.partial(ctx.on_cancel, run, target) if cancels else None,
     )
     ctx.count("acquired")
     if getattr(request, SINCE_HEADER, None) is not None:
@@ -556,10 +561,29 @@ class _Duplicate:
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.ctx, run, countdown, "duplicate", headers, detail, self.holder_id)
 
+    def stop_holder(self) -> None:
+        holder = self.holder_id
+        if holder is not None and holder != self.run.task_id:
+            cancel.ask(self.ctx.options.settings.nodes, self.run.key, holder, self.run.task_id)
+
     def back_in_line(self) -> None:
         run = self.run
         said = f"waiting in line for lock {run.key} {self.held}"
         resend.skip_quietly(self.ctx, run, Skipped(said, run.key, self.holder_id, "deferred"))
+
+
+def cancelled(ctx: Context, run: Run, by: str) -> Skipped:
+    """The body stopped for a newer call (lock_on_duplicate="cancel"): REVOKED, its reason naming that call, and
+    counted; the release that follows frees the lock and wakes the line, where the newer call waits."""
+    request = ctx.request
+    reason = cancel.reason(ctx.name, run.key, by)
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+        ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
+    ctx.count("cancelled")
+    logger.info("Task %s[%s] %s", ctx.name, run.task_id, reason)
+    outcome = Skipped(reason, run.key, by, "cancelled")
+    resend.skip_quietly(ctx, run, outcome)
+    return outcome
 
 
 def unavailable(
