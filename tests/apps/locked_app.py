@@ -581,3 +581,52 @@ def rated_work(self: Any, key: str) -> str:
     """At most two starts per key in any minute (``celery locks explain`` reads its windows)."""
     _run(self, key, 0.0)
     return key
+
+
+# A store that checks fencing tokens (what examples/rebuild_newest_wins.py shows): a write whose token is older than
+# the newest one it has seen is refused.
+FENCED_SET = """
+local seen = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
+if tonumber(ARGV[1]) < seen then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
+return 1
+"""
+
+
+def _cancellable(task: Any, key: str, n: int, duration: float, stubborn: bool) -> int:
+    """Sleep ``duration`` s in short steps, then write ``n`` to a fenced store; record the span as
+    ``[key, task id, pid, start, end, n, fencing token, how it ended]`` under "spans"."""
+    from celery_singleton_lock import JobCancelledError  # noqa: PLC0415
+
+    start = time.time()
+    record.rpush("started", json.dumps([key, task.request.id, os.getpid(), start]))
+    token = task.fencing_token or 0
+    how = "ran"
+    end_by = time.monotonic() + duration
+    for _ in range(int(duration / 0.02) + 2):  # bounded by count and by duration
+        if time.monotonic() >= end_by:
+            break
+        try:
+            time.sleep(0.02)
+        except JobCancelledError:
+            if not stubborn:
+                record.rpush(
+                    "spans", json.dumps([key, task.request.id, os.getpid(), start, time.time(), n, token, "cancelled"])
+                )
+                raise
+            how = "ignored the stop"  # a body that swallows it goes on, past its lease's end
+    wrote = record.eval(FENCED_SET, 1, f"store:{key}", token, n)
+    record.rpush("spans", json.dumps([key, task.request.id, os.getpid(), start, time.time(), n, token, how, wrote]))
+    return n
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="cancel", lock_ttl=1.5)
+def rebuild(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """Newest wins while it runs: a newer call of ``key`` stops this one (renewed every 0.5 s), then runs."""
+    return _cancellable(self, key, n, duration, stubborn=False)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="cancel", lock_ttl=1.5)
+def rebuild_stubborn(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """Like rebuild, but the body swallows the stop and goes on: its successor runs at its lease's end."""
+    return _cancellable(self, key, n, duration, stubborn=True)
