@@ -25,6 +25,7 @@ from examples import (
     partner_api_rate,
     payment_double_click,
     prometheus_metrics,
+    rebuild_newest_wins,
     reindex_debounced,
     reindex_latest,
     stock_decrement,
@@ -130,6 +131,14 @@ def test_reindex_latest_runs_the_newest_edit_only(app_module: ModuleType) -> Non
     assert figures["reindexed"] == [1, 6]
     assert figures["superseded"] == 4
     assert figures["ok"]
+
+
+def test_rebuild_newest_wins_stops_the_stale_rebuild_and_fences_a_stubborn_one(app_module: ModuleType) -> None:
+    """A newer rebuild stops the running one (REVOKED naming it) and publishes; a stubborn one's late publish is
+    refused by its older fencing token."""
+    figures = rebuild_newest_wins.main(app_module)
+    assert figures["cancelled"], figures
+    assert figures["ok"], figures
 
 
 def test_reindex_debounced_runs_once_with_the_last_edit(app_module: ModuleType) -> None:
