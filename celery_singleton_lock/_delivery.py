@@ -162,8 +162,9 @@ def start(task: LockedTask, task_id: str, args: Any, kwargs: Any) -> None:
     raise AssertionError(f"no decision settled for {task.name}[{task_id}]: {facts}")  # pragma: no cover
 
 
-#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes, by limits key.
-_limits_noted: dict[str, int] = {}
+#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes lately, and when (monotonic), by
+#: limits key.
+_limits_noted: dict[str, tuple[int, float]] = {}
 
 
 def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) -> int:  # noqa: FBT001
@@ -174,10 +175,14 @@ def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) ->
     second time beside the live run. So every limit used is noted on the nodes before a slot is taken under it (once
     per process and limit: no round trip after the first), and a copy of a job (redelivered, re-sent as one, a
     retry) looks at every slot the highest one noted may have given it (one more round trip, for copies only).
+    A note is written again once it is a lease old: lock nodes restarted empty one at a time (a quorum up
+    throughout) would otherwise wear it off every node while this process still trusts it.
     """
     settings = options.settings
     space = limits_key_for(settings.prefix, task.lock_group or task.name)
-    if limit > _limits_noted.get(space, 1):
+    noted_limit, noted_at = _limits_noted.get(space, (1, 0.0))
+    now = time.monotonic()
+    if limit > noted_limit or (limit > 1 and now - noted_at >= options.ttl):
         noted = 0
         for client in settings.nodes.clients:
             try:
@@ -186,7 +191,7 @@ def slots_to_scan(task: LockedTask, options: Options, limit: int, copy: bool) ->
             except Exception:  # a node that missed it: the others still say it (the highest of any node counts)
                 logger.debug("could not note limit %d of %s", limit, task.name, exc_info=True)
         if noted:
-            _limits_noted[space] = limit
+            _limits_noted[space] = (limit, now)
     if not copy:
         return 0
     highest = limit
