@@ -469,13 +469,15 @@ def _check_cooldown(h: History) -> list[str]:
 
 
 def _check_queue_scope(h: History) -> list[str]:
-    """lock_scope="queue": a delay() while the key's job is queued or running returns that job's id (publishes
-    nothing). lock_enqueue_check: a delay() while the key's job runs returns the running job's id."""
+    """lock_scope="queue" (skip, fail): a delay() while the key's job is queued or running returns that job's id
+    (publishes nothing); with reschedule or replace the call is sent and waits at the worker (the matrix's note).
+    lock_enqueue_check: a delay() while the key's job runs returns the running job's id."""
     out = []
     for (space, key), calls in _by_space(h).items():
         for c in calls:
             t = h.tasks[c.task]
-            queue, enqueue = t.opts.get("lock_scope") == "queue", t.opts.get("lock_enqueue_check")
+            queue = t.opts.get("lock_scope") == "queue" and t.policy in ("skip", "fail")
+            enqueue = t.opts.get("lock_enqueue_check")
             if not (queue or enqueue) or c.returned is None or _faulted(h) or c.slow_publish:
                 continue
             for prior in calls:
