@@ -163,8 +163,9 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
         o["lock_on_rate_limit"] = rng.choice(["wait", "wait", "skip", "fail"])
         if rng.random() < 0.5:
             o["lock_rate_on"] = ["key"]
-    if rng.random() < 0.25:
-        o = {"lock_ttl": TTL, "lock_debounce": QUIET, "lock_on_duplicate": "reschedule"}
+    if rng.random() < 0.25:  # debounce keeps a drawn lock_rate (issue 29 finding 7's pair), drops the rest
+        rate = {k: v for k, v in o.items() if k.startswith("lock_rate") or k == "lock_on_rate_limit"}
+        o = {"lock_ttl": TTL, "lock_debounce": QUIET, "lock_on_duplicate": "reschedule", **rate}
         if rng.random() < 0.3:
             o["lock_debounce_max"] = 2.0
     if o.get("lock_on_duplicate") in ("reschedule", "replace") and rng.random() < 0.3:
