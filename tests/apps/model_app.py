@@ -67,7 +67,9 @@ def _define(spec: dict[str, Any]) -> None:
             return _body(self, key, ver, duration, fail, retries)
 
         run.__name__ = task["name"]
-        app.task(shared=False, base=LockedTask, bind=True, name=task["name"], lock_unique_on=["key"], **opts)(run)
+        # Keyed on ``key``; a task without a lock (lock_limit=None) has no key to make (the matrix refuses one).
+        keyed = {} if "lock_limit" in opts and opts["lock_limit"] is None else {"lock_unique_on": ["key"]}
+        app.task(shared=False, base=LockedTask, bind=True, name=task["name"], **keyed, **opts)(run)
 
 
 _define(json.loads(os.environ.get("CSL_MODEL_SPEC") or "{}"))

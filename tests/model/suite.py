@@ -84,11 +84,8 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
             ) -> int:
                 return ver
 
-            tasks.append(
-                app.task(shared=False, base=LockedTask, bind=True, name=spec["name"], lock_unique_on=["key"], **opts)(
-                    run
-                )
-            )
+            keyed = {} if "lock_limit" in opts and opts["lock_limit"] is None else {"lock_unique_on": ["key"]}
+            tasks.append(app.task(shared=False, base=LockedTask, bind=True, name=spec["name"], **keyed, **opts)(run))
         app.finalize()
         out: list[str] = []
         try:
