@@ -269,6 +269,14 @@ PAIR_DEPLOYMENTS = [
                          {"op": "fault", "kind": "pause-node-bg", "node": 1}, _call("a", 0.05),
                          _call("bp", 0.0), {"op": "fault", "kind": "restart-node-empty", "node": 2},
                          {"op": "fault", "kind": "pause-node-bg", "node": 0}, _call("bp", 0.1)]),
+    # Beyond the findings (the review's attacks): a group whose tasks agree (limit 2, a rate, reschedule) under
+    # SIGKILLs and redeliveries; replace with a rate under redeliveries and a killed worker (a re-send's place).
+    Deployment(48, [{"name": f"p48_g{i}", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                     "lock_rate": [2, 1.5], "lock_group": "p48"}} for i in range(2)],
+               workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "restart-node-empty"]),
+    Deployment(49, [{"name": "p49_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
+                     "lock_rate": [2, 1.5], "lock_rate_on": ["key"]}}],
+               workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "pause-node-bg"]),
 ]  # fmt: skip
 
 
