@@ -143,6 +143,7 @@ class Deployment:
     short_visibility: bool = False
     faults: list[str] = field(default_factory=list)
     schedule: list[dict[str, Any]] | None = None  # an explicit schedule run before the storm (PAIR_DEPLOYMENTS)
+    broker: str = "redis"  # or "rabbitmq": the machine's RabbitMQ, a vhost of this deployment's own (tests/rabbitmq.py)
 
     def spec(self) -> str:
         return json.dumps({"tasks": self.tasks})
@@ -274,6 +275,12 @@ PAIR_DEPLOYMENTS = [
     Deployment(48, [{"name": f"p48_g{i}", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
                      "lock_rate": [2, 1.5], "lock_group": "p48"}} for i in range(2)],
                workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "restart-node-empty"]),
+    Deployment(50, [
+        {"name": "p50_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace", "lock_rate": [2, 1.5]}},
+        {"name": "p50_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                                         "lock_max_waiting": 2}},
+        {"name": "p50_queue", "opts": {"lock_ttl": TTL, "lock_scope": "queue", "lock_cooldown": 1.5}},
+    ], workers=2, broker="rabbitmq", faults=["kill-child", "kill-worker", "pause-node-bg", "slow-publish"]),
     Deployment(49, [{"name": "p49_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
                      "lock_rate": [2, 1.5], "lock_rate_on": ["key"]}}],
                workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "pause-node-bg"]),
@@ -330,13 +337,17 @@ class Bench:
 
     def __init__(self, c: Cluster, d: Deployment) -> None:
         self.c, self.d = c, d
-        self.proxy = FaultProxy(c.broker.port).start()
+        amqp = c.env["CSL_BROKER"].startswith("amqp://")
+        self.proxy = FaultProxy(int(c.env["CSL_BROKER"].rsplit(":", 1)[1].split("/")[0]) if amqp else c.broker.port)
+        self.proxy.start()
+        vhost = c.env["CSL_BROKER"].rsplit("/", 1)[1]
+        self.broker_url = f"amqp://guest:guest@127.0.0.1:{self.proxy.port}/{vhost}" if amqp else self.proxy.url
         self.env = {**c.env, "CSL_MODEL_SPEC": d.spec()}
         if d.short_visibility:
             self.env["CSL_VISIBILITY"] = str(VISIBILITY)
         self.workers = [self._worker(i) for i in range(d.workers)]
         saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update({**self.env, "CSL_BROKER": self.proxy.url})
+        os.environ.update({**self.env, "CSL_BROKER": self.broker_url})
         try:
             sys.path.insert(0, str(APPS))
             for mod in ("model_app", "locked_app"):
@@ -527,7 +538,13 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def bench(tmp: Path, d: Deployment) -> Iterator[Bench]:
-    with cluster(tmp, ttl=TTL) as c:
+    with contextlib.ExitStack() as stack:
+        url = None
+        if d.broker == "rabbitmq":
+            import rabbitmq  # noqa: PLC0415 - tests/rabbitmq.py: skips (fails under CI) without a RabbitMQ server
+
+            url = stack.enter_context(rabbitmq.vhost())
+        c = stack.enter_context(cluster(tmp, ttl=TTL, broker_url=url))
         b = Bench(c, d)
         try:
             yield b
