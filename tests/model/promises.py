@@ -162,6 +162,10 @@ def check(h: History) -> list[str]:
     return out
 
 
+def _worker_killed_after(h: History, sent: float) -> bool:
+    return any(t >= sent for t, kind in h.faults if kind == "kill-worker")
+
+
 def _check_ends(h: History) -> list[str]:
     """Every call ends (SUCCESS, FAILURE or REVOKED); none stays PENDING. Excused: a call whose message a whole
     worker's SIGKILL lost in kombu's Redis transport (docs/reliability.md, Finding 2) or that the schedule revoked."""
@@ -438,6 +442,8 @@ def _check_debounce(h: History) -> list[str]:
                 continue  # a burst due while its rate window was full, skipped for it (lock_on_rate_limit="skip")
             if last.expires is not None and last.expires < float(quiet) + DECIDE and not vers:
                 continue  # its own expiry came before its due time
+            if not vers and o.state not in ("SUCCESS", "FAILURE", "REVOKED") and _worker_killed_after(h, last.sent):
+                continue  # its message lost by a whole worker's SIGKILL (_check_ends says why that is excused)
             if vers.count(last.ver) != 1:
                 out.append(f"{space}/{key}: the burst's last call v{last.ver} ran {vers.count(last.ver)} times: {vers}")
             # Under a node fault a call sent on its own (no quorum) runs by itself beside the burst it could not

@@ -144,6 +144,7 @@ class Deployment:
     faults: list[str] = field(default_factory=list)
     schedule: list[dict[str, Any]] | None = None  # an explicit schedule run before the storm (PAIR_DEPLOYMENTS)
     broker: str = "redis"  # or "rabbitmq": the machine's RabbitMQ, a vhost of this deployment's own (tests/rabbitmq.py)
+    pool: str = "prefork"  # threads, gevent, solo: bodies run in the worker's process (no kill-child fault then)
 
     def spec(self) -> str:
         return json.dumps({"tasks": self.tasks})
@@ -281,6 +282,15 @@ PAIR_DEPLOYMENTS = [
                                          "lock_max_waiting": 2}},
         {"name": "p50_queue", "opts": {"lock_ttl": TTL, "lock_scope": "queue", "lock_cooldown": 1.5}},
     ], workers=2, broker="rabbitmq", faults=["kill-child", "kill-worker", "pause-node-bg", "slow-publish"]),
+    *[Deployment(seed, [
+        {"name": f"p{seed}_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace"}},
+        {"name": f"p{seed}_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                                              "lock_max_waiting": 2, "lock_rate": [3, 2.0]}},
+        {"name": f"p{seed}_skip", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_cooldown": 1.5}},
+        {"name": f"p{seed}_debounce", "opts": {"lock_ttl": TTL, "lock_debounce": QUIET,
+                                               "lock_on_duplicate": "reschedule"}},
+    ], workers=2, pool=pool, short_visibility=True, faults=["kill-worker", "restart-node-empty"])
+      for seed, pool in [(51, "threads"), (52, "gevent"), (53, "solo")]],
     Deployment(49, [{"name": "p49_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
                      "lock_rate": [2, 1.5], "lock_rate_on": ["key"]}}],
                workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "pause-node-bg"]),
@@ -364,7 +374,8 @@ class Bench:
 
     def _worker(self, i: int) -> CeleryWorker:
         w = CeleryWorker("model_app", f"model{i}-{uuid.uuid4().hex[:4]}", cwd=str(APPS),
-                         log_path=str(self.c.tmp / f"model{i}.log"), concurrency=2, env=self.env)  # fmt: skip
+                         log_path=str(self.c.tmp / f"model{i}.log"), concurrency=2, env=self.env,
+                         pool=self.d.pool)  # fmt: skip
         self.c.workers.append(w)
         return w.start()
 
