@@ -271,7 +271,13 @@ def _check_once(h: History) -> list[str]:
         if c.returned is None:
             continue
         finals = _ran(h, c.returned)
-        if len(finals) > 1:
+        # A whole worker SIGKILLed just after a body ended, before its outcome was stored and its message acked: the
+        # job was killed before its end as far as the lock and the broker know, and runs again (redelivered).
+        first_end = min((a.end for a in finals if a.end is not None), default=None)
+        killed_at_end = first_end is not None and any(
+            first_end <= t <= first_end + DECIDE for t, kind in h.faults if kind == "kill-worker"
+        )
+        if len(finals) > 1 and not killed_at_end:
             out.append(f"call {c.index} ({c.task} {c.key} id {c.returned}) ran to its end {len(finals)} times")
         spans = sorted(_span(a, h) for a in h.attempts if a.id == c.returned)
         if any(s2 < e1 for (_, e1), (s2, _) in itertools.pairwise(spans)):
