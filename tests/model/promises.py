@@ -462,8 +462,8 @@ def _check_debounce(h: History) -> list[str]:
 
 
 def _check_cooldown(h: History) -> list[str]:
-    """lock_cooldown=C: after a success, no other run of the key starts within C s of its end (a failure holds
-    nothing)."""
+    """lock_cooldown=C: after a success, its slot stays held C s from its end (a failure holds nothing): with the
+    default limit of 1 no other run of the key starts then; with lock_limit=N, no start finds N slots held."""
     out = []
     for (space, key), calls in _by_space(h).items():
         cooldown = max(float(h.tasks[c.task].opts.get("lock_cooldown", 0)) for c in calls)
@@ -471,12 +471,28 @@ def _check_cooldown(h: History) -> list[str]:
             continue
         ids = {c.returned for c in calls}
         attempts = sorted((a for a in h.attempts if a.id in ids), key=lambda a: a.start)
-        for a in attempts:
-            if a.end is None or h.outcomes.get(a.id, Outcome("")).state != "SUCCESS" or a.attempt < _retries(h, a.id):
-                continue
+        limit = min((h.tasks[c.task].limit(key) or 10**6) for c in calls)
+        cooled = [
+            a
+            for a in attempts
+            if a.end is not None
+            and h.outcomes.get(a.id, Outcome("")).state == "SUCCESS"
+            and a.attempt >= _retries(h, a.id)
+        ]
+        for a in cooled:
             for b in attempts:
                 if b.id != a.id and a.end < b.start < a.end + cooldown - COOLDOWN_CLOCK:
-                    out.append(f"{space}/{key}: {b.id} started {b.start - a.end:.2f} s into {a.id}'s cooldown")
+                    # A success keeps its slot (lock_limit=N: the other N - 1 slots stay free to take).
+                    held = sum(
+                        1
+                        for x in cooled
+                        if x.id != b.id
+                        and x.end is not None
+                        and x.end - COOLDOWN_CLOCK <= b.start < x.end + cooldown - COOLDOWN_CLOCK
+                    )
+                    held += sum(1 for x in attempts if x.id != b.id and _span(x, h)[0] < b.start < _span(x, h)[1])
+                    if held >= limit:
+                        out.append(f"{space}/{key}: {b.id} started {b.start - a.end:.2f} s into {a.id}'s cooldown")
     return out
 
 
