@@ -154,3 +154,31 @@ def test_a_redelivery_finds_its_own_slot_after_the_callable_limit_was_lowered(c:
     starts = [s for s in c.started(key) if s[1] == long.id]
     assert len(starts) == 1, starts  # redelivered after 8 s (visibility timeout), never run a second time
     assert "redelivered" in "".join(w.log() for w in c.workers if w.name == "dial-a")
+
+
+def test_a_redelivery_finds_its_own_slot_after_every_node_was_restarted_empty_one_at_a_time(c: Cluster) -> None:
+    """A callable limit's slots are still found by a run's redelivery after each lock node lost its data in turn
+    (one node out at a time, each back before the next): the limit a slot was taken under is noted again."""
+    app = c.app_module()
+    c.worker("dial-b", queues="dial", concurrency=3)
+    warm = new_key("dial")
+    c.record.set(f"limit:{warm}", 3)
+    for r in [app.dialed.apply_async((warm, 1.0), queue="dial") for _ in range(3)]:  # every pool child notes 3
+        assert r.get(timeout=20) == warm
+    for node in c.locks:  # each node restarted empty in turn: a quorum is up throughout
+        node.restart()
+        time.sleep(0.5)
+    time.sleep(2.5)  # past a lease (the dialed task's lock_ttl): no note is trusted longer
+    key = new_key("dial")
+    c.record.set(f"limit:{key}", 3)
+    short = [app.dialed.apply_async((key, 2.0), queue="dial") for _ in range(2)]
+    c.wait_started(key, 2)
+    long = app.dialed.apply_async((key, 20.0), queue="dial")  # the third slot: slot 2
+    c.wait_started(key, 3)
+    c.record.set(f"limit:{key}", 1)
+    for r in short:
+        assert r.get(timeout=20) == key
+    assert long.get(timeout=60) == key
+    starts = [s for s in c.started(key) if s[1] == long.id]
+    assert len(starts) == 1, starts  # redelivered after 8 s (visibility timeout), never run a second time
+    assert "redelivered" in "".join(w.log() for w in c.workers if w.name == "dial-b")
