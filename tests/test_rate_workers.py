@@ -178,8 +178,9 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
         failed.get(timeout=5)
     # lock_limit=None: 9 equal calls, each 0.4 s long: they overlap (no lock), 3 per 1.5 s.
     free = [tasks.rated_unlocked.apply_async((k3, 0.4), queue="rate") for _ in range(9)]
-    # A duplicate of a running job (the lock, lock_unique_on=["key"]) is skipped and counts nothing: after it,
-    # the rate of 2 per 1 s still lets 2 starts in at once.
+    # A duplicate of a running job (the lock, lock_unique_on=["key"]) is skipped and counts nothing. The rate is
+    # 2 per 60 s (over it: FAILURE), so a share a skipped duplicate used would still be spent when the holder ends:
+    # the second job after it still starts (the second share), and a third one fails (the rate does count).
     holder = tasks.rated_dup.apply_async((k4, 1.5), queue="rate")
     for _ in polling(20, 0.02):
         if _rows(c, k4, "rate_started"):
@@ -188,7 +189,13 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
     for r in dups:
         r.get(timeout=30, propagate=False)
     assert [r.state for r in dups] == ["REVOKED"] * 3
+    for r in dups:
+        with pytest.raises(TaskRevokedError, match="duplicate|held by|running"):
+            r.get(timeout=5)
     assert holder.get(timeout=30) == k4
+    assert tasks.rated_dup.apply_async((k4, 0.0), queue="rate").get(timeout=30) == k4
+    with pytest.raises(RateLimitedError, match="rate 2 per 60 s of"):
+        tasks.rated_dup.apply_async((k4, 0.0), queue="rate").get(timeout=30)
     for r in free:
         assert r.get(timeout=60) == k3
     runs = _rows(c, k3)
@@ -197,7 +204,7 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
     assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # equal calls overlapped: no lock
     assert not tasks.slot_violations(tasks.slot_rows(k3), 1.5)
     assert tasks.busiest_window(tasks.slot_rows(k3), 1.5) <= 3
-    assert len(_rows(c, k4, "rate_started")) == 1
+    assert len(_rows(c, k4, "rate_started")) == 2
 
 
 def test_one_node(c: Cluster, tasks: ModuleType) -> None:
@@ -225,8 +232,9 @@ def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: Mo
         if _rows(c, domain, "rate_started"):
             break
     dup = tasks.send_digest.apply_async((domain, 0.0), queue="rate")
-    assert dup.get(timeout=30, propagate=False) is not None or dup.state == "REVOKED"
+    dup.get(timeout=30, propagate=False)
     assert dup.state == "REVOKED"
+    assert len(_rows(c, domain, "rate_started")) == 1  # the digest never started
     assert holder.get(timeout=30) == domain
     # One rate for the whole group (no lock_rate_on): 9 calls of both tasks over 9 domains (no duplicates among
     # them) all run, never more than 3 starts per second counted over both tasks.
