@@ -362,6 +362,23 @@ def redis_servers(count: int, *, binary: str | None = None) -> Iterator[list[Red
             server.close()
 
 
+def _pool_from(extra: list[str]) -> tuple[list[str], str | None]:
+    """``extra`` without its ``-P``/``--pool`` option, and the pool that option named (None if none)."""
+    rest: list[str] = []
+    pool: str | None = None
+    words = iter(extra)
+    for word in words:
+        if word in ("-P", "--pool"):
+            pool = next(words, None)
+        elif word.startswith("--pool="):
+            pool = word.split("=", 1)[1]
+        elif word.startswith("-P") and len(word) > 2:
+            pool = word[2:]
+        else:
+            rest.append(word)
+    return rest, pool
+
+
 class CeleryWorker:
     """A real ``celery worker`` process (its own process group), started and stopped by tests and the demo.
 
@@ -385,7 +402,11 @@ class CeleryWorker:
         self.pool, self.concurrency = pool, concurrency
         self.env = {**os.environ, **(env or {})}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [cwd, self.env.get("PYTHONPATH", "")]))
-        self.extra = extra or []
+        self.extra, named = _pool_from(extra or [])
+        # A pool named in ``extra`` is the pool: celery monkey-patches for gevent/eventlet only when the *first*
+        # ``-P`` names them, while click takes the last, so "-P prefork ... -P gevent" ran an unpatched gevent pool
+        # whose hub never ran a task (a LockedTask "did not start within 20 s" on ``-P gevent -c 1``).
+        self.pool = named or pool
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> CeleryWorker:
