@@ -659,6 +659,15 @@ def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_o
     c.stop_locks(2)
     try:
         results = [mod.debounced.delay(k, i, 0.3) for i in range(3)]
+        # The nodes stay down until each call reached a worker and was deferred there for them (its quiet period
+        # passed): the worker's wait, not the nodes' return before the messages were due, is what is tested.
+        waited: set[str] = set()
+        for _ in polling(60, 0.2):
+            lines = [line for w in c.workers for line in w.log().splitlines() if "no quorum for lock" in line]
+            waited = {r.id for r in results if any(f"[{r.id}] waits" in line for line in lines)}
+            if len(waited) == len(results):
+                break
+        assert len(waited) == len(results), "a call did not wait at a worker for the lock nodes"
     finally:
         c.start_locks()
     assert len({r.id for r in results}) == 3
