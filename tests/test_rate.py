@@ -5,6 +5,7 @@ Workers: tests/test_rate_workers.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -169,7 +170,7 @@ def test_contenders_at_the_window_edge_never_exceed_the_rate(redis_trio: list[Re
             assert ats[i + 5] - ats[i] >= rate.period - 1e-6, (node, ats[i : i + 6])
     for slot, starts in by_slot.items():
         starts.sort(key=lambda t: min(t.values()))
-        for x, y in zip(starts, starts[1:], strict=False):
+        for x, y in itertools.pairwise(starts):
             common = x.keys() & y.keys()
             assert common, (slot, x, y)
             assert all(y[n] - x[n] >= rate.period - 1e-6 for n in common), (slot, x, y)

