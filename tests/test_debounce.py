@@ -194,8 +194,7 @@ STREAM_MAX = 40
 
 def test_debounce_max_runs_a_steady_stream_while_it_lasts(c: Cluster) -> None:
     """Calls every 0.3 s (at least 14), quiet 1 s, max 2 s: a run starts while the stream lasts (without max none
-    would);
-    every run carries the newest version of its burst, and the stream's last call runs last."""
+    would); every run carries the newest version of its burst, and the stream's last call runs last."""
     mod = c.app_module()
     k = new_key()
     results = []
