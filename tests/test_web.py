@@ -2,7 +2,8 @@
 
 One module-wide set: a broker and three password-protected lock nodes, one prefork worker (tests/apps/locked_app.py),
 the page served in this process on a free port (with a release secret), and one Chromium driven over the DevTools
-protocol on a pipe (tests/cdp.py). Browser tests skip, saying why, where no Chromium is installed.
+protocol on a pipe (tests/cdp.py). Browser tests skip, saying why, where no Chromium is installed (under ``CI=true``
+they fail: CI runs them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import needs
 import pytest
 from cdp import Browser, find_chromium
 from celery import Celery
@@ -39,9 +41,6 @@ TTL = 5.0
 PASSWORD = "n0de-pa55-Zq9"
 SECRET = "web-release-secret-4711"
 CHROMIUM = find_chromium()
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH: `apt-get install -y chromium` (Debian) runs the browser tests"
-)
 #: Seconds a holder runs whose lock a test releases: it must outlive the steps up to the release plus one TTL (a
 #: bound, not an expectation: steps slower than this fail the test, they never let it pass, because the test checks
 #: that the lock was gone a whole TTL after the release while the holder's body still ran: the release did it, and
@@ -96,8 +95,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if CHROMIUM is None:
-        pytest.skip("no chromium on PATH: `apt-get install -y chromium` (Debian) runs the browser tests")
+    if CHROMIUM is None:  # under CI=true a failure: .ci/run installs chromium, so CI runs the browser tests
+        needs.missing("no chromium on PATH: `apt-get install -y chromium` (Debian) runs them", "the browser tests")
     b = Browser(CHROMIUM)
     try:
         yield b
@@ -208,7 +207,6 @@ def test_a_line_counts_its_waits_and_the_wait_time(site: Site) -> None:
 # -- the page in a real browser -------------------------------------------------------------------------------------
 
 
-@needs_chromium
 def test_the_page_shows_the_holder_and_the_line_and_a_release_needs_the_secret(site: Site, browser: Browser) -> None:
     """In Chromium: a running job's holder task id is shown in the held table, its waiting duplicates in line in
     their order; a release with a wrong secret is refused (403, the lock stays), with the right one the lock goes."""
@@ -267,7 +265,6 @@ def test_the_page_shows_the_holder_and_the_line_and_a_release_needs_the_secret(s
     assert holder.id not in [r[1] for r in c.runs(k)], "the lock went only when its job ended, not at the release"
 
 
-@needs_chromium
 def test_task_ids_are_escaped_on_the_page(site: Site, browser: Browser) -> None:
     """A task id full of HTML (an img with onerror, a script) shows as text: no element is injected and no script
     runs (each value is escaped; the CSP allows only the page's own script)."""
@@ -553,7 +550,6 @@ def test_attack_secrets_in_the_broker_backend_and_node_urls_never_show(tmp_path:
     assert "did not answer" in b"".join(wsgi({**environ, "PATH_INFO": "/"}, lambda *_: None)).decode()
 
 
-@needs_chromium
 def test_the_page_refreshes_itself(site: Site, browser: Browser) -> None:
     """With refresh=1 the page reloads itself (its own nonce script, allowed by the CSP): a new document within a
     few seconds, without any action in the browser."""
