@@ -9,6 +9,7 @@ they fail: CI runs them).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.testing import free_port
-from celery_singleton_lock.web import make_app, serve
+from celery_singleton_lock.web import make_app, metrics_app, serve
 
 pytestmark = pytest.mark.slow
 
@@ -423,9 +424,45 @@ def test_the_cli_serves_the_page_and_names_the_missing_secret_length(site: Site,
         assert status == 200 and "celery_lock_events_total" in body
         status, body = site2.get("/")
         assert status == 200 and "Read-only" in body
+        # With no --host it binds loopback only: the kernel's table of listening sockets says so.
+        if Path("/proc/net/tcp").exists():
+            assert listening_on(port) == {"127.0.0.1"}
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def listening_on(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on ``port`` (Linux: /proc/net/tcp and tcp6)."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table, encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    raw = bytes.fromhex(address)
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian words
+                    found.add(str(ipaddress.ip_address(words)))
+    return found
+
+
+def test_metrics_app_serves_prometheus_text_of_the_app(site: Site) -> None:
+    """``metrics_app(app)`` (the metrics alone, to mount anywhere): GET answers the Prometheus text of the app's
+    counts, parsed by prometheus_client, with a job's outcome counted; a POST is refused with 405."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key()
+    assert mod.work.delay(k, 0.0).get(timeout=30) == k
+    assert counted(c, mod.work.name, "acquired", 1) >= 1
+    with served(metrics_app(mod.app)) as url:
+        status, text = Site(c, url).get("/metrics")
+        assert status == 200
+        families = metrics_families(text)
+        samples = [s for s in families["celery_lock_events"].samples if s.labels.get("task") == mod.work.name]
+        assert any(s.labels.get("outcome") == "acquired" and s.value >= 1 for s in samples), samples
+        status, _ = Site(c, url).post("/metrics", {})
+        assert status == 405
 
 
 # -- attack pass: regressions ---------------------------------------------------------------------------------------
