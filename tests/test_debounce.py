@@ -7,6 +7,7 @@ line skips a new duplicate at once.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -521,6 +522,86 @@ def test_a_revoked_pending_job_ends_its_burst_when_a_worker_meets_it(c: Cluster)
     assert fresh.id != pending.id
     assert fresh.get(timeout=30) == [k, 2]
     assert debounced_runs(c, k) == [(fresh.id, 2)]
+
+
+# -- the debounce promises of the README, end to end ---------------------------------------------------------------
+
+
+def test_a_call_s_countdown_or_eta_adds_to_its_quiet_period(c: Cluster) -> None:
+    """README: "A call's countdown/eta adds to its quiet period": a call with countdown=2 (another with an eta 2 s
+    ahead) on a task with lock_debounce=1 starts its run no sooner than 3 s after the call (less the claim's slack)."""
+    from celery_singleton_lock._debounced import CLAIM_SLACK  # noqa: PLC0415
+
+    mod = c.app_module()
+    k1, k2 = new_key(), new_key()
+    sent = time.time()
+    by_countdown = mod.debounced.apply_async((k1, 1), countdown=2)
+    by_eta = mod.debounced.apply_async((k2, 1), eta=datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2))
+    assert by_countdown.get(timeout=30) == [k1, 1]
+    assert by_eta.get(timeout=30) == [k2, 1]
+    for k in (k1, k2):
+        (start,) = [r[3] for r in c.wait_started(k)]
+        assert start >= sent + 1.0 + 2.0 - CLAIM_SLACK, f"{k} started {start - sent:.2f} s after its call"
+
+
+def test_a_call_with_its_own_task_id_starts_the_burst_under_it_or_is_revoked_naming_the_job(c: Cluster) -> None:
+    """README: a burst's job is its first call's task id (a caller-given one too), and "a call with a task_id of its
+    own gets REVOKED on that id, naming the burst's job"; the job runs once, under the first id, with the last
+    call's arguments."""
+    mod = c.app_module()
+    k = new_key()
+    first_id, second_id = f"mine-{new_key()}", f"mine-{new_key()}"
+    first = mod.debounced.apply_async((k, 1), task_id=first_id)
+    second = mod.debounced.apply_async((k, 2), task_id=second_id)
+    assert first.id == first_id and second.id == first_id
+    mine = mod.debounced.AsyncResult(second_id)
+    assert mine.state == "REVOKED"
+    assert first_id in str(mine.result)
+    assert first.get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(first_id, 2)]
+
+
+def test_linked_calls_group_members_and_eager_calls_are_not_debounced(c: Cluster) -> None:
+    """README: "A call with link callbacks, a group, chain or chord member and an eager call are not debounced:
+    each is sent (or run) on its own, guarded by the lock at the worker": two of each, one key each, run twice,
+    each with its own arguments, never two at once."""
+    from celery import group  # noqa: PLC0415
+
+    mod = c.app_module()
+    linked, grouped, eager = new_key(), new_key(), new_key()
+    with_links = [mod.debounced.apply_async((linked, i, 0.2), link=mod.collect.s()) for i in (1, 2)]
+    assert with_links[0].id != with_links[1].id
+    members = group(mod.debounced.s(grouped, i, 0.2) for i in (1, 2)).apply_async()
+    assert [mod.debounced.apply((eager, i)).get() for i in (1, 2)] == [[eager, 1], [eager, 2]]
+    assert sorted(r.get(timeout=60)[1] for r in with_links) == [1, 2]
+    assert sorted(v for _, v in members.get(timeout=60)) == [1, 2]
+    for k in (linked, grouped):
+        runs = c.wait_runs(k, 2, 10)
+        assert len(runs) == 2
+        assert not overlapping(runs)
+
+
+def test_an_expired_message_of_a_burst_ends_the_burst(c: Cluster) -> None:
+    """README: "a revoked or expired message met by a worker ends it too": a burst's message that expired before
+    its quiet period ended is REVOKED at the worker, and the next call starts a new burst (a new task id) that runs."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    first = mod.debounced.apply_async((k, 1), expires=0.3)  # due after 1 s: expired when a worker meets it
+    first.get(timeout=30, propagate=False)
+    assert first.state == "REVOKED"
+    # Celery stores REVOKED before it sends task_revoked, on which the burst is dropped: wait for that (bounded).
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        for _ in polling(10, 0.05):
+            if not client.exists(burst):
+                break
+        assert not client.exists(burst), "the expired message's burst was not ended"
+    later = mod.debounced.delay(k, 2)
+    assert later.id != first.id
+    assert later.get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(later.id, 2)]
 
 
 def test_bad_debounce_options_are_refused_at_registration_in_one_line() -> None:
