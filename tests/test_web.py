@@ -205,6 +205,68 @@ def test_a_line_counts_its_waits_and_the_wait_time(site: Site) -> None:
     assert waits[("celery_lock_wait_seconds_sum", name)] > 0
 
 
+def waiting_gauge(site: Site, task: str) -> float:
+    """``celery_lock_waiting{task}`` as /metrics says it now (0 when the task has no sample)."""
+    _status, text = site.get("/metrics")
+    samples = metrics_families(text)["celery_lock_waiting"].samples
+    return next((s.value for s in samples if s.labels.get("task") == task), 0.0)
+
+
+def test_the_waiting_gauge_follows_the_line_and_replaced_and_lost_are_counted(site: Site) -> None:
+    """/metrics on real workers: ``celery_lock_waiting`` counts the jobs waiting in a line (2 behind a holder, 0
+    once they ran); a waiting call superseded by a newer one (``replace``) is counted ``replaced``; a lock deleted
+    under its running job is counted ``lost``."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key()
+    holder = mod.work_later.delay(k, 3.0)
+    c.wait_started(k)
+    waiting = [mod.work_later.delay(k, 0.0) for _ in range(2)]
+    seen = 0.0
+    for _ in polling(20, 0.2):
+        seen = waiting_gauge(site, mod.work_later.name)
+        if seen >= 2:
+            break
+    assert seen >= 2
+    for r in [holder, *waiting]:
+        assert r.get(timeout=60) == k
+    for _ in polling(20, 0.2):
+        seen = waiting_gauge(site, mod.work_later.name)
+        if seen == 0:
+            break
+    assert seen == 0
+    # replace: while "a" runs, "b" waits, then "c" takes its place.
+    k2 = new_key()
+    first = mod.latest.delay(k2, "a", 2.0)
+    c.wait_started(k2)
+    second = mod.latest.delay(k2, "b")
+    for _ in polling(15, 0.1):
+        if line_of(c, mod.latest.lock_key_for(k2, "b")):
+            break
+    third = mod.latest.delay(k2, "c")
+    assert first.get(timeout=30) == "a" and third.get(timeout=30) == "c"
+    second.get(timeout=30, propagate=False)
+    assert second.state == "REVOKED"
+    assert counted(c, mod.latest.name, "replaced", 1) >= 1
+    # lost: the running job's key deleted on every node; its next renewal finds it gone.
+    k3 = new_key()
+    running = mod.work.delay(k3, OUTLIVES)
+    c.wait_started(k3)
+    for server in c.locks:
+        with contextlib.closing(c.lock_client(server)) as client:
+            client.delete(mod.work.lock_key_for(k3))
+    assert counted(c, mod.work.name, "lost", 1) >= 1
+    running.revoke()
+
+
+def line_of(c: Cluster, lock_key: str) -> list[str]:
+    """The task ids waiting in ``lock_key``'s line, from the first lock node."""
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    with contextlib.closing(c.lock_client(c.locks[0])) as client:
+        return [m.decode() for m in client.zrange(sibling_key(lock_key, ":waiters"), 0, -1)]
+
+
 # -- the page in a real browser -------------------------------------------------------------------------------------
 
 
