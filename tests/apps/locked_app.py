@@ -442,6 +442,21 @@ def limited(self: Any, key: str, duration: float = 0.0) -> str:
     return key
 
 
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+    lock_max_waiting=1,
+    lock_unique_on=["key"],
+)
+def capped_limited(self: Any, key: str, duration: float = 0.0) -> str:
+    """At most 2 runs of ``key`` at once, at most 1 call waiting for a slot; another is skipped at once."""
+    _run(self, key, duration)
+    return key
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_limit=2, lock_unique_on=["key"])
 def limited_skip(self: Any, key: str, duration: float = 0.0) -> str:
     """At most 2 runs of ``key`` at once; a third is skipped (lock_limit=2, skip)."""
