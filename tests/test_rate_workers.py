@@ -256,6 +256,30 @@ def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: Mo
     assert tasks.busiest_window(rows, 1.0) <= 3
 
 
+def test_a_group_shares_its_cooldown_its_limit_and_its_line(c: Cluster, tasks: ModuleType) -> None:
+    """README: tasks of one ``lock_group`` share "their lock, limit, cooldown, line": a cool_b within the cooldown
+    of a cool_a that ran is skipped; with ``lock_limit=2`` two line_a runs fill the slots, a line_b waits in the
+    same line and runs after one of them, and never more than 2 of both tasks run at once."""
+    k = new_key("cool")
+    assert tasks.cool_a.apply_async((k,), queue="rate").get(timeout=30) == k
+    late = tasks.cool_b.apply_async((k,), queue="rate")
+    late.get(timeout=30, propagate=False)
+    assert late.state == "REVOKED"
+    assert len(_rows(c, k, "rate_started")) == 1
+    k2 = new_key("line")
+    holders = [tasks.line_a.apply_async((k2, 1.5), queue="rate") for _ in range(2)]
+    for _ in polling(20, 0.02):
+        if len(_rows(c, k2, "rate_started")) >= 2:
+            break
+    waiting = tasks.line_b.apply_async((k2, 0.0), queue="rate")
+    for r in [*holders, waiting]:
+        assert r.get(timeout=60) == k2
+    runs = sorted(_rows(c, k2), key=lambda r: r[4])
+    assert len(runs) == 3
+    (b_run,) = [r for r in runs if r[1] == waiting.id]
+    assert b_run[4] >= min(r[6] for r in runs if r[1] != waiting.id), "line_b started while both slots were held"
+
+
 def test_a_limit_computed_per_call_is_the_limit_of_that_call_s_key(c: Cluster, tasks: ModuleType) -> None:
     """``lock_limit=tier_limit``: 3 long calls of a premium customer run 2 at once (the third is skipped, naming the
     limit); 2 of a basic one run 1 at once."""

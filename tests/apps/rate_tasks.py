@@ -99,6 +99,42 @@ def send_digest(self: Any, domain: str, duration: float = 0.0) -> str:
     return _run(self, domain, duration)
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="coolers", lock_unique_on=["key"], lock_cooldown=60)
+def cool_a(self: Any, key: str) -> str:
+    return _run(self, key, 0.0)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="coolers", lock_unique_on=["key"], lock_cooldown=60)
+def cool_b(self: Any, key: str) -> str:
+    return _run(self, key, 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_group="liners",
+    lock_unique_on=["key"],
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+)
+def line_a(self: Any, key: str, duration: float = 0.0) -> str:
+    return _run(self, key, duration)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_group="liners",
+    lock_unique_on=["key"],
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+)
+def line_b(self: Any, key: str, duration: float = 0.0) -> str:
+    return _run(self, key, duration)
+
+
 # -- lock_limit as a function of the call ----------------------------------------------------------------------
 
 
