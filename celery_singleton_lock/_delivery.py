@@ -163,8 +163,9 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
     raise AssertionError(f"no decision settled for {ctx.name}[{task_id}]: {facts}")  # pragma: no cover
 
 
-#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes, by limits key.
-_limits_noted: dict[str, int] = {}
+#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes lately, and when (monotonic), by
+#: limits key.
+_limits_noted: dict[str, tuple[int, float]] = {}
 
 
 def slots_to_scan(ctx: Context, options: Options, limit: int, copy: bool) -> int:  # noqa: FBT001
@@ -175,19 +176,26 @@ def slots_to_scan(ctx: Context, options: Options, limit: int, copy: bool) -> int
     second time beside the live run. So every limit used is noted on the nodes before a slot is taken under it (once
     per process and limit: no round trip after the first), and a copy of a job (redelivered, re-sent as one, a
     retry) looks at every slot the highest one noted may have given it (one more round trip, for copies only).
+    A note is written again once it is a lease old: lock nodes restarted empty one at a time (a quorum up
+    throughout) would otherwise wear it off every node while this process still trusts it.
     """
     settings = options.settings
     space = limits_key_for(settings.prefix, ctx.task.lock_group or ctx.name)
-    if limit > _limits_noted.get(space, 1):
+    noted_limit, noted_at = _limits_noted.get(space, (1, 0.0))
+    now = time.monotonic()
+    if limit > noted_limit or (limit > 1 and now - noted_at >= options.ttl):
+        # Written again, it is the highest this process used: a limit lowered since must not wear off the higher one
+        # a run of this process may still hold a slot under.
+        limit_noted = max(limit, noted_limit)
         noted = 0
         for client in settings.nodes.clients:
             try:
-                client.zadd(space, {str(limit): limit})
+                client.zadd(space, {str(limit_noted): limit_noted})
                 noted += 1
             except Exception:  # a node that missed it: the others still say it (the highest of any node counts)
-                logger.debug("could not note limit %d of %s", limit, ctx.name, exc_info=True)
+                logger.debug("could not note limit %d of %s", limit_noted, ctx.name, exc_info=True)
         if noted:
-            _limits_noted[space] = limit
+            _limits_noted[space] = (limit_noted, now)
     if not copy:
         return 0
     highest = limit

@@ -144,6 +144,13 @@ _INDEPENDENT = "independent"
 
 # Refused, in the order they are reported (the first one found is the one a worker prints).
 _refuse(
+    "scope:queue",
+    ["enqueue_check"],
+    "lock_enqueue_check of {task} cannot be used with lock_scope='queue': the reservation already answers a call "
+    "whose job is queued or running (skip, fail), and under reschedule or replace the call is sent to wait; "
+    "remove lock_enqueue_check",
+)
+_refuse(
     "limit:none",
     ["scope:queue", "enqueue_check", "cooldown"],
     "lock_limit=None of {task} (no lock) cannot be used with lock_scope='queue', lock_enqueue_check or "
@@ -275,7 +282,6 @@ _support(
 )
 _support("scope:queue", ["max_waiting"], "caps the calls sent to wait at the worker behind the reserved job")
 _support("scope:queue", ["cooldown"], "the reservation becomes the cooldown after a success")
-_support("scope:queue", ["enqueue_check"], "queue scope already answers a call with the queued or running job")
 _support("scope:queue", ["unique_on", "key_fn"], "they make the key the reservation holds")
 _support("scope:queue", ["lost:interrupt", "rate_on"], _INDEPENDENT)
 _support(

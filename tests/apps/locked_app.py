@@ -14,6 +14,8 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import threading
 import time
 from typing import Any
 
@@ -191,6 +193,36 @@ def _until_lost(task: Any, key: str, after: float) -> dict[str, Any]:
 def interruptible(self: Any, key: str, after: float = 10.0) -> dict[str, Any]:
     """lock_on_lost="interrupt" with a short ttl (renewed every 0.5 s): a loss is raised inside the sleep loop."""
     return _until_lost(self, key, after)
+
+
+#: Seconds a ``blocked`` body blocks in one system call when nothing interrupts it (its socket read is ended then
+#: by a timer): far past tests/test_lock_on_lost.py's WAIT, so an interrupt that waits for the call to return is
+#: seen as none.
+BLOCK = 120.0
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5, lock_on_lost="interrupt")
+def blocked(self: Any, key: str, how: str) -> None:
+    """lock_on_lost="interrupt" on a body blocked in one long system call: a sleep, or a read on a socket (no timeout)
+    that no data reaches (a timer sends a byte after BLOCK s: bounded)."""
+    record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
+    try:
+        if how == "sleep":
+            time.sleep(BLOCK)
+        else:
+            a, b = socket.socketpair()
+            timer = threading.Timer(BLOCK, b.send, (b"x",))
+            timer.daemon = True
+            timer.start()
+            with a, b:
+                try:
+                    a.recv(1)
+                finally:
+                    timer.cancel()
+    except LockLostError as exc:
+        record.rpush("interrupted", json.dumps([key, self.request.id, str(exc)]))
+        raise
+    record.rpush("ended", json.dumps([key, self.request.id]))
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5)
@@ -418,6 +450,21 @@ def latest(self: Any, key: str, value: str, duration: float = 0.0) -> str:
 )
 def limited(self: Any, key: str, duration: float = 0.0) -> str:
     """At most 3 runs of ``key`` at once; one that finds 3 running waits in line (lock_limit=3, reschedule)."""
+    _run(self, key, duration)
+    return key
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+    lock_max_waiting=1,
+    lock_unique_on=["key"],
+)
+def capped_limited(self: Any, key: str, duration: float = 0.0) -> str:
+    """At most 2 runs of ``key`` at once, at most 1 call waiting for a slot; another is skipped at once."""
     _run(self, key, duration)
     return key
 
