@@ -60,6 +60,7 @@ from .inventory import (
 )
 from .metrics import MetricsReport, parse_since, read_metrics
 from .policies import cancel as cancel_policy
+from .policies.limit import LIMIT
 from .policies.waiting import WAITING
 
 __all__ = [
@@ -419,10 +420,10 @@ def cancel_command(
     name = task_name or (info.task_name if info is not None else None)
     task = app.tasks.get(name) if name else None
     limit = 1
-    if task is not None and task_name is not None and callable(getattr(task, "lock_limit_for", None)):
-        limit = task.lock_limit_for(*json.loads(call_args), **json.loads(call_kwargs)) or 1
-    elif task is not None and isinstance(getattr(task, "lock_limit", None), int):
-        limit = task.lock_limit
+    if task is not None and callable(getattr(task, "lock_context", None)):  # a LockedTask: the slots to look at
+        limit = LIMIT.static(task)
+        if task_name is not None and call_args is not None:
+            limit = task.lock_context().limit_for(tuple(json.loads(call_args)), json.loads(call_kwargs)) or 1
     try:
         ended = app.backend.get_state(task_id) in READY_STATES
     except Exception:  # no usable result backend: the done marker alone tells

@@ -12,7 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
 from worker_cluster import Cluster, cluster, new_key, polling
+
+from celery_singleton_lock.cli import locks
 
 TTL = 1.5  # the tasks' own lock_ttl: renewed every 0.5 s
 WAIT = 40.0  # seconds any single outcome may take on a loaded machine
@@ -124,11 +128,6 @@ def test_a_burst_of_newer_calls_during_one_cancel_runs_the_last_one_once(c: Clus
 
 def locks_cli(c: Cluster, *args: str) -> Any:
     """``celery -A locked_app locks ARGS`` in this process (click's runner)."""
-    from celery.bin.base import CLIContext
-    from click.testing import CliRunner
-
-    from celery_singleton_lock.cli import locks
-
     app = c.app_module().app
     return CliRunner().invoke(locks, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
 
@@ -185,7 +184,8 @@ def test_locks_cancel_stops_a_running_job_of_any_locked_task(c: Cluster, workers
     running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES[pool])
     c.wait_started(k, 1, timeout=WAIT)
     out = locks_cli(c, "cancel", "--task", "locked_app.build", "--args", f'["{k}", 1, 30.0]')
-    assert out.exit_code == 0 and f"task {running.id}" in out.output and "running: asked to stop" in out.output, out.output
+    assert out.exit_code == 0, out.output
+    assert f"task {running.id}" in out.output and "running: asked to stop" in out.output, out.output
     reason = revoked_reason(c, running.id)
     assert reason.startswith("cancelled (by locks cancel by "), reason
     assert [(s[1], s[7]) for s in wait_spans(c, k, 1)] == [(running.id, "cancelled")]
