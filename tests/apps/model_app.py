@@ -7,7 +7,8 @@ The spec: ``{"tasks": [{"name": "m0", "opts": {"lock_on_duplicate": "replace", .
 and is keyed on ``key`` (``lock_unique_on=["key"]``; ``lock_limit=None``: no lock, no key); ``ver`` tells the calls
 of one key apart. Each attempt records
 ``{"id", "task", "key", "ver", "attempt", "pid", "start", "rate_at"}`` on ``model:started`` when its body starts and
-the same with ``"end"`` on ``model:ended`` when it ends (a retry's attempt ends at its ``retry()``).
+the same with ``"end"`` on ``model:ended`` when it ends (a retry's attempt ends at its ``retry()``; a body stopped by
+``lock_on_duplicate="cancel"`` ends where it stopped, with ``"cancelled": true``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from locked_app import app, record
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.errors import JobCancelledError
 
 __all__ = ["app", "dialed_limit", "per_key_limit"]
 
@@ -42,10 +44,14 @@ def _body(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool =
     }  # fmt: skip
     record.rpush("model:started", json.dumps(attempt))
     end_by = time.monotonic() + duration
-    for _ in range(int(duration / 0.02) + 2):  # bounded by count and by duration
-        if time.monotonic() >= end_by:
-            break
-        time.sleep(min(0.02, max(0.0, end_by - time.monotonic())))
+    try:
+        for _ in range(int(duration / 0.02) + 2):  # bounded by count and by duration
+            if time.monotonic() >= end_by:
+                break
+            time.sleep(min(0.02, max(0.0, end_by - time.monotonic())))
+    except JobCancelledError:  # lock_on_duplicate="cancel": the body stopped here; its end is when it stopped
+        record.rpush("model:ended", json.dumps({**attempt, "end": time.time(), "cancelled": True}))
+        raise
     record.rpush("model:ended", json.dumps({**attempt, "end": time.time()}))
     if self.request.retries < retries:
         raise self.retry(countdown=0.2, max_retries=retries)

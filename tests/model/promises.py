@@ -21,6 +21,8 @@ DECIDE = 0.5  # a worker's decision precedes its stored date_done by at most thi
 ORDER = 0.6  # two calls sent closer than this may reach workers in either order (prefetch, two workers)
 RATE_CLOCK = 0.05  # rate windows are counted on the nodes' clock: starts closer than window - this break it
 COOLDOWN_CLOCK = 0.2  # the cooldown starts at the release, a little after the recorded end
+CANCEL_SEEN = 1.0  # lock_on_duplicate="cancel": a run stops within ORDER + lock_ttl / 3 (its renewal) + this of a
+# newer call's send (the newer call's refusal writes the request; the next renewal answers it; the body unwinds)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _named(reason: str) -> str | None:
     if reason.startswith("DuplicateTaskError: "):  # its args: key, task name, holder
         return reason.rsplit(" ", 1)[-1]
     patterns = (r"held by task (\S+?)[ )]", r"held by task (\S+)$", r"one by task (\S+?)\)", r"task (\S+) finished;",
-                r"superseded by task (\S+?):")  # fmt: skip
+                r"superseded by task (\S+?):", r"cancelled by a newer call, task (\S+?):")  # fmt: skip
     for pattern in patterns:
         m = re.search(pattern, reason)
         if m:
@@ -157,7 +159,7 @@ def check(h: History) -> list[str]:
     """Every broken promise of the history, one line each."""
     out: list[str] = []
     for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_line, _check_replace_order,
-                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope):  # fmt: skip
+                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope, _check_cancel):  # fmt: skip
         out += checker(h)
     return out
 
@@ -228,7 +230,7 @@ def _check_duplicates(h: History) -> list[str]:
             out.append(f"call {c.index} ({c.task} {c.key}) FAILURE: {reason[:200]}")
             continue
         if "superseded" in reason:
-            if h.tasks[c.task].policy != "replace" and not h.tasks[c.task].opts.get("lock_debounce"):
+            if h.tasks[c.task].policy not in ("replace", "cancel") and not h.tasks[c.task].opts.get("lock_debounce"):
                 out.append(f"call {c.index} ({h.tasks[c.task].policy}) REVOKED superseded: {reason[:160]}")
             continue
         if "waiting line" in reason:
@@ -239,10 +241,14 @@ def _check_duplicates(h: History) -> list[str]:
             if h.tasks[c.task].opts.get("lock_on_rate_limit") != "skip":
                 out.append(f"call {c.index}: skipped for its rate without lock_on_rate_limit='skip': {reason[:160]}")
             continue
+        if "cancelled by a newer call" in reason:
+            if h.tasks[c.task].policy != "cancel":
+                out.append(f"call {c.index} ({h.tasks[c.task].policy}) REVOKED cancelled: {reason[:160]}")
+            continue  # _check_cancel checks whom it names
         if "revoked" in reason.lower() and "duplicate" not in reason:
             continue  # Celery's own revoke (the schedule's), expiry
         policy = h.tasks[c.task].policy
-        if policy in ("reschedule", "replace"):
+        if policy in ("reschedule", "replace", "cancel"):
             out.append(f"call {c.index} ({policy}) was skipped as a duplicate: {reason[:200]}")
             continue
         holder = _named(reason)
@@ -287,7 +293,7 @@ def _check_once(h: History) -> list[str]:
         if c.revoked or o is None or t.opts.get("lock_debounce"):
             continue
         must = t.policy == "reschedule" or (
-            t.policy == "replace" and c is max(by_space[h.space_key(c.task, c.key)], key=lambda x: x.sent)
+            t.policy in ("replace", "cancel") and c is max(by_space[h.space_key(c.task, c.key)], key=lambda x: x.sent)
         )
         if must and o.state == "REVOKED":
             allowed = (
@@ -295,7 +301,7 @@ def _check_once(h: History) -> list[str]:
                 if t.opts.get("lock_max_waiting") or t.opts.get("lock_on_rate_limit") == "skip"
                 else ()
             )
-            if t.policy == "replace":
+            if t.policy in ("replace", "cancel"):
                 allowed += ("superseded",)  # a copy reaching a worker after its newer sibling: ORDER bounds it
             if not any(a in o.reason for a in allowed):
                 out.append(f"call {c.index} ({t.policy} {c.key} v{c.ver}) must run, got REVOKED: {o.reason[:200]}")
@@ -314,7 +320,7 @@ def _check_replace_order(h: History) -> list[str]:
     once (above), in any order the line gives."""
     out = []
     for (space, key), calls in _by_space(h).items():
-        if not any(h.tasks[c.task].policy == "replace" for c in calls):
+        if not any(h.tasks[c.task].policy in ("replace", "cancel") for c in calls):
             continue
         sent = {c.returned: c for c in calls if c.returned}
         for c in calls:
@@ -561,4 +567,76 @@ def _check_queue_scope(h: History) -> list[str]:
                         f"{'queued or running' if queue else 'running'}"
                     )
                     break
+    return out
+
+
+def _check_cancel(h: History) -> list[str]:
+    """lock_on_duplicate="cancel": a newer call of a running key stops the run. A run ends REVOKED "cancelled" only
+    naming a newer call of its key (sent after it, ORDER aside) and only once it had started; the named call's run
+    never overlaps it (starts after it stopped). Of the calls sent while a cancelled run held the key (inside its
+    span, ORDER margins), at most one ends SUCCESS or FAILURE, and none sent more than ORDER after it: the others
+    end REVOKED, superseded (or cancelled in turn by a newer one)."""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        if not any(h.tasks[c.task].policy == "cancel" for c in calls):
+            continue
+        sent = {c.returned: c for c in calls if c.returned}
+        out += _cancel_sent(h, space, key, calls)
+        for c in calls:
+            o = h.outcomes.get(c.returned or "")
+            if o is None or o.state != "REVOKED" or "cancelled by a newer call" not in o.reason:
+                continue
+            newer = sent.get(_named(o.reason) or "")
+            mine = [a for a in h.attempts if a.id == c.returned]
+            if newer is None or newer is c:
+                out.append(f"{space}/{key}: call {c.index} cancelled naming no other call of its key: {o.reason[:160]}")
+                continue
+            if newer.sent < c.sent - ORDER and not c.slow_publish:
+                out.append(f"{space}/{key}: v{c.ver} cancelled by the older v{newer.ver}")
+            if not mine:
+                out.append(f"{space}/{key}: v{c.ver} REVOKED cancelled but never started (only a run is cancelled)")
+                continue
+            stopped = max(_span(a, h)[1] for a in mine)
+            follows = [a for a in h.attempts if a.id == newer.returned]
+            if any(a.start < stopped for a in follows):
+                out.append(f"{space}/{key}: v{newer.ver} started beside the run of v{c.ver} it cancelled")
+            if _faulted(h) or h.tasks[c.task].limit(key) != 1:
+                continue
+            start = min(a.start for a in mine)
+            during = [x for x in calls if start + ORDER < x.sent < stopped - ORDER and x is not c]
+            ran = [x for x in during if h.outcomes.get(x.returned or "", Outcome("")).state in ("SUCCESS", "FAILURE")]
+            if len(ran) > 1:
+                out.append(f"{space}/{key}: {len(ran)} calls sent while v{c.ver} was cancelled all ran after it: "
+                           f"v{[x.ver for x in ran]}")  # fmt: skip
+            late = max((x.sent for x in during), default=0.0)
+            for x in ran:
+                if x.sent < late - ORDER:
+                    out.append(f"{space}/{key}: v{x.ver} ran after the cancel of v{c.ver}, not the newest call then")
+            for x in during:
+                ox = h.outcomes.get(x.returned or "", Outcome(""))
+                if x not in ran and not x.revoked and not (ox.state == "REVOKED" and "superseded" in ox.reason
+                                                            or "cancelled" in ox.reason):  # fmt: skip
+                    out.append(f"{space}/{key}: v{x.ver}, sent during the cancel of v{c.ver}, ended {ox.state} "
+                               f"{ox.reason[:120]}")  # fmt: skip
+    return out
+
+
+def _cancel_sent(h: History, space: str, key: str, calls: list[Call]) -> list[str]:
+    """lock_on_duplicate="cancel": a run that a newer call of its key met (sent more than ORDER after the run
+    started) and that still ran CANCEL_SEEN past the newer call's reach and the holder's next renewal was cancelled:
+    it ends REVOKED "cancelled by a newer call"."""
+    out = []
+    for c in calls:
+        t = h.tasks[c.task]
+        if t.policy != "cancel" or c.revoked or c.retries or c.returned is None or _faulted(h):
+            continue
+        bound = ORDER + float(t.opts.get("lock_ttl", 60)) / 3 + CANCEL_SEEN
+        for a in (a for a in h.attempts if a.id == c.returned):
+            end = _span(a, h)[1]
+            met = [x for x in calls if x.returned not in (None, c.returned) and x.sent > max(a.start, c.sent) + ORDER
+                   and end > x.sent + bound]  # fmt: skip
+            o = h.outcomes.get(c.returned, Outcome(""))
+            if met and not (o.state == "REVOKED" and "cancelled by a newer call" in o.reason):
+                out.append(f"{space}/{key}: v{c.ver} ran {end - met[0].sent:.2f} s past the newer v{met[0].ver}'s "
+                           f"send and was not cancelled: {o.state} {o.reason[:120]}")  # fmt: skip
     return out

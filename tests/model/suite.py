@@ -195,9 +195,14 @@ def draw_deployment(seed: int, *, known_open: bool, faults: bool = True) -> Depl
     raise RuntimeError(f"no supported deployment drawn from seed {seed} in 200 tries")
 
 
+def _call(key: str, gap: float, duration: float = 0.0, **extra: Any) -> dict[str, Any]:
+    return {"op": "call", "task": 0, "key": key, "gap": gap, "duration": duration, "fail": False, "retries": 0,
+            **extra}  # fmt: skip
+
+
 # The CI budget's deployments: between them every row of the README's policy table (skip naming the holder, fail,
 # reschedule, replace, lock_limit and a limit per key, max_waiting, cooldown, queue scope, the enqueue check,
-# lock_rate with wait and skip, debounce, a group); the long budget draws the rest (draw_deployment).
+# lock_rate with wait and skip, debounce, a group, cancel); the long budget draws the rest (draw_deployment).
 CI_DEPLOYMENTS = [
     Deployment(1, [
         {"name": "ci1_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace"}},
@@ -220,12 +225,12 @@ CI_DEPLOYMENTS = [
                                     "lock_rate": [3, 2.0], "lock_on_rate_limit": "skip"}},
     ], workers=2, short_visibility=True, faults=["kill-worker", "restart-node-data", "restart-node-empty",
                                                  "slow-publish"]),
+    # lock_on_duplicate="cancel": a newer call stops the running one and runs after it (promises._check_cancel).
+    # Its schedule: a 4 s run met by three calls (the cancel, two more while it is seen), then one well after.
+    Deployment(4, [{"name": "ci4_cancel", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "cancel"}}], workers=2,
+               schedule=[_call("a", 0.0, 4.0), _call("a", 0.7, 1.0), _call("a", 0.05, 1.0), _call("a", 0.05, 0.3),
+                         _call("a", 2.5)]),
 ]  # fmt: skip
-
-
-def _call(key: str, gap: float, duration: float = 0.0, **extra: Any) -> dict[str, Any]:
-    return {"op": "call", "task": 0, "key": key, "gap": gap, "duration": duration, "fail": False, "retries": 0,
-            **extra}  # fmt: skip
 
 
 # The pairs of issue 29's findings 4-8, 10 and 11, each with a schedule that meets the finding's pair head on
