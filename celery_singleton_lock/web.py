@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 from urllib.parse import parse_qs
 
@@ -280,6 +280,9 @@ class Snapshot:
     answered: int
     total: int
     quorum: int
+    #: the durable cancels still pending (``locks list``'s source, policies.cancel.pending): (key, task id, by,
+    #: expires at Unix s)
+    cancels: list[tuple[str, str, str, float]] = field(default_factory=list)
 
 
 def snapshot(settings: LockSettings, page: int = 1, search: str = "") -> Snapshot:
@@ -314,8 +317,19 @@ def snapshot(settings: LockSettings, page: int = 1, search: str = "") -> Snapsho
         x for x in read.errors + lines.errors + found.errors if x.node not in {e.node for e in scanned.errors}
     )
     answered = len(settings.nodes) - len({x.node for x in scanned.errors + read.errors + briefs.errors})
+    from .policies.cancel import pending as pending_cancels  # noqa: PLC0415
+
+    cancels = [c for c in pending_cancels(settings.nodes, settings.prefix) if not search or search in c[0]]
     return Snapshot(
-        time.time(), briefs.value, sections, lines.value, errors, answered, len(settings.nodes), settings.nodes.quorum
+        time.time(),
+        briefs.value,
+        sections,
+        lines.value,
+        errors,
+        answered,
+        len(settings.nodes),
+        settings.nodes.quorum,
+        cancels,
     )
 
 
@@ -692,6 +706,11 @@ def render(
             [_mark(i) for i in pending],
         ),
     ]
+    rows = [
+        [f"<code>{e(key)}</code>", f"<code>{e(task_id)}</code>", e(by), e(format_duration(max(0.0, at - snap.now)))]
+        for key, task_id, by, at in snap.cancels
+    ]
+    parts += ["<h2>Pending cancels</h2>", _table(["key", "task id", "cancelled by", "dropped for"], rows, "cancels")]
     for title, items, cls, count in (
         ("Queue-scope reservations", reserved, "reserved", counts["reserved"]),
         ("Cooldowns", cooling, "cooldowns", counts["cooldown"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import html
 import json
 import os
 import subprocess
@@ -898,6 +899,27 @@ def test_the_page_shows_pending_debounced_runs(site: Site) -> None:
         status, text = Site(site.c, url).get("/locks.json")
         (entry,) = [e for e in json.loads(text)["locks"] if e["kind"] == "debounce"]
         assert entry["lock_key"] == key
+
+
+def test_the_page_lists_pending_cancels_escaped(site: Site) -> None:
+    """A durable cancel of a job not yet delivered (what `locks list` shows as a pending cancel) is on the page: its
+    key, task id and who cancelled it, escaped."""
+    from celery_singleton_lock import LockedTask  # noqa: PLC0415
+
+    app = _own_app(site.c, "cxl")
+
+    @app.task(base=LockedTask, shared=False, lock_unique_on=["key"], name="cxl.rebuild")
+    def rebuild(key: str) -> None: ...
+
+    report = rebuild.cancel_task_id("job-<b>1</b>", ["acct-<i>"], by="ops <script>x</script>")
+    assert report.outcome == "pending" and report.durable, report
+    key = rebuild.lock_key_for("acct-<i>")
+    with served(make_app(app, refresh=0, doctor=False)) as url:
+        status, body = Site(site.c, url).get("/")
+    assert status == 200
+    section = body.split("<h2>Pending cancels</h2>", 1)[1].split("<h2>", 1)[0]
+    assert html.escape(key) in section and "job-&lt;b&gt;1&lt;/b&gt;" in section
+    assert "ops &lt;script&gt;x&lt;/script&gt;" in section and "<script>x" not in body
 
 
 def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) -> None:

@@ -614,7 +614,7 @@ def _check_cancel(h: History) -> list[str]:
                     out.append(f"{space}/{key}: v{x.ver} ran after the cancel of v{c.ver}, not the newest call then")
             for x in during:
                 ox = h.outcomes.get(x.returned or "", Outcome(""))
-                if x not in ran and not x.revoked and not (ox.state == "REVOKED" and "superseded" in ox.reason
+                if x not in ran and not x.revoked and not ((ox.state == "REVOKED" and "superseded" in ox.reason)
                                                             or "cancelled" in ox.reason):  # fmt: skip
                     out.append(f"{space}/{key}: v{x.ver}, sent during the cancel of v{c.ver}, ended {ox.state} "
                                f"{ox.reason[:120]}")  # fmt: skip
