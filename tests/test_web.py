@@ -9,8 +9,8 @@ they fail: CI runs them).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import html
+import ipaddress
 import json
 import os
 import subprocess
