@@ -8,6 +8,7 @@ store that refuses a write older than the newest fencing token it saw.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -209,3 +210,30 @@ def test_a_cancel_with_a_lock_node_paused_is_written_on_the_quorum(c: Cluster, w
         assert revoked_reason(c, running.id).startswith("cancelled (by task.cancel at ")
     finally:
         c.locks[0].resume()
+
+
+def test_a_cancelled_run_is_a_task_revoked_event_naming_the_newer_call_and_counted(c: Cluster) -> None:
+    """A real worker (-E) sends the stopped run as task-revoked whose reason (Flower's exception) names the newer
+    call that cancelled it, and `locks stats` shows the run under 'cancelled'."""
+    from celery_singleton_lock.testing import EventLog  # noqa: PLC0415
+
+    mod = c.app_module()
+    c.worker("w-events", queues="c-events", pool="prefork", concurrency=2, extra=["-E"])
+    with EventLog(mod.app) as events:
+        k = new_key()
+        first = mod.rebuild.apply_async((k, 1, 30.0), queue="c-events")
+        c.wait_started(k, 1, timeout=WAIT)
+        newer = mod.rebuild.apply_async((k, 2, 0.1), queue="c-events")
+        assert newer.get(timeout=WAIT) == 2
+        event = events.wait(first.id, "task-revoked", timeout=WAIT)
+        assert event["lock_skip"] == "cancelled" and event["holder"] == newer.id, event
+        assert f"cancelled by a newer call, task {newer.id}" in event["reason"], event
+        shown = events.state().tasks[first.id]
+        assert shown.state == "REVOKED" and newer.id in shown.exception, (shown.state, shown.exception)
+    for _ in polling(WAIT, 0.5):  # the workers flush their counters every few seconds
+        out = locks_cli(c, "stats", "--json")
+        if json.loads(out.output)["tasks"].get("locked_app.rebuild", {}).get("cancelled", 0) >= 1:
+            break
+    assert json.loads(out.output)["tasks"]["locked_app.rebuild"]["cancelled"] >= 1, out.output
+    table = locks_cli(c, "stats").output
+    assert "CANCELLED" in table, table
