@@ -1,6 +1,7 @@
 """lock_on_duplicate="cancel": a newer call of a running key stops the running job and runs after it, never beside it.
 
-Real workers (prefork with two children; two solo workers on one queue, since a solo worker runs one body at a time)
+Real workers (prefork with two children; two solo workers on one queue, since a solo worker runs one body at a time;
+a gevent worker of two greenlets, where the stop is thrown into the body's greenlet)
 on one broker and three lock nodes (tests/worker_cluster.py). The bodies (tests/apps/locked_app.py, ``rebuild``)
 record their spans (start, end, their argument, their fencing token, how they ended) and write their argument to a
 store that refuses a write older than the newest fencing token it saw.
@@ -21,7 +22,7 @@ from celery_singleton_lock.cli import locks
 
 TTL = 1.5  # the tasks' own lock_ttl: renewed every 0.5 s
 WAIT = 40.0  # seconds any single outcome may take on a loaded machine
-QUEUES = {"prefork": "c-prefork", "solo": "c-solo"}
+QUEUES = {"prefork": "c-prefork", "solo": "c-solo", "gevent": "c-gevent"}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,7 @@ def workers(c: Cluster) -> dict[str, Any]:
     return {
         "prefork": [c.worker("w-prefork", queues=QUEUES["prefork"], pool="prefork", concurrency=2)],
         "solo": [c.worker(f"w-solo-{i}", queues=QUEUES["solo"], pool="solo", concurrency=1) for i in (1, 2)],
+        "gevent": [c.worker("w-gevent", queues=QUEUES["gevent"], pool="gevent", concurrency=2)],
     }
 
 
@@ -65,7 +67,7 @@ def revoked_reason(c: Cluster, task_id: str) -> str:
     return str(result.result)
 
 
-@pytest.mark.parametrize("pool", ["prefork", "solo"])
+@pytest.mark.parametrize("pool", ["prefork", "solo", "gevent"])
 def test_a_running_job_is_cancelled_by_a_newer_call_which_runs_after_it(
     c: Cluster, workers: dict[str, Any], pool: str
 ) -> None:
