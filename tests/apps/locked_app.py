@@ -574,6 +574,7 @@ def _dialed_limit(key: str, duration: float = 0.0) -> int:
 def dialed(self: Any, key: str, duration: float = 0.0) -> str:
     """At most ``_dialed_limit(key)`` runs of ``key`` at once (a callable limit the test changes while runs hold)."""
     _run(self, key, duration)
+    return key
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(2, 60.0), lock_rate_on=["key"])
