@@ -149,7 +149,8 @@ def send(
     at = stamp([_at(a) for a in answers]) or int(time.time() * 1_000_000)
     if found is None:
         # No quorum agrees on a burst (nodes down, or calls racing on a split): this call runs on its own, after its
-        # quiet period, guarded by the lock at the worker (never two at once; each such call runs).
+        # quiet period, guarded by the lock at the worker (never two at once; each such call runs, unless a
+        # newer call's arguments ran first: then it is superseded, see newest()).
         # Its version leaves every burst it joined or started (on the nodes that answered, and those whose answer
         # was lost): a burst's run never carries the arguments of a call that runs on its own.
         undo(ctx, key, task_id)

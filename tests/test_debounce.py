@@ -844,10 +844,14 @@ def test_a_pending_burst_outlives_a_message_the_broker_may_hold_back(c: Cluster)
     assert result.get(timeout=30) == [k, 1]
 
 
-def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_once(c: Cluster) -> None:
+def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_older_never_runs_after_newer(
+    c: Cluster,
+) -> None:
     """Two of three lock nodes down: no quorum agrees on a burst, so each call is published on its own (its own task
     id, a countdown of the quiet period) and waits at the worker for the nodes (lock_on_unavailable='retry'); back,
-    each runs once with its own arguments, never two at once. (Last in the module: the nodes restart empty.)"""
+    each runs at most once with its own arguments, never two at once, the last call always, and older arguments
+    never after newer ones: a call that finds a newer one ran is REVOKED, superseded by it. (Last in the module:
+    the nodes restart empty.)"""
     mod = c.app_module()
     k = new_key()
     c.stop_locks(2)
@@ -856,10 +860,20 @@ def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_o
     finally:
         c.start_locks()
     assert len({r.id for r in results}) == 3
-    assert sorted(r.get(timeout=60)[1] for r in results) == [0, 1, 2]
-    runs = c.wait_runs(k, 3, 10)
-    assert len(runs) == 3
-    assert not overlapping(runs)
+    assert results[2].get(timeout=60) == [k, 2]
+    got = [r.get(timeout=60, propagate=False) for r in results]
+    runs = debounced_runs(c, k)  # in the order they started
+    assert [t for t, _ in runs] == [results[v].id for _, v in runs], runs  # each with its own arguments
+    versions = [v for _, v in runs]
+    assert versions == sorted(set(versions)), f"a version ran twice, or after a newer one: {runs}"
+    for i, r in enumerate(results):
+        if i in versions:
+            assert got[i] == [k, i]
+            continue
+        assert r.state == "REVOKED" and "superseded by task " in str(got[i]), (i, r.state, got[i], runs)
+        newer = str(got[i]).split("superseded by task ", 1)[1].split(":", 1)[0]
+        assert newer in {results[v].id for v in versions if v > i}, (i, got[i], runs)
+    assert not overlapping(c.wait_runs(k, len(versions), 10))
 
 
 def test_on_quorum_queues_a_burst_runs_once_with_whole_second_delays(tmp_path_factory: pytest.TempPathFactory) -> None:
