@@ -182,3 +182,40 @@ def test_a_redelivery_finds_its_own_slot_after_every_node_was_restarted_empty_on
     starts = [s for s in c.started(key) if s[1] == long.id]
     assert len(starts) == 1, starts  # redelivered after 8 s (visibility timeout), never run a second time
     assert "redelivered" in "".join(w.log() for w in c.workers if w.name == "dial-b")
+
+
+#: Seconds the two holders of the capped limit run: they must outlive a call joining the line and another being
+#: refused (a bound, not an expectation: a machine slower than this fails the test, it never passes by it).
+CAPPED_HOLD = 8.0
+
+
+def test_a_limit_s_capped_line_refuses_a_call_beyond_its_cap_at_once(c: Cluster) -> None:
+    """``lock_limit=2`` with ``lock_max_waiting=1``: two runs hold both slots and one call waits for a slot; the next
+    call is REVOKED at once (both holders still run), naming the full line; the waiting call runs after a holder,
+    never more than 2 at once."""
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    app = c.app_module()
+    c.worker("lim-cap", queues="limcap", concurrency=3)
+    key = new_key("cap")
+    holders = [app.capped_limited.apply_async((key, CAPPED_HOLD), queue="limcap") for _ in range(2)]
+    c.wait_started(key, 2)
+    waiting = app.capped_limited.apply_async((key, 0.0), queue="limcap")
+    lock_key = app.capped_limited.lock_key_for(key)
+    client = c.lock_client(c.locks[0])
+    try:
+        for _ in polling(20, 0.05):
+            if client.zcard(sibling_key(lock_key, ":waiters")) == 1:
+                break
+        assert client.zcard(sibling_key(lock_key, ":waiters")) == 1
+    finally:
+        client.close()
+    refused = app.capped_limited.apply_async((key, 0.0), queue="limcap")
+    with pytest.raises(TaskRevokedError, match="full"):
+        refused.get(timeout=20)
+    assert "lock_max_waiting=1" in str(refused.result)
+    assert c.runs(key) == [], "the refusal came only after a holder ended"
+    for r in [*holders, waiting]:
+        assert r.get(timeout=60) == key
+    assert _peak(c, key, {}) <= 2
+    assert len(c.wait_runs(key, 3, 10)) == 3

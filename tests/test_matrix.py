@@ -330,8 +330,8 @@ def test_a_refused_option_at_the_producer_raises_the_public_error() -> None:
         assert type(exc).__module__ == "celery_singleton_lock"
         assert "ConfigurationRefusedError" in celery_singleton_lock.__all__
         assert str(exc) == (
-            "lock_on_duplicate of m.bad must be one of 'skip', 'fail', 'reschedule', 'replace', got 'resechedule' "
-            "(did you mean 'reschedule'?)"
+            "lock_on_duplicate of m.bad must be one of 'skip', 'fail', 'reschedule', 'replace', 'cancel', got "
+            "'resechedule' (did you mean 'reschedule'?)"
         )
     else:
         pytest.fail("delay() with a misspelt lock_on_duplicate was accepted")
