@@ -58,7 +58,6 @@ from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
 from .policies import policy_for
 from .policies import rate as rate_policy
-from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.limit import LIMIT
 from .record import limits_key_for
 from .redlock import Redlock
@@ -620,6 +619,10 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
     options = ctx.options
     try:
         if done:
+            # A feature may keep the lock held a while after the job's end (cooldown, after a success).
+            hold_for = 0.0
+            for feature in options.hooks.at_release:
+                hold_for = max(hold_for, feature.at_release(ctx, run, succeeded=succeeded))
             held = lock.finish(
                 # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
                 # the other copy can start late, so the marker lasts the whole window.
@@ -627,7 +630,7 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
                 # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
                 done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
                 waited_for=options.done_window,
-                cooldown=COOLDOWN_FEATURE.at_release(options.cooldown, succeeded=succeeded),
+                cooldown=hold_for,
             )
         else:
             held = lock.release()

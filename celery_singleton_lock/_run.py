@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import signals
@@ -21,6 +21,7 @@ from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
 from .errors import LockLostError
 from .keys import Binder, custom_key, lock_key
 from .policies.limit import LIMIT
+from .policies.port import Hooks
 from .record import RUNNING
 from .redlock import Redlock
 from .renewal import watchdog
@@ -195,7 +196,8 @@ class Options:
     max_waiting: int | None = None  # lock_max_waiting: at most this many new duplicates wait in the key's line
     rate: Rate | None = None  # lock_rate, parsed (None: no rate)
     on_rate_limit: str = "wait"  # lock_on_rate_limit
-    cooldown: float = 0.0  # seconds a success keeps the job locked (policies.cooldown)
+    hooks: Hooks = field(default_factory=Hooks)  # the active features, per hook (policies.port): once per task
+    conf: Mapping[str, Any] = field(default_factory=dict)  # each active feature's resolved options, by name
     space: str = ""  # what the keys are named after: the task's lock_group, or its name
     key_fn: Callable[..., str] | None = None  # lock_key: the key's distinguishing part from the arguments
     unique_on: Sequence[str] | None = None  # lock_unique_on

@@ -55,8 +55,7 @@ from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
 from .errors import ConfigurationError, LockLostError
 from .interrupt import outside_body
 from .keys import Binder
-from .policies import policy_for
-from .policies.cooldown import COOLDOWN_FEATURE
+from .policies import FEATURES, conf_of, hooks_of, policy_for
 from .policies.rate import RateLimitPolicy, parse_rate
 from .policies.waiting import WAITING
 
@@ -215,6 +214,7 @@ class LockedTask(Task):  # type: ignore[misc]
             # A debounced job that finds the previous burst's run still running waits for it (never beside it).
             on_duplicate = "reschedule" if self.lock_debounce else self.lock_on_duplicate or settings.on_duplicate
             check_matrix(self, settings)  # what only the settings make invalid (a lock_limit with a default 'replace')
+            hooks = hooks_of(FEATURES, type(self))
             options = Options(
                 settings=settings,
                 ttl=ttl,
@@ -231,7 +231,6 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
                 max_waiting=WAITING.cap(self),
-                cooldown=COOLDOWN_FEATURE.seconds(self),
                 rate=parse_rate(self.lock_rate, f"lock_rate of {self.name}") if self.lock_rate is not None else None,
                 on_rate_limit=self.lock_on_rate_limit,
                 space=self.lock_group or self.name,
@@ -240,6 +239,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 rate_on=self.lock_rate_on,
                 scope=self.lock_scope,
                 queue_ttl=float(self.lock_queue_ttl),
+                hooks=hooks,
+                conf=conf_of(hooks.features, self),
             )
             self._lock_options = options
         return options

@@ -16,12 +16,13 @@ names it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NoReturn, Protocol
+from typing import ClassVar, NoReturn, Protocol
 
 from ..facts import Decision, Facts
 from .cooldown import COOLDOWN_FEATURE
 from .fail import Fail
 from .limit import LIMIT
+from .port import NOT_ANSWERED, Call, Delivery, Feature, Hooks, conf_of, hooks_of
 from .replace import Replace
 from .reschedule import Reschedule
 from .skip import Skip
@@ -29,14 +30,20 @@ from .waiting import WAITING
 
 __all__ = [
     "FEATURES",
+    "NOT_ANSWERED",
     "POLICIES",
+    "Call",
+    "Delivery",
     "Duplicate",
     "Fail",
     "Feature",
+    "Hooks",
     "Policy",
     "Replace",
     "Reschedule",
     "Skip",
+    "conf_of",
+    "hooks_of",
     "policy_for",
 ]
 
@@ -82,22 +89,8 @@ class Policy(Protocol):
 POLICIES: dict[str, Policy] = {p.name: p for p in (Skip(), Fail(), Reschedule(), Replace())}
 
 
-class Feature(Protocol):
-    """A feature behind the port: one module here owns its ``lock_*`` options, their checks, its hooks at the points
-    of a call's and a delivery's life, and its scripts' rows in docs/protocol.md; the rooms reach it through here
-    (and the options matrix holds its verdicts with the other options). Its hooks are its own methods, called by the
-    room of that moment with what the room's context gives: ``cooldown`` at release (:meth:`Cooldown.at_release`),
-    ``limit`` where a call's lock is made (:meth:`Limit.for_call`), ``max_waiting`` where a duplicate parks."""
-
-    name: ClassVar[str]
-    #: The task options it owns (the only place outside task.py's declarations and the matrix that names them).
-    options: ClassVar[tuple[str, ...]]
-
-    def check(self, cls: Any) -> None:
-        """Refuse an invalid value of its options in one line (ConfigurationError), at registration and start."""
-
-
-#: The features behind the port, in the order their option checks run.
+#: The features behind the port (:class:`~celery_singleton_lock.policies.port.Feature`), in the order their option
+#: checks run and their hooks are called (see policies/port.py for the hooks and where the rooms call them).
 FEATURES: tuple[Feature, ...] = (COOLDOWN_FEATURE, LIMIT, WAITING)
 
 
