@@ -23,6 +23,7 @@ __all__ = [
     "FIELDS",
     "F_ARGS",
     "F_AT",
+    "F_CANCEL",
     "F_DUE",
     "F_FENCE",
     "F_FIRST",
@@ -81,6 +82,7 @@ F_NAME = "name"  #: the task's name
 F_AT = "at"  #: when the record was written, Unix ms
 F_OPEN = "open"  #: '1': handed over for this job's next delivery, whose refused acquire must not mark it waiting
 F_WAITING = "waiting"  #: '1': a copy of the holder's job waits for it (the done marker then lives longer)
+F_CANCEL = "cancel"  #: lock_on_duplicate="cancel": the task id of the newer call that asks this running job to stop
 F_PREV = "_prev"  #: a record taken over, JSON [fields, absolute expiry ms], so an undo can put it back
 # A pending debounced burst (``burst_key_for``: lock_debounce) has ``job``, ``name``, ``at`` and these:
 F_FIRST = "first"  #: a burst: when its first call joined (the node's Unix ms)
@@ -102,6 +104,7 @@ FIELDS = (
     F_AT,
     F_OPEN,
     F_WAITING,
+    F_CANCEL,
     F_PREV,
     F_FIRST,
     F_DUE,

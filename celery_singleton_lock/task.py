@@ -52,7 +52,7 @@ from ._startup import (
     start_problems,
 )
 from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
-from .errors import ConfigurationError, LockLostError
+from .errors import ConfigurationError, JobCancelledError, LockLostError
 from .interrupt import outside_body
 from .keys import Binder
 from .policies import FEATURES, conf_of, hooks_of, policy_for
@@ -88,7 +88,9 @@ class LockedTask(Task):  # type: ignore[misc]
     ``lock_on_duplicate``
         ``"skip"`` (REVOKED at once, naming the holder), ``"fail"`` (FAILURE with DuplicateTaskError),
         ``"reschedule"`` (wait in the key's line, woken by the holder's release; run after it) or ``"replace"``
-        (like reschedule, but a newer duplicate takes the waiting one's place: keep-latest). Chord members always
+        (like reschedule, but a newer duplicate takes the waiting one's place: keep-latest) or ``"cancel"`` (like
+        replace, and the running job is asked to stop: it ends REVOKED and the newest call runs after it, never
+        beside it; see ``policies/cancel.py``). Chord members always
         reschedule: a skipped member would fail the chord, and one that stored nothing would hang it.
     ``lock_on_unavailable``
         when no quorum of Redis nodes answers: ``"retry"`` with back-off (default: never unguarded, never
@@ -381,6 +383,9 @@ class LockedTask(Task):  # type: ignore[misc]
             # Not an end either way: requeued, it runs again; rejected, a dead-letter exchange may bring it back
             # (the retry-queue pattern Celery documents), and it must run then.
             raise
+        except JobCancelledError as exc:  # lock_on_duplicate="cancel": stopped for a newer call, REVOKED
+            ended = True
+            result = delivery.cancelled(ctx, run, exc.cancelled_by)
         except Exception:
             ended = True  # FAILURE: the job ran to its end; a copy of it (a waiting call, a redelivery) must not run
             raise
@@ -447,6 +452,8 @@ class LockedTask(Task):  # type: ignore[misc]
         run = self._current()
         if run is None:
             raise LockLostError(f"{self.name} holds no lock here (not running under a worker)")
+        if run.cancelled_by is not None:  # lock_on_duplicate="cancel": a newer call asked this run to stop
+            raise JobCancelledError(run.key, run.cancelled_by, self.name)
         if run.lease is None or not run.lease.held():
             reason = run.lease.reason if run.lease else "not held"
             raise LockLostError(f"lock {run.key} of {self.name} lost: {reason}", key=run.key)
