@@ -63,7 +63,11 @@ class Call(Protocol):
     task_id: str | None
     options: dict[str, Any]  #: the publish's options (a feature may pop countdown/eta/headers)
     linked: bool  #: the call has link/link_error
-    delay: float  #: seconds until the call is due (its countdown or ETA)
+    copy_header: str  #: the header of a message that is a copy of another call's job (it asks before it runs)
+
+    @property
+    def delay(self) -> float:
+        """Seconds until the call is due (its countdown or ETA)."""
 
     def publish(self, args: Any, kwargs: Any, **options: Any) -> Any:
         """Celery's own publish (``apply_async``'s), by name."""
@@ -80,6 +84,14 @@ class Delivery(Protocol):
     lock: Any  #: the lock it holds (a ``Redlock``), None when it has none (``lock_limit=None``)
     args: Any
     kwargs: Any
+
+    @property
+    def attempt(self) -> int:
+        """How many times this call was re-sent for want of a quorum (its ``attempt_header``)."""
+
+    @property
+    def attempt_header(self) -> str:
+        """The header that counts those re-sends (a re-send for want of a quorum carries it, plus one)."""
 
     def give_back(self) -> None:
         """Give the lock back at once (its body does not start), leave the key's line and wake it."""
