@@ -32,6 +32,7 @@ or the context and the run. A feature's per-delivery state lives in ``run.state[
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -48,6 +49,7 @@ __all__ = [
     "Hooks",
     "check_names",
     "hooks_of",
+    "parameters",
 ]
 
 #: ``at_send``'s answer when the feature leaves the call to the room (and the features after it).
@@ -200,6 +202,20 @@ def hooks_of(features: Sequence[Feature], cls: Any) -> Hooks:
     """The :class:`Hooks` of a task's class: the features its options turn on, in ``features`` order."""
     on = tuple(f for f in features if f.active(cls))
     return Hooks(on, **{hook: tuple(f for f in on if _has(f, hook)) for hook in HOOKS})
+
+
+def parameters(task: Any) -> list[inspect.Parameter] | None:
+    """The parameters a call of ``task`` (class or instance) binds (a bound task's ``self`` left out); None when
+    unreadable."""
+    cls: Any = task if isinstance(task, type) else type(task)
+    run = inspect.getattr_static(cls, "run", None)
+    try:
+        params = list(inspect.signature(cls.run).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if params and not isinstance(run, staticmethod) and inspect.isfunction(run):
+        params = params[1:]  # a bound task's run (bind=True, or a class's run method): its first is the task itself
+    return params
 
 
 def check_names(cls: Any, option: str, names: Sequence[str], params: Sequence[Any] | None) -> None:

@@ -42,7 +42,7 @@ from ..errors import ConfigurationError, LockUnavailableError, RateLimitedError
 from ..keys import lock_key
 from ..nodes import NodeSet
 from ..scripts import RATE, RATE_RESTAMP, RATE_UNDO
-from .port import Delivery, Feature, check_names
+from .port import Delivery, Feature, check_names, parameters
 
 __all__ = [
     "ON_RATE_LIMIT",
@@ -296,8 +296,6 @@ class RateFeature(Feature):
             return
         parse_rate(cls.lock_rate, f"{self.options[0]} of {name}")
         if on:
-            from .matrix import parameters  # noqa: PLC0415 - the matrix reads the features: read it when asked
-
             check_names(cls, self.options[1], on, parameters(cls))
 
     def active(self, cls: Any) -> bool:
