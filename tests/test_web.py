@@ -9,6 +9,7 @@ they fail: CI runs them).
 from __future__ import annotations
 
 import contextlib
+import html
 import ipaddress
 import json
 import os
@@ -1170,3 +1171,26 @@ def test_attack_explain_escapes_hostile_keys_task_names_and_holder_fields(site: 
     finally:
         for server in c.locks:
             c.lock_client(server).delete(key)
+
+
+def test_explain_of_a_slot_key_reads_every_slot_of_its_lock(site: Site) -> None:
+    """With lock_limit=3 and three real runs holding a key, the row of a slot key (``name:slot:<i>``) links to the
+    explanation of its lock: all three holders' task ids, and the next call waits in line."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key("slots")
+    runs = [mod.limited.delay(k, OUTLIVES) for _ in range(3)]
+    c.wait_started(k, count=3)
+    key = mod.limited.lock_key_for(k)
+    try:
+        query = urllib.parse.urlencode({"task": mod.limited.name, "args": json.dumps([k])})
+        _status, page = site.get(f"/?{query}")
+        held = page.split("<h2>Held</h2>", 1)[1].split("<h2>", 1)[0]
+        slot = next(s for s in held.split("<code>")[1:] if ":slot:" in s).split("</code>", 1)[0]
+        status, text = site.get(_href_to_explain(held, html.unescape(slot)).replace("/explain?", "/explain.json?"))
+        found = json.loads(text)
+        assert status == 200 and found["key"] == key and found["verdict"] == "waits"
+        assert {s["task_id"] for s in found["slots"]} == {r.id for r in runs}
+    finally:
+        for r in runs:
+            r.revoke()
