@@ -684,3 +684,9 @@ def rebuild(self: Any, key: str, n: int, duration: float = 0.0) -> int:
 def rebuild_stubborn(self: Any, key: str, n: int, duration: float = 0.0) -> int:
     """Like rebuild, but the body swallows the stop and goes on: its successor runs at its lease's end."""
     return _cancellable(self, key, n, duration, stubborn=True)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5)
+def build(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """A plain LockedTask (skip): cancelled durably by ``build.cancel`` / ``locks cancel`` (records its span)."""
+    return _cancellable(self, key, n, duration, stubborn=False)
