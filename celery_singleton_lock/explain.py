@@ -49,7 +49,7 @@ class Explanation:
 
     task: str
     key: str | None  # None: lock_limit=None (no lock)
-    verdict: str  # runs, skipped, fails, waits, joins-burst, unavailable, ...
+    verdict: str  # runs, skipped, fails, waits, replaces, cancels, joins-burst, unavailable, ...
     why: list[str]
     slots: list[LockInfo | None] = field(default_factory=list)
     disagreements: dict[str, list[str]] = field(default_factory=dict)  # slot key -> each node's answer
@@ -295,7 +295,16 @@ def _decide(out: Explanation, task: Any, settings: LockSettings, limit: int | No
             out.why.append("lock_on_duplicate='fail': the call fails with DuplicateTaskError")
         elif on_duplicate == "replace":
             out.verdict = "replaces"
-            out.why.append("lock_on_duplicate='replace': the holder is revoked and this call takes over")
+            out.why.append(
+                "lock_on_duplicate='replace': it waits in the key's line after the holder, and an older waiting call "
+                "is superseded by it (REVOKED); the holder runs to its end"
+            )
+        elif on_duplicate == "cancel":
+            out.verdict = "cancels"
+            out.why.append(
+                "lock_on_duplicate='cancel': the running holder is asked to stop (its watchdog sees it within one "
+                "renewal interval); this call waits in the key's line and runs after it, never beside it"
+            )
         elif out.cap is not None and out.line is not None and out.line >= out.cap:
             out.verdict = "refused"
             out.why.append(f"the line is full: {out.line} waiting, lock_max_waiting={out.cap}")
