@@ -261,7 +261,10 @@ def carry_out(ctx: Context, run: Run, decision: Decision, facts: Facts, lock: Re
     act = decision.act
     task_id = facts.task_id
     if act is Act.DONE:
-        if not settle_done(ctx, run, task_id):
+        by = cancel.read_marker(options.settings.nodes, run.key, task_id)
+        if by is not None:  # a durable cancel (LockedTask.cancel, locks cancel), not a finished run
+            dropped(ctx, run, by)
+        elif not settle_done(ctx, run, task_id):
             resend.skip_quietly(ctx, run, Skipped("already ran", run.key, task_id, "done"))
     elif act is Act.RUN_UNGUARDED:
         unavailable(ctx, run, lock, task_id, options, "run")
@@ -443,23 +446,24 @@ def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) 
     if run.parked or getattr(request, PARKED_HEADER, None):
         line.unpark(ctx, run.key, task_id, options)
     run.lock = lock
-    cancels = options.on_duplicate == "cancel"
-    target = Target() if options.on_lost == "interrupt" or cancels else None
+    # Every run can be cancelled (a newer call under lock_on_duplicate="cancel", or a durable cancel of any
+    # LockedTask: LockedTask.cancel, locks cancel): its renewal answers the request, and the body is interrupted
+    # with JobCancelledError. Only lock_on_lost="interrupt" interrupts it for a lost lease.
+    target = Target()
     settings = options.settings
     run.lease = watchdog().register(
         lock,
         options.interval,
-        functools.partial(ctx.on_lost, task_id, target),
+        functools.partial(ctx.on_lost, task_id, target if options.on_lost == "interrupt" else None),
         (settings.prefix, ctx.name),
-        functools.partial(ctx.on_cancel, run, target) if cancels else None,
+        functools.partial(ctx.on_cancel, run, target),
     )
     ctx.count("acquired")
     if getattr(request, SINCE_HEADER, None) is not None:
         # A re-sent copy (deferred, or woken from a line): it waited since its call first reached a worker.
         watchdog().count_wait(settings.nodes, settings.prefix, ctx.name, time.time() - since(request) / 1000.0)
     signals.lock_acquired.send(sender=ctx.task, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
-    if target is not None:  # last: the body runs next, in this thread or greenlet
-        ctx.arm(run, target)
+    ctx.arm(run, target)  # last: the body runs next, in this thread or greenlet
 
 
 def already_ended(ctx: Context, task_id: str) -> bool:
@@ -552,6 +556,26 @@ def cancelled(ctx: Context, run: Run, by: str) -> Skipped:
     outcome = Skipped(reason, run.key, by, "cancelled")
     resend.skip_quietly(ctx, run, outcome)
     return outcome
+
+
+def dropped(ctx: Context, run: Run, by: str) -> None:
+    """A copy of a job cancelled durably reached a worker (its done marker holds the cancel): REVOKED naming the
+    cancel, counted; a place it held in the key's line is given up (and the next one woken)."""
+    request = ctx.request
+    reason = f"{cancel.describe(by)}: {ctx.name}[{run.task_id}] of lock {run.key} dropped before it ran"
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+        try:
+            ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
+        except Exception:  # no usable result backend: nobody can wait on it either
+            logger.debug("cannot store the cancel of %s", run.task_id, exc_info=True)
+    ctx.count("cancelled")
+    logger.info("Task %s[%s] %s", ctx.name, run.task_id, reason)
+    resend.skip_quietly(ctx, run, Skipped(reason, run.key, by, "cancelled"))
+    options = ctx.options
+    if getattr(request, PARKED_HEADER, None):
+        line.unpark(ctx, run.key, run.task_id, options)
+    if options.waits_in_line:
+        line.wake_next(ctx, run.key, options)
 
 
 def unavailable(

@@ -25,7 +25,7 @@ from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
 from .errors import LockLostError
 from .keys import Binder, custom_key, lock_key
 from .policies import FEATURES
-from .policies.cancel import error_for
+from .policies.cancel import describe, error_for
 from .policies.limit import LIMIT
 from .policies.port import Hooks
 from .record import RUNNING
@@ -351,11 +351,11 @@ class Context:
         """lock_on_duplicate="cancel": called in the watchdog's thread when a renewal finds the job asked to stop."""
         run.cancelled_by = by
         logger.warning(
-            "%s[%s] of lock %s is asked to stop by a newer call, task %s: %s",
+            "%s[%s] of lock %s is %s: %s",
             self.name,
             run.task_id,
             lease.lock.name,
-            by,
+            describe(by),
             "interrupting the body" if target is not None and target.armed else "self.check_lock() raises from now on",
         )
         if target is not None:
@@ -365,7 +365,9 @@ class Context:
         """lock_on_lost="interrupt": make this run's body interruptible where it runs (see the interrupt module)."""
         if target.arm():
             run.interrupt = target
-        elif self.name not in Context.uninterruptible_warned:
+        elif self.name not in Context.uninterruptible_warned and (
+            self.options.on_lost == "interrupt" or self.options.on_duplicate == "cancel"
+        ):
             Context.uninterruptible_warned.add(self.name)
             logger.warning(
                 "%s has lock_on_lost='interrupt', but its body runs in a thread other than the main one (threads or "

@@ -70,7 +70,12 @@ class JobCancelledError(LockLostError):
     ``self.check_lock()``; a body that lets it propagate ends REVOKED, its reason naming the newer call."""
 
     def __init__(self, key: str, cancelled_by: str, task_name: str = "") -> None:
-        super().__init__(f"{task_name} cancelled by a newer call, task {cancelled_by} (lock {key!r})", key=key)
+        who = (
+            f"(by {cancelled_by.removeprefix('cancel:')})"
+            if cancelled_by.startswith("cancel:")
+            else f"by a newer call, task {cancelled_by}"
+        )
+        super().__init__(f"{task_name} cancelled {who} (lock {key!r})", key=key)
         self.cancelled_by = cancelled_by
         self.task_name = task_name
         self.args = (key, cancelled_by, task_name)

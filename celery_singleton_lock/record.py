@@ -44,6 +44,7 @@ __all__ = [
     "SENDING",
     "STATES",
     "burst_key_for",
+    "cancels_key_for",
     "claimed_key_for",
     "done_key_for",
     "fence_key_for",
@@ -159,6 +160,13 @@ def claimed_key_for(key: str, job: str) -> str:
 def newest_run_key_for(key: str) -> str:
     """The newest version of ``key``'s debounced calls that ran (its stamp, job, arguments): same slot as ``key``."""
     return sibling_key(key, ":debounced-ran")
+
+
+def cancels_key_for(prefix: str) -> str:
+    """The pending durable cancels (``LockedTask.cancel``, ``locks cancel``): a sorted set of JSON
+    ``[lock key, task id, by]`` scored by the cancel's expiry (Unix ms): what ``locks list`` shows (a listing only:
+    the done marker of the job is the cancel itself)."""
+    return f"{prefix}cancels"
 
 
 def limits_key_for(prefix: str, space: str) -> str:

@@ -17,6 +17,8 @@ __all__ = [
     "BRIEF",
     "BRIEF_SCRIPT",
     "CANCEL",
+    "CANCEL_JOB",
+    "CANCEL_JOB_SCRIPT",
     "CANCEL_SCRIPT",
     "COUNT",
     "COUNT_SCRIPT",
@@ -115,6 +117,7 @@ BRIEF_SCRIPT = _load("brief")  # the locks page (celery_singleton_lock.web)
 FORCE_RELEASE_SCRIPT = _load("force_release")
 COUNT_SCRIPT = _load("count")  # the metrics flush (celery_singleton_lock.metrics.Outbox)
 CANCEL_SCRIPT = _load("cancel")  # lock_on_duplicate="cancel": ask a running job to stop (policies.cancel)
+CANCEL_JOB_SCRIPT = _load("cancel_job")  # the durable cancel of one job (LockedTask.cancel, locks cancel)
 
 #: EXTEND_SCRIPT's answer per lease (or a string: EXTENDED, and the job is asked to stop by that task id).
 EXTENDED, REPAIRED, LOST = 1, 2, 0
@@ -161,6 +164,7 @@ READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster nod
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
 CANCEL = Script(CANCEL_SCRIPT)
+CANCEL_JOB = Script(CANCEL_JOB_SCRIPT)
 
 #: Every script by its file's name (``lua/<name>.lua``).
 SCRIPTS: dict[str, Script] = {
@@ -186,4 +190,5 @@ SCRIPTS: dict[str, Script] = {
     "force_release": FORCE_RELEASE,
     "count": COUNT,
     "cancel": CANCEL,
+    "cancel_job": CANCEL_JOB,
 }

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, cast
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
+from celery.states import READY_STATES
 
 from . import _delivery as delivery
 from . import _enqueue as enqueue
@@ -56,6 +57,9 @@ from .errors import ConfigurationError, JobCancelledError, LockLostError
 from .interrupt import outside_body
 from .keys import Binder
 from .policies import FEATURES, SENDING, conf_of, hooks_of, policy_for
+from .policies.cancel import DEFAULT_TTL as DEFAULT_CANCEL_TTL
+from .policies.cancel import CancelReport, cancel_job
+from .policies.limit import LIMIT
 from .policies.rate import RATE_FEATURE, RateLimitPolicy
 from .policies.waiting import WAITING
 
@@ -358,6 +362,60 @@ class LockedTask(Task):  # type: ignore[misc]
         alone).
         """
         return enqueue.revoke_queued(self.lock_context(), task_id, *args, **kwargs)
+
+    def cancel(self, *args: Any, **kwargs: Any) -> CancelReport:
+        """Cancel the job these arguments name: the one holding their lock (running, or reserved by
+        ``lock_scope="queue"``), durably for one day (see :meth:`cancel_task_id`). A queued message of a run-scope
+        call holds nothing yet: cancel it by its task id. Returns what was found and done (``outcome``)."""
+        ctx = self.lock_context()
+        key = ctx.key(args, kwargs)
+        from .inventory import show_lock  # noqa: PLC0415 - the CLI's read, only here
+
+        info, _ = show_lock(ctx.options.settings, key).value
+        if info is None or not info.task_id:
+            nodes = ctx.options.settings.nodes
+            return CancelReport(key, "-", "unknown", 0, len(nodes), nodes.quorum)
+        return self.cancel_task_id(info.task_id, args, kwargs)
+
+    def cancel_task_id(
+        self,
+        task_id: str,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        ttl: float = DEFAULT_CANCEL_TTL,
+        by: str = "task.cancel",
+    ) -> CancelReport:
+        """Cancel job ``task_id`` (``args``/``kwargs``: its call's, which name its lock; None: looked up among the
+        locks held), written on the lock nodes for ``ttl`` s: a running body is stopped within one renewal interval
+        (ends REVOKED "cancelled (by ...)"), its queued copies are dropped when they reach any worker (also one that
+        was offline, or restarted since), and a queue-scope reservation is freed. A job that already ended is left
+        alone (``outcome == "ended"``). A call made afterwards is a new job and runs. ``report.durable``: written on a
+        quorum of the nodes."""
+        ctx = self.lock_context()
+        settings = ctx.options.settings
+        nodes = settings.nodes
+        key: str | None = None
+        limit = LIMIT.static(self)
+        if args is not None or kwargs is not None:
+            call_args, call_kwargs = tuple(args or ()), dict(kwargs or {})
+            key = ctx.key(call_args, call_kwargs)
+            limit = ctx.limit_for(call_args, call_kwargs) or 1
+        else:
+            from .inventory import list_locks  # noqa: PLC0415 - the CLI's scan, only here
+
+            held = [i for i in list_locks(settings).value if i.task_id == task_id and i.kind == "task"]
+            if held:
+                key = held[0].lock_key or held[0].key
+        if key is None:
+            return CancelReport("-", task_id, "unknown", 0, len(nodes), nodes.quorum)
+        try:
+            ended = self.backend.get_state(task_id) in READY_STATES
+        except Exception:  # no usable result backend: the done marker alone tells
+            ended = False
+        if ended:
+            return CancelReport(key, task_id, "ended", 0, len(nodes), nodes.quorum)
+        return cancel_job(nodes, settings.prefix, key, task_id, by=by, ttl=ttl, limit=limit)
 
     # -- a delivery ----------------------------------------------------------------------------------------------
 

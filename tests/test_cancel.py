@@ -12,7 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
 from worker_cluster import Cluster, cluster, new_key, polling
+
+from celery_singleton_lock.cli import locks
 
 TTL = 1.5  # the tasks' own lock_ttl: renewed every 0.5 s
 WAIT = 40.0  # seconds any single outcome may take on a loaded machine
@@ -117,3 +121,91 @@ def test_a_burst_of_newer_calls_during_one_cancel_runs_the_last_one_once(c: Clus
     ), found
     states = c.states([r.id for r in calls[:-1]])
     assert set(states.values()) == {"REVOKED"}, states
+
+
+# -- the durable cancel (LockedTask.cancel, cancel_task_id, locks cancel) of a plain LockedTask ---------------------
+
+
+def locks_cli(c: Cluster, *args: str) -> Any:
+    """``celery -A locked_app locks ARGS`` in this process (click's runner)."""
+    app = c.app_module().app
+    return CliRunner().invoke(locks, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
+
+
+def test_a_cancel_made_while_no_worker_runs_drops_the_message_when_a_worker_starts(c: Cluster) -> None:
+    """A message cancelled by task id before any worker of its queue runs is dropped by the worker started later:
+    REVOKED naming the cancel, its body never run; `locks list` showed the cancel pending meanwhile."""
+    mod = c.app_module()
+    k = new_key()
+    queued = mod.build.apply_async((k, 1, 0.1), queue="c-late")
+    report = mod.build.cancel_task_id(queued.id, (k, 1, 0.1))
+    assert (report.outcome, report.durable) == ("pending", True), str(report)
+    listed = locks_cli(c, "list")
+    assert f"pending cancel  task {queued.id}" in listed.output, listed.output
+    late = c.worker("w-late", queues="c-late", pool="solo", concurrency=1)
+    try:
+        reason = revoked_reason(c, queued.id)
+        assert reason.startswith("cancelled (by task.cancel at "), reason
+        again = mod.build.apply_async((k, 2, 0.1), queue="c-late")  # a call after the cancel is a new job: it runs
+        assert again.get(timeout=WAIT) == 2
+    finally:
+        late.stop()
+    assert [(s[1], s[7]) for s in spans(c, k)] == [(again.id, "ran")]
+
+
+def test_a_worker_restarted_between_cancel_and_delivery_still_drops_the_message(c: Cluster) -> None:
+    """A countdown message held by a worker, cancelled, the worker restarted before its time: the restored message
+    reaches the new worker process and is dropped (Celery's own revoke lives in the old process's memory)."""
+    mod = c.app_module()
+    k = new_key()
+    w = c.worker("w-restart", queues="c-restart", pool="solo", concurrency=1)
+    queued = mod.build.apply_async((k, 1, 0.1), queue="c-restart", countdown=4)
+    for _ in polling(WAIT, 0.1):  # held by the worker, waiting for its time
+        if queued.id in w.log():
+            break
+    assert mod.build.cancel_task_id(queued.id, (k, 1, 0.1)).outcome == "pending"
+    w.stop()
+    w2 = c.worker("w-restart-2", queues="c-restart", pool="solo", concurrency=1)
+    try:
+        reason = revoked_reason(c, queued.id)
+        assert reason.startswith("cancelled (by task.cancel at "), reason
+    finally:
+        w2.stop()
+    assert spans(c, k) == []
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_locks_cancel_stops_a_running_job_of_any_locked_task(c: Cluster, workers: dict[str, Any], pool: str) -> None:
+    """`locks cancel --task NAME --args` stops a running plain LockedTask within a renewal interval: its body is
+    interrupted, it ends REVOKED "cancelled (by locks cancel ...)" and its lock is free; a cancel of it once it
+    ended says so and changes nothing; a call after the cancel runs."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES[pool])
+    c.wait_started(k, 1, timeout=WAIT)
+    out = locks_cli(c, "cancel", "--task", "locked_app.build", "--args", f'["{k}", 1, 30.0]')
+    assert out.exit_code == 0, out.output
+    assert f"task {running.id}" in out.output and "running: asked to stop" in out.output, out.output
+    reason = revoked_reason(c, running.id)
+    assert reason.startswith("cancelled (by locks cancel by "), reason
+    assert [(s[1], s[7]) for s in wait_spans(c, k, 1)] == [(running.id, "cancelled")]
+    again = locks_cli(c, "cancel", "--id", running.id, "--task", "locked_app.build", "--args", f'["{k}", 1, 30.0]')
+    assert again.exit_code == 0 and "already ended: nothing changed" in again.output, again.output
+    after = mod.build.apply_async((k, 2, 0.1), queue=QUEUES[pool])
+    assert after.get(timeout=WAIT) == 2
+
+
+def test_a_cancel_with_a_lock_node_paused_is_written_on_the_quorum(c: Cluster, workers: dict[str, Any]) -> None:
+    """With one of three lock nodes paused, `build.cancel(...)` of a running job is written on the other two (a
+    quorum: durable) and still stops it."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    c.locks[0].pause()
+    try:
+        report = mod.build.cancel(k, 1, 30.0)
+        assert (report.task_id, report.outcome, report.written, report.durable) == (running.id, "running", 2, True)
+        assert revoked_reason(c, running.id).startswith("cancelled (by task.cancel at ")
+    finally:
+        c.locks[0].resume()

@@ -308,9 +308,9 @@ NOT_YET_MOVED = {
     ("debounce", "explain.py"): 8,
     ("debounce", "inventory.py"): 1,
     ("debounce", "metrics.py"): 1,
-    ("limit", "explain.py"): 1,
+    ("limit", "explain.py"): 2,
     ("max_waiting", "explain.py"): 3,
-    ("rate", "explain.py"): 6,
+    ("rate", "explain.py"): 11,
     ("rate", "inventory.py"): 1,
 }
 
