@@ -672,7 +672,7 @@ def test_a_claim_that_misses_the_node_holding_the_newest_version_asks_again_rath
     run v0 (v1's caller was given G): it asks again once node 2 is back, and runs v1, once."""
     from kombu.utils import json as kombu_json  # noqa: PLC0415
 
-    from celery_singleton_lock._run import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.policies.debounce import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
     from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
     from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
 
@@ -761,8 +761,8 @@ def test_a_burst_s_countdowns_stay_under_half_the_visibility_timeout() -> None:
     """On the Redis broker a message held for its countdown past the visibility timeout is restored and exists
     twice: the burst's message and its re-sends wait at most half of it (arriving early, the job is re-sent again),
     as every other re-send of the library does; and whole seconds where delays are native (quorum queues)."""
-    from celery_singleton_lock._debounced import _countdown  # noqa: PLC0415
     from celery_singleton_lock._run import Options  # noqa: PLC0415
+    from celery_singleton_lock.policies.debounce import _countdown  # noqa: PLC0415
 
     def options(max_countdown: float | None, *, whole: bool) -> Options:
         return Options(
@@ -948,7 +948,7 @@ STREAM_MAX = 40
 def test_a_call_s_countdown_or_eta_adds_to_its_quiet_period(c: Cluster) -> None:
     """README: "A call's countdown/eta adds to its quiet period": a call with countdown=2 (another with an eta 2 s
     ahead) on a task with lock_debounce=1 starts its run no sooner than 3 s after the call (less the claim's slack)."""
-    from celery_singleton_lock._debounced import CLAIM_SLACK  # noqa: PLC0415
+    from celery_singleton_lock.policies.debounce import CLAIM_SLACK  # noqa: PLC0415
 
     mod = c.app_module()
     k1, k2 = new_key(), new_key()
