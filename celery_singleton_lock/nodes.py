@@ -41,7 +41,7 @@ from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
 
-__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Request", "Steps", "Undo"]
+__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Request", "Steps", "Undo", "current_pid"]
 
 _T = TypeVar("_T")
 
@@ -295,13 +295,33 @@ _idle: dict[ConnectionPool, tuple[int, deque[Any]]] = {}
 
 
 _idle_lock = threading.Lock()
+
+# os.getpid() is a system call (glibc no longer caches it), and a lock cycle asked it six times (the checkouts, the
+# lease's owner process): the pid is kept here, renewed in a forked child (os.fork's hook; billiard and
+# multiprocessing fork through it), as _run's worker id is.
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid  # noqa: PLW0603 - one per process
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def current_pid() -> int:
+    """This process's id, without a system call (renewed after a fork)."""
+    return _pid
+
+
 IDLE_MAX = 64  # idle connections kept per node and process; more (a burst of threads) are closed when returned
 
 
 def _take(pool: ConnectionPool) -> tuple[Any, bool]:
     """An idle connection of ours to the pool's node (reused: True), or a new one (not yet connected)."""
     entry = _idle.get(pool)
-    pid = os.getpid()
+    pid = _pid
     if entry is None or entry[0] != pid:
         with _idle_lock:
             entry = _idle.get(pool)
@@ -325,7 +345,7 @@ def _fast(conn: Any) -> bool:
 
 def _give(pool: ConnectionPool, conn: Any) -> None:
     entry = _idle.get(pool)
-    if entry is not None and entry[0] == os.getpid() and len(entry[1]) < IDLE_MAX:
+    if entry is not None and entry[0] == _pid and len(entry[1]) < IDLE_MAX:
         entry[1].append(conn)
     else:
         conn.disconnect()
