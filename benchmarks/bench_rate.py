@@ -38,8 +38,8 @@ from typing import Any
 
 import _common  # noqa: F401 - benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import harness
-import redis
 import limits
+import redis
 from limits import RateLimitItemPerSecond
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter

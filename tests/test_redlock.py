@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
+from celery_singleton_lock import nodes as nodes_module
 from celery_singleton_lock.errors import (
     ConfigurationError,
     LockError,
@@ -637,8 +638,6 @@ def test_duplicate_nodes_are_refused(redis_node: RedisServer, name: str) -> None
 def test_a_url_list_is_parsed_once_per_process_and_its_cache_shows_no_password(fresh_node: RedisServer) -> None:
     """NodeSets built from one URL list share one parse (same clients, names and flags, each its own object), an
     invalid URL is refused every time, and no cache key's repr shows the URL's password."""
-    from celery_singleton_lock import nodes as nodes_module
-
     fresh_node.client().config_set("requirepass", "s3cret")
     url = f"redis://:s3cret@127.0.0.1:{fresh_node.port}/0"
     first, second = NodeSet(url), NodeSet([url])
