@@ -103,13 +103,17 @@ def task_paths(url: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], Non
     trace_locked = build_tracer(locked.name, locked, app=app, hostname="check@localhost")
     held = -1 - os.getpid()
     # Another job's holder record, as LockedTask writes it for a running task (a record of no job is deferred).
-    blocker = Redlock(
-        url,
-        locked.lock_key_for(held),
-        ttl=3600,
-        job=f"holder-{uuid.uuid4()}",
-        record={"state": "run", "name": locked.name, "worker": "1@check", "at": "1763800000000", "try": "0"},
-    )
+    key = locked.lock_key_for(held)
+    try:
+        blocker = Redlock(
+            url,
+            key,
+            ttl=3600,
+            job=f"holder-{uuid.uuid4()}",
+            record={"state": "run", "name": locked.name, "worker": "1@check", "at": "1763800000000", "try": "0"},
+        )
+    except TypeError:  # 0.1.0: no job nor record (any holder makes a duplicate)
+        blocker = Redlock(url, key, ttl=3600)
     if not blocker.acquire(blocking=False):
         raise RuntimeError("could not take the held key")
     serial = iter(range(10**12))

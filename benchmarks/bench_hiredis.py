@@ -12,6 +12,9 @@ is largest there):
                                   ``_resp.read_reply`` (the default, with or without hiredis installed)
 * ``ours, hiredis``               the same lock on a NodeSet whose pool makes hiredis connections: the lean checkout
                                   and redis-py's ``read_response`` through hiredis (``_resp.usable`` says no)
+* ``ours, redis-py parser``       the same lock, its connections' own reader turned off: the lean checkout and
+                                  redis-py's ``read_response`` through its pure-Python ``_RESP2Parser`` (what the
+                                  lock would cost without ``_resp.py`` and without hiredis)
 
 p50 over every cycle pooled; client CPU (``time.process_time``) per cycle, medians over rounds; ratios medians of
 per-round paired ratios. ``--pin split`` (default) as bench_hotpath.py.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import secrets
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import _floors
@@ -33,12 +37,16 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from celery_singleton_lock.redlock import NodeSet, Redlock
 
-FLOOR_PY, FLOOR_HI, OURS, OURS_HI = (
-    "floor str, redis-py parser",
-    "floor str, hiredis",
-    "ours, own reader",
-    "ours, hiredis",
-)
+FLOOR_PY, FLOOR_HI = "floor str, redis-py parser", "floor str, hiredis"
+OURS, OURS_HI, OURS_PY = "ours, own reader", "ours, hiredis", "ours, redis-py parser"
+
+
+class NoOwnReader(Connection):
+    """A connection our lean path reads through redis-py's ``read_response`` (``nodes._fast`` reads this flag)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._csl_fast = False
 
 
 def connect(port: int, parser: type) -> Connection:
@@ -68,14 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         k = f"hiredis:{secrets.token_hex(4)}"
         own = NodeSet(url)
         hired = NodeSet(url, socket_timeout=0.5000001)  # another pool (the clients are per URL and timeouts)
-        for nodes, parser_class in ((own, _RESP2Parser), (hired, _HiredisParser)):
+        plain = NodeSet(url, socket_timeout=0.5000002)
+        for nodes, parser_class in ((own, _RESP2Parser), (hired, _HiredisParser), (plain, _RESP2Parser)):
             for client in nodes.clients:
                 client.connection_pool.connection_kwargs["parser_class"] = parser_class
+        for client in plain.clients:
+            client.connection_pool.connection_class = NoOwnReader
         ops = {
             FLOOR_PY: _floors.str_cycle([connect(port, _RESP2Parser)], f"{k}:fp", 10_000),
             FLOOR_HI: _floors.str_cycle([connect(port, _HiredisParser)], f"{k}:fh", 10_000),
             OURS: cycle(Redlock(own, f"{k}:o", ttl=10)),
             OURS_HI: cycle(Redlock(hired, f"{k}:h", ttl=10)),
+            OURS_PY: cycle(Redlock(plain, f"{k}:p", ttl=10)),
         }
         contenders = [harness.Contender(name, op) for name, op in ops.items()]
         results = harness.interleave(
@@ -94,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
              for c in contenders],
         )
     )  # fmt: skip
-    pairs = ((OURS_HI, OURS), (FLOOR_HI, FLOOR_PY))
+    pairs = ((OURS_HI, OURS), (OURS_PY, OURS), (FLOOR_HI, FLOOR_PY))
     print()
     for name, ref in pairs:
         print(
