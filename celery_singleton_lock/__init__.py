@@ -7,6 +7,7 @@ from .aio import AsyncRedlock
 from .errors import (
     ConfigurationError,
     DuplicateTaskError,
+    JobCancelledError,
     LockError,
     LockLostError,
     LockNotAcquiredError,
@@ -27,6 +28,7 @@ __all__ = [
     "ConfigurationError",
     "ConfigurationRefusedError",
     "DuplicateTaskError",
+    "JobCancelledError",
     "LockError",
     "LockLostError",
     "LockNotAcquiredError",

@@ -56,7 +56,7 @@ from .config import UnavailablePolicy
 from .decision import COOLDOWN, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
 from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
 from .interrupt import Target
-from .policies import policy_for
+from .policies import cancel, policy_for
 from .policies import rate as rate_policy
 from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.limit import LIMIT
@@ -163,8 +163,9 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
     raise AssertionError(f"no decision settled for {ctx.name}[{task_id}]: {facts}")  # pragma: no cover
 
 
-#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes, by limits key.
-_limits_noted: dict[str, int] = {}
+#: Per process: the highest callable ``lock_limit`` this process wrote to the nodes lately, and when (monotonic), by
+#: limits key.
+_limits_noted: dict[str, tuple[int, float]] = {}
 
 
 def slots_to_scan(ctx: Context, options: Options, limit: int, copy: bool) -> int:  # noqa: FBT001
@@ -175,19 +176,26 @@ def slots_to_scan(ctx: Context, options: Options, limit: int, copy: bool) -> int
     second time beside the live run. So every limit used is noted on the nodes before a slot is taken under it (once
     per process and limit: no round trip after the first), and a copy of a job (redelivered, re-sent as one, a
     retry) looks at every slot the highest one noted may have given it (one more round trip, for copies only).
+    A note is written again once it is a lease old: lock nodes restarted empty one at a time (a quorum up
+    throughout) would otherwise wear it off every node while this process still trusts it.
     """
     settings = options.settings
     space = limits_key_for(settings.prefix, ctx.task.lock_group or ctx.name)
-    if limit > _limits_noted.get(space, 1):
+    noted_limit, noted_at = _limits_noted.get(space, (1, 0.0))
+    now = time.monotonic()
+    if limit > noted_limit or (limit > 1 and now - noted_at >= options.ttl):
+        # Written again, it is the highest this process used: a limit lowered since must not wear off the higher one
+        # a run of this process may still hold a slot under.
+        limit_noted = max(limit, noted_limit)
         noted = 0
         for client in settings.nodes.clients:
             try:
-                client.zadd(space, {str(limit): limit})
+                client.zadd(space, {str(limit_noted): limit_noted})
                 noted += 1
             except Exception:  # a node that missed it: the others still say it (the highest of any node counts)
-                logger.debug("could not note limit %d of %s", limit, ctx.name, exc_info=True)
+                logger.debug("could not note limit %d of %s", limit_noted, ctx.name, exc_info=True)
         if noted:
-            _limits_noted[space] = limit
+            _limits_noted[space] = (limit_noted, now)
     if not copy:
         return 0
     highest = limit
@@ -260,7 +268,10 @@ def carry_out(ctx: Context, run: Run, decision: Decision, facts: Facts, lock: Re
     act = decision.act
     task_id = facts.task_id
     if act is Act.DONE:
-        if not settle_done(ctx, run, task_id):
+        by = cancel.read_marker(options.settings.nodes, run.key, task_id)
+        if by is not None:  # a durable cancel (LockedTask.cancel, locks cancel), not a finished run
+            dropped(ctx, run, by)
+        elif not settle_done(ctx, run, task_id):
             resend.skip_quietly(ctx, run, Skipped("already ran", run.key, task_id, "done"))
     elif act is Act.RUN_UNGUARDED:
         unavailable(ctx, run, lock, task_id, options, "run")
@@ -475,18 +486,24 @@ def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) 
     if run.parked or getattr(request, PARKED_HEADER, None):
         line.unpark(ctx, run.key, task_id, options)
     run.lock = lock
-    target = Target() if options.on_lost == "interrupt" else None
+    # Every run can be cancelled (a newer call under lock_on_duplicate="cancel", or a durable cancel of any
+    # LockedTask: LockedTask.cancel, locks cancel): its renewal answers the request, and the body is interrupted
+    # with JobCancelledError. Only lock_on_lost="interrupt" interrupts it for a lost lease.
+    target = Target()
     settings = options.settings
     run.lease = watchdog().register(
-        lock, options.interval, functools.partial(ctx.on_lost, task_id, target), (settings.prefix, ctx.name)
+        lock,
+        options.interval,
+        functools.partial(ctx.on_lost, task_id, target if options.on_lost == "interrupt" else None),
+        (settings.prefix, ctx.name),
+        functools.partial(ctx.on_cancel, run, target),
     )
     ctx.count("acquired")
     if getattr(request, SINCE_HEADER, None) is not None:
         # A re-sent copy (deferred, or woken from a line): it waited since its call first reached a worker.
         watchdog().count_wait(settings.nodes, settings.prefix, ctx.name, time.time() - since(request) / 1000.0)
     signals.lock_acquired.send(sender=ctx.task, key=run.key, task_id=task_id, fencing_token=lock.fencing_token)
-    if target is not None:  # last: the body runs next, in this thread or greenlet
-        ctx.arm(run, target)
+    ctx.arm(run, target)  # last: the body runs next, in this thread or greenlet
 
 
 def already_ended(ctx: Context, task_id: str) -> bool:
@@ -556,10 +573,49 @@ class _Duplicate:
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.ctx, run, countdown, "duplicate", headers, detail, self.holder_id)
 
+    def stop_holder(self) -> None:
+        holder = self.holder_id
+        if holder is not None and holder != self.run.task_id:
+            cancel.ask(self.ctx.options.settings.nodes, self.run.key, holder, self.run.task_id)
+
     def back_in_line(self) -> None:
         run = self.run
         said = f"waiting in line for lock {run.key} {self.held}"
         resend.skip_quietly(self.ctx, run, Skipped(said, run.key, self.holder_id, "deferred"))
+
+
+def cancelled(ctx: Context, run: Run, by: str) -> Skipped:
+    """The body stopped for a newer call (lock_on_duplicate="cancel"): REVOKED, its reason naming that call, and
+    counted; the release that follows frees the lock and wakes the line, where the newer call waits."""
+    request = ctx.request
+    reason = cancel.reason(ctx.name, run.key, by)
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+        ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
+    ctx.count("cancelled")
+    logger.info("Task %s[%s] %s", ctx.name, run.task_id, reason)
+    outcome = Skipped(reason, run.key, by, "cancelled")
+    resend.skip_quietly(ctx, run, outcome)
+    return outcome
+
+
+def dropped(ctx: Context, run: Run, by: str) -> None:
+    """A copy of a job cancelled durably reached a worker (its done marker holds the cancel): REVOKED naming the
+    cancel, counted; a place it held in the key's line is given up (and the next one woken)."""
+    request = ctx.request
+    reason = f"{cancel.describe(by)}: {ctx.name}[{run.task_id}] of lock {run.key} dropped before it ran"
+    if not (request.is_eager or ctx.task.ignore_result or request.ignore_result):
+        try:
+            ctx.task.backend.mark_as_revoked(run.task_id, reason, request=None)
+        except Exception:  # no usable result backend: nobody can wait on it either
+            logger.debug("cannot store the cancel of %s", run.task_id, exc_info=True)
+    ctx.count("cancelled")
+    logger.info("Task %s[%s] %s", ctx.name, run.task_id, reason)
+    resend.skip_quietly(ctx, run, Skipped(reason, run.key, by, "cancelled"))
+    options = ctx.options
+    if getattr(request, PARKED_HEADER, None):
+        line.unpark(ctx, run.key, run.task_id, options)
+    if options.waits_in_line:
+        line.wake_next(ctx, run.key, options)
 
 
 def unavailable(

@@ -32,6 +32,7 @@ logger = logging.getLogger("celery_singleton_lock.task")
 KIND_EVENT: dict[str, str | None] = {
     "duplicate": "task-revoked",  # another job holds the lock: REVOKED
     "settled": "task-revoked",  # a copy of a job whose run succeeded but was killed before storing its result
+    "cancelled": "task-revoked",  # a running job stopped for a newer call (lock_on_duplicate="cancel")
     "deferred": "task-retried",  # a first delivery re-sent to run later (reschedule, replace, outage back-off, ...)
     # A copy of a job that succeeded, or one waiting for its twin: the task id's state is its twin's, so nothing is
     # said (a task-retried after the twin's task-succeeded would turn SUCCESS into RETRY in Celery's event state).
@@ -64,6 +65,7 @@ class _SkipLogFilter(logging.Filter):
         "duplicate": "skipped duplicate",
         "done": "skipped: already done",
         "settled": "skipped: already done, result lost",
+        "cancelled": "cancelled",
         "deferred": "deferred",
         "waiting": "deferred",
     }

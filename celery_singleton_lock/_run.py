@@ -20,6 +20,7 @@ from . import signals
 from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
 from .errors import LockLostError
 from .keys import Binder, custom_key, lock_key
+from .policies.cancel import describe, error_for
 from .policies.limit import LIMIT
 from .record import RUNNING
 from .redlock import Redlock
@@ -173,6 +174,7 @@ class Run:
     )
     rate_token: str = ""  # lock_rate: the owner token of this delivery's counted start (to uncount it)
     limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
+    cancelled_by: str | None = None  # lock_on_duplicate="cancel": the newer call that asked this run to stop
     ctx: Context | None = None  # the delivery's context (what __call__ hands the release or the hand-over)
 
 
@@ -342,11 +344,27 @@ class Context:
         if target is not None:
             target.fire(LockLostError(f"lock {lease.lock.name} of {name} lost: {reason}", key=lease.lock.name))
 
+    def on_cancel(self, run: Run, target: Target | None, lease: Lease, by: str) -> None:
+        """lock_on_duplicate="cancel": called in the watchdog's thread when a renewal finds the job asked to stop."""
+        run.cancelled_by = by
+        logger.warning(
+            "%s[%s] of lock %s is %s: %s",
+            self.name,
+            run.task_id,
+            lease.lock.name,
+            describe(by),
+            "interrupting the body" if target is not None and target.armed else "self.check_lock() raises from now on",
+        )
+        if target is not None:
+            target.fire(error_for(lease.lock.name, by, self.name))
+
     def arm(self, run: Run, target: Target) -> None:
         """lock_on_lost="interrupt": make this run's body interruptible where it runs (see the interrupt module)."""
         if target.arm():
             run.interrupt = target
-        elif self.name not in Context.uninterruptible_warned:
+        elif self.name not in Context.uninterruptible_warned and (
+            self.options.on_lost == "interrupt" or self.options.on_duplicate == "cancel"
+        ):
             Context.uninterruptible_warned.add(self.name)
             logger.warning(
                 "%s has lock_on_lost='interrupt', but its body runs in a thread other than the main one (threads or "

@@ -1,4 +1,4 @@
-"""``celery -A app locks list|show|release|stats|doctor|web|health|explain``: see and force-release locks; probes.
+"""``celery -A app locks list|show|cancel|release|stats|doctor|web|health|explain``: see, cancel, force-release; probes.
 
 The logic lives in plain functions taking a :class:`~celery_singleton_lock.config.LockSettings` (scan, merge,
 release, stats, formatting), so it is testable without click; the click commands at the bottom only parse options,
@@ -30,6 +30,7 @@ from typing import Any, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
+from celery.states import READY_STATES
 
 from .config import LockSettings, settings_for
 from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
@@ -58,6 +59,8 @@ from .inventory import (
     show_lock,
 )
 from .metrics import MetricsReport, parse_since, read_metrics
+from .policies import cancel as cancel_policy
+from .policies.limit import LIMIT
 from .policies.waiting import WAITING
 
 __all__ = [
@@ -270,6 +273,10 @@ def list_command(ctx: click.Context, *, as_json: bool, match: str, done: bool) -
     else:
         matching = "" if match == "*" else f" matching {match!r}"
         ctx.obj.echo(f"no {'locks or done markers' if done else 'locks'} under {settings.prefix!r}{matching}")
+    if not as_json:
+        for key, task_id, by, expires in cancel_policy.pending(settings.nodes, settings.prefix):
+            left = format_duration(expires - now)
+            ctx.obj.echo(f"pending cancel  task {task_id} (lock {key}) by {by}: for {left} more")
     _finish(ctx, report)
 
 
@@ -353,6 +360,85 @@ def show_command(
     _finish(ctx, report)
     if info is None and burst is None and not waiting:
         ctx.exit(1)  # nothing under this key: a script asking "is it held?" gets no
+
+
+@locks.command(name="cancel", cls=CeleryCommand)
+@click.argument("key", required=False)
+@click.option("--task", "task_name", default=None, help="Instead of KEY: the task of a call, e.g. shop.charge.")
+@click.option("--args", "call_args", default="[]", show_default=True, help="With --task: the call's args (JSON).")
+@click.option("--kwargs", "call_kwargs", default="{}", show_default=True, help="With --task: its kwargs (JSON).")
+@click.option("--id", "task_id", default=None, help="The job's task id (alone: looked up among the locks held).")
+@click.option(
+    "--ttl",
+    type=click.FloatRange(min=1.0),
+    default=cancel_policy.DEFAULT_TTL,
+    show_default=True,
+    help="Seconds the cancel lasts: a queued copy arriving later runs.",
+)
+@click.pass_context
+def cancel_command(
+    ctx: click.Context,
+    key: str | None,
+    *,
+    task_name: str | None,
+    call_args: str,
+    call_kwargs: str,
+    task_id: str | None,
+    ttl: float,
+) -> None:
+    """Cancel one job durably: the job holding KEY, or a call's (--task NAME --args '[7]'), or --id TASK_ID.
+
+    Written on the lock nodes for --ttl seconds: a running body is stopped within one renewal interval (REVOKED
+    "cancelled (by locks cancel ...)"), its queued copies are dropped when they reach any worker, a queue-scope
+    reservation is freed. Exit status 1 when no job was found or fewer than a quorum of nodes hold the cancel.
+    """
+    if key is not None and task_name is not None:
+        raise click.UsageError("give a KEY or --task NAME (with --args/--kwargs), not both")
+    if key is None and task_name is None and task_id is None:
+        raise click.UsageError("give a KEY, --task NAME (with --args/--kwargs) or --id TASK_ID")
+    settings = _settings(ctx)
+    app = ctx.obj.app
+    if task_name is not None:
+        key = key_of_call(app, task_name, call_args, call_kwargs)
+    if key is None:  # --id alone: the lock that names it
+        held = [i for i in list_locks(settings).value if i.task_id == task_id and i.kind == "task"]
+        if not held:
+            ctx.obj.error(
+                f"error: no lock names task {task_id}: give --task NAME --args/--kwargs of its call to cancel a "
+                "queued message"
+            )
+            ctx.exit(1)
+        key, task_name = held[0].lock_key or held[0].key, held[0].task_name
+    assert key is not None
+    info, _ = show_lock(settings, key).value
+    if task_id is None:
+        task_id = info.task_id if info is not None else None
+        if task_id is None:
+            ctx.obj.error(f"error: no job holds {key}: nothing to cancel (a queued message: give its --id)")
+            ctx.exit(1)
+    assert task_id is not None
+    name = task_name or (info.task_name if info is not None else None)
+    task = app.tasks.get(name) if name else None
+    limit = 1
+    if task is not None and callable(getattr(task, "lock_context", None)):  # a LockedTask: the slots to look at
+        limit = LIMIT.static(task)
+        if task_name is not None and call_args is not None:
+            limit = task.lock_context().limit_for(tuple(json.loads(call_args)), json.loads(call_kwargs)) or 1
+    try:
+        ended = app.backend.get_state(task_id) in READY_STATES
+    except Exception:  # no usable result backend: the done marker alone tells
+        ended = False
+    if ended:
+        report = cancel_policy.CancelReport(key, task_id, "ended", 0, len(settings.nodes), settings.nodes.quorum)
+    else:
+        by = f"locks cancel by {_who()}"
+        report = cancel_policy.cancel_job(settings.nodes, settings.prefix, key, task_id, by=by, ttl=ttl, limit=limit)
+        logger.warning("cancel of task %s (lock %s) %s", task_id, key, report)
+    ctx.obj.echo(str(report))
+    for error in report.errors:
+        ctx.obj.error(f"error: a node did not answer: {error}")
+    if not report.durable:
+        ctx.exit(1)
 
 
 @locks.command(name="release", cls=CeleryCommand)

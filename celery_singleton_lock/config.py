@@ -35,7 +35,7 @@ __all__ = [
 
 logger = logging.getLogger("celery_singleton_lock.config")
 
-DuplicatePolicy = Literal["skip", "fail", "reschedule", "replace"]
+DuplicatePolicy = Literal["skip", "fail", "reschedule", "replace", "cancel"]
 UnavailablePolicy = Literal["retry", "fail", "run"]
 #: What a LockedTask body does when its lock is lost (a task option only): go on (and ask ``check_lock()``), or be
 #: interrupted with LockLostError where the pool allows it (see celery_singleton_lock.interrupt).

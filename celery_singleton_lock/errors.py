@@ -13,6 +13,7 @@ from collections.abc import Sequence
 __all__ = [
     "ConfigurationError",
     "DuplicateTaskError",
+    "JobCancelledError",
     "LockError",
     "LockLostError",
     "LockNotAcquiredError",
@@ -60,6 +61,27 @@ class LockUnavailableError(LockNotAcquiredError):
 
 class LockLostError(LockError):
     """A lock we held is no longer ours (expired, deleted, or quorum lost)."""
+
+
+class JobCancelledError(LockLostError):
+    """The running job was asked to stop (``lock_on_duplicate="cancel"``: a newer call of its key, ``cancelled_by``).
+
+    Raised inside the body where it can be (as ``lock_on_lost="interrupt"`` raises :class:`LockLostError`), and by
+    ``self.check_lock()``; a body that lets it propagate ends REVOKED, its reason naming the newer call."""
+
+    def __init__(self, key: str, cancelled_by: str, task_name: str = "") -> None:
+        who = (
+            f"(by {cancelled_by.removeprefix('cancel:')})"
+            if cancelled_by.startswith("cancel:")
+            else f"by a newer call, task {cancelled_by}"
+        )
+        super().__init__(f"{task_name} cancelled {who} (lock {key!r})", key=key)
+        self.cancelled_by = cancelled_by
+        self.task_name = task_name
+        self.args = (key, cancelled_by, task_name)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class DuplicateTaskError(LockError):

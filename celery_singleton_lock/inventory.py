@@ -22,7 +22,17 @@ from redis.exceptions import RedisError
 from .config import LockSettings
 from .metrics import minute_key, total_key
 from .nodes import NodeError
-from .record import COOLDOWN, ENDING, HANDOVER, RUNNING, burst_key_for, done_key_for, fence_key_for, sibling_key
+from .record import (
+    COOLDOWN,
+    ENDING,
+    HANDOVER,
+    RUNNING,
+    burst_key_for,
+    cancels_key_for,
+    done_key_for,
+    fence_key_for,
+    sibling_key,
+)
 from .scripts import FORCE_RELEASE as _FORCE_RELEASE
 from .scripts import READ as _READ
 
@@ -331,7 +341,7 @@ def scan_keys(settings: LockSettings, *, match: str = "*", done: bool = False) -
                 for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
                     key = _text(raw)
                     if (
-                        key in (stats_key, settings.fence_key)
+                        key in (stats_key, settings.fence_key, cancels_key_for(settings.prefix))
                         or _is_metrics_key(settings.prefix, key)
                         or _is_fence_key(key)
                     ):

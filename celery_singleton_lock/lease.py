@@ -287,6 +287,9 @@ class _LeaseSpec:
     contended: bool = False
     #: True once the renewal of a ``with`` / ``async with`` block found the lease lost (reset by the next block).
     lost: bool = False
+    #: Who asked this lease's job to stop (``lock_on_duplicate="cancel"``): the task id a renewal found in the
+    #: record's ``cancel`` field on any node (``extend.lua`` answers it in place of EXTENDED); None: nobody.
+    cancel_by: str | None = None
 
     #: True while the findings of a failed attempt are set (a won attempt then resets them; otherwise it need not).
     _found: bool = False
@@ -587,6 +590,10 @@ class _LeaseSpec:
         for n, (i, lease) in enumerate(live):
             lock = locks[i]
             codes = [None if isinstance(a, BaseException) else a[n] for a in answers]
+            for j, c in enumerate(codes):
+                if isinstance(c, bytes | str):  # extended, and asked to stop (one node's word suffices: a request)
+                    lock.cancel_by = c.decode() if isinstance(c, bytes) else c
+                    codes[j] = EXTENDED
             repaired = [j for j, c in enumerate(codes) if c == REPAIRED]
             if repaired and lease.fields:
                 # A node that lost the key (restarted) now holds owner and fence only: give it the whole record

@@ -49,8 +49,7 @@ The holder's owner token, the arguments and the raw key are never exported (``ra
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -64,10 +63,9 @@ __all__ = ["NS", "instrument", "instrumented", "key_digest", "uninstrument"]
 #: The namespace of every attribute and event name.
 NS = "celery_singleton_lock"
 
-_lock = threading.Lock()
 _tracer: Tracer | None = None
 _raw_keys = False
-_receivers: list[tuple[Any, Callable[..., None]]] = []
+_receivers = signals.Receivers()
 
 # duplicate_skipped's policy -> the decision it records (a policy that waits records "waiting"; its re-send
 # records "deferred" through lock_waiting).
@@ -93,12 +91,10 @@ def instrument(*, tracer_provider: TracerProvider | None = None, raw_keys: bool 
     """Record every lock decision of this process on its trace (see the module). Idempotent; ``tracer_provider``:
     the global one when None."""
     global _tracer, _raw_keys  # noqa: PLW0603 - one switch per process, as the instrumentations have
-    with _lock:
-        _tracer = trace.get_tracer(NS, tracer_provider=tracer_provider)
-        _raw_keys = raw_keys
-        if _receivers:
-            return
-        for signal, receiver in (
+    _tracer = trace.get_tracer(NS, tracer_provider=tracer_provider)
+    _raw_keys = raw_keys
+    _receivers.connect(
+        [
             (signals.lock_acquired, _acquired),
             (signals.duplicate_skipped, _duplicate),
             (signals.call_joined, _joined),
@@ -108,17 +104,13 @@ def instrument(*, tracer_provider: TracerProvider | None = None, raw_keys: bool 
             (signals.lock_unavailable, _unavailable),
             (signals.lock_lost, _lost),
             (signals.lock_released, _released),
-        ):
-            signal.connect(receiver, weak=False)
-            _receivers.append((signal, receiver))
+        ]
+    )
 
 
 def uninstrument() -> None:
     """Disconnect :func:`instrument`'s receivers: decisions cost a signal with no receivers again."""
-    with _lock:
-        while _receivers:
-            signal, receiver = _receivers.pop()
-            signal.disconnect(receiver)
+    _receivers.disconnect()
 
 
 def instrumented() -> bool:

@@ -23,6 +23,7 @@ __all__ = [
     "FIELDS",
     "F_ARGS",
     "F_AT",
+    "F_CANCEL",
     "F_DUE",
     "F_FENCE",
     "F_FIRST",
@@ -43,6 +44,7 @@ __all__ = [
     "SENDING",
     "STATES",
     "burst_key_for",
+    "cancels_key_for",
     "claimed_key_for",
     "done_key_for",
     "fence_key_for",
@@ -81,6 +83,7 @@ F_NAME = "name"  #: the task's name
 F_AT = "at"  #: when the record was written, Unix ms
 F_OPEN = "open"  #: '1': handed over for this job's next delivery, whose refused acquire must not mark it waiting
 F_WAITING = "waiting"  #: '1': a copy of the holder's job waits for it (the done marker then lives longer)
+F_CANCEL = "cancel"  #: lock_on_duplicate="cancel": the task id of the newer call that asks this running job to stop
 F_PREV = "_prev"  #: a record taken over, JSON [fields, absolute expiry ms], so an undo can put it back
 # A pending debounced burst (``burst_key_for``: lock_debounce) has ``job``, ``name``, ``at`` and these:
 F_FIRST = "first"  #: a burst: when its first call joined (the node's Unix ms)
@@ -102,6 +105,7 @@ FIELDS = (
     F_AT,
     F_OPEN,
     F_WAITING,
+    F_CANCEL,
     F_PREV,
     F_FIRST,
     F_DUE,
@@ -156,6 +160,13 @@ def claimed_key_for(key: str, job: str) -> str:
 def newest_run_key_for(key: str) -> str:
     """The newest version of ``key``'s debounced calls that ran (its stamp, job, arguments): same slot as ``key``."""
     return sibling_key(key, ":debounced-ran")
+
+
+def cancels_key_for(prefix: str) -> str:
+    """The pending durable cancels (``LockedTask.cancel``, ``locks cancel``): a sorted set of JSON
+    ``[lock key, task id, by]`` scored by the cancel's expiry (Unix ms): what ``locks list`` shows (a listing only:
+    the done marker of the job is the cancel itself)."""
+    return f"{prefix}cancels"
 
 
 def limits_key_for(prefix: str, space: str) -> str:

@@ -70,6 +70,12 @@ class Renewable(Protocol):
         """Seconds the lease is still ours by the local clock (0 when not held); no I/O."""
         ...
 
+    @property
+    def cancel_by(self) -> str | None:
+        """Who asked this lock's job to stop (``lock_on_duplicate="cancel"``), as its last renewal found: the
+        renewal's own answer carries it (no round trip of its own); None: nobody."""
+        ...
+
     @staticmethod
     def nodes_extend(locks: Sequence[Any], *, unanswered: set[int] | None = None) -> list[bool | None]:
         """Extend ``locks`` (of this type, on one set of nodes) in one round trip per node: per lock True
@@ -89,6 +95,9 @@ class Lease:
     next_renewal: float = field(default=0.0)
     failing_since: float | None = None  # first renewal in a row that got no quorum
     label: tuple[str, str] | None = None  # (prefix, task name): where a failed renewal is counted
+    #: Called (once) when a renewal finds the job asked to stop, with who asked; None: the request is not read.
+    on_cancel: Callable[[Lease, str], None] | None = None
+    cancel_seen: float | None = None  # when a renewal first found the stop asked
 
     def held(self) -> bool:
         """True while not lost and valid by our clock; no I/O."""
@@ -119,10 +128,11 @@ class Watchdog:
         interval: float,
         on_lost: Callable[[Lease, str], None] | None = None,
         label: tuple[str, str] | None = None,
+        on_cancel: Callable[[Lease, str], None] | None = None,
     ) -> Lease:
         """Renew ``lock`` every ``interval`` seconds until :meth:`unregister` (or until it is lost); ``label``
-        (prefix, task name) counts its failed renewals."""
-        lease = Lease(lock, interval, on_lost, next_renewal=self._clock() + interval, label=label)
+        (prefix, task name) counts its failed renewals; ``on_cancel`` is told when its job is asked to stop."""
+        lease = Lease(lock, interval, on_lost, next_renewal=self._clock() + interval, label=label, on_cancel=on_cancel)
         with self._mutex:
             self._leases.add(lease)
             self._ensure_thread()
@@ -234,6 +244,8 @@ class Watchdog:
                     if ok:
                         lease.next_renewal = started + lease.interval
                         lease.failing_since = None
+                        if lease.on_cancel is not None and lease.lock.cancel_by is not None:
+                            self._asked(lease, lease.lock.cancel_by)
                         continue
                     now = self._clock()
                     if ok is None:
@@ -251,6 +263,20 @@ class Watchdog:
                             continue
                         reason = "renewal failed: no quorum of nodes answered for one renewal interval"
                     self._lost(lease, reason)
+
+    def _asked(self, lease: Lease, by: str) -> None:
+        """A renewal found ``lease``'s job asked to stop by ``by``: tell its run (which stops its body), once. A body
+        still running at the next renewal (one interval of grace: C code, a swallowed exception) is no longer
+        renewed: its lease ends by itself, and the caller that asked runs then, never beside it (with a greater
+        fencing token: a late write of the stopped run is refused by a store that checks them)."""
+        if lease.cancel_seen is None:
+            lease.cancel_seen = self._clock()
+            try:
+                lease.on_cancel(lease, by)  # type: ignore[misc]  # checked by the caller
+            except Exception:
+                logger.exception("cancel callback for %s raised", lease.lock.name)
+            return
+        self._lost(lease, f"cancelled by {by}, and its body did not stop within one renewal interval: left to expire")
 
     def _lost(self, lease: Lease, reason: str) -> None:
         self.unregister(lease)

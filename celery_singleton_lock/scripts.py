@@ -16,6 +16,10 @@ __all__ = [
     "ACQUIRE_SCRIPT",
     "BRIEF",
     "BRIEF_SCRIPT",
+    "CANCEL",
+    "CANCEL_JOB",
+    "CANCEL_JOB_SCRIPT",
+    "CANCEL_SCRIPT",
     "COUNT",
     "COUNT_SCRIPT",
     "DEBOUNCE_CLAIM",
@@ -112,8 +116,10 @@ READ_SCRIPT = _load("read")
 BRIEF_SCRIPT = _load("brief")  # the locks page (celery_singleton_lock.web)
 FORCE_RELEASE_SCRIPT = _load("force_release")
 COUNT_SCRIPT = _load("count")  # the metrics flush (celery_singleton_lock.metrics.Outbox)
+CANCEL_SCRIPT = _load("cancel")  # lock_on_duplicate="cancel": ask a running job to stop (policies.cancel)
+CANCEL_JOB_SCRIPT = _load("cancel_job")  # the durable cancel of one job (LockedTask.cancel, locks cancel)
 
-#: EXTEND_SCRIPT's answer per lease.
+#: EXTEND_SCRIPT's answer per lease (or a string: EXTENDED, and the job is asked to stop by that task id).
 EXTENDED, REPAIRED, LOST = 1, 2, 0
 #: ACQUIRE_SCRIPT's first element.
 ACQUIRED, HELD, DONE = 1, 0, 2
@@ -157,6 +163,8 @@ RATE_RESTAMP = Script(RATE_RESTAMP_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
+CANCEL = Script(CANCEL_SCRIPT)
+CANCEL_JOB = Script(CANCEL_JOB_SCRIPT)
 
 #: Every script by its file's name (``lua/<name>.lua``).
 SCRIPTS: dict[str, Script] = {
@@ -181,4 +189,6 @@ SCRIPTS: dict[str, Script] = {
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,
     "count": COUNT,
+    "cancel": CANCEL,
+    "cancel_job": CANCEL_JOB,
 }

@@ -31,9 +31,8 @@ signal with no receivers costs.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from sentry_sdk.crons import MonitorStatus, capture_checkin
@@ -51,27 +50,18 @@ SLUG, CHECK_IN, CONFIG, STARTED = (
 )
 MONITOR_HEADERS = (SLUG, CHECK_IN, CONFIG, STARTED)
 
-_lock = threading.Lock()
-_receivers: list[tuple[Any, Callable[..., None]]] = []
+_receivers = signals.Receivers()
 
 
 def instrument() -> None:
     """Close a duplicate's check-in when it is skipped before the pool; leave a re-sent call's check-in to the copy
     that runs (see the module). Idempotent."""
-    with _lock:
-        if _receivers:
-            return
-        for signal, receiver in ((signals.duplicate_skipped, _skipped), (signals.delivery_skipped, _not_the_run)):
-            signal.connect(receiver, weak=False)
-            _receivers.append((signal, receiver))
+    _receivers.connect([(signals.duplicate_skipped, _skipped), (signals.delivery_skipped, _not_the_run)])
 
 
 def uninstrument() -> None:
     """Disconnect :func:`instrument`'s receivers."""
-    with _lock:
-        while _receivers:
-            signal, receiver = _receivers.pop()
-            signal.disconnect(receiver)
+    _receivers.disconnect()
 
 
 def _monitor(found: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,9 +34,14 @@ lock_released      key, task_id, held (True if the lock was still ours when rele
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from celery.utils.dispatch import Signal
 
 __all__ = [
+    "Receivers",
     "call_joined",
     "delivery_skipped",
     "duplicate_skipped",
@@ -57,3 +62,31 @@ call_joined = Signal(name="call_joined", providing_args={"key", "task_id", "hold
 delivery_skipped = Signal(name="delivery_skipped", providing_args={"key", "task_id", "kind", "holder_task_id"})
 rate_limited = Signal(name="rate_limited", providing_args={"key", "task_id", "rate", "policy"})
 lock_released = Signal(name="lock_released", providing_args={"key", "task_id", "held"})
+
+
+class Receivers:
+    """Receivers an instrumentation connects together and disconnects together (``otel``, ``sentry``): connected
+    once however often it is switched on, and gone at once when switched off."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connected: list[tuple[Signal, Callable[..., Any]]] = []
+
+    def connect(self, pairs: Iterable[tuple[Signal, Callable[..., Any]]]) -> None:
+        """Connect each (signal, receiver) pair, strongly; nothing when they are connected already."""
+        with self._lock:
+            if self._connected:
+                return
+            for signal, receiver in pairs:
+                signal.connect(receiver, weak=False)
+                self._connected.append((signal, receiver))
+
+    def disconnect(self) -> None:
+        """Disconnect every receiver: their signals cost a send with no receivers again."""
+        with self._lock:
+            while self._connected:
+                signal, receiver = self._connected.pop()
+                signal.disconnect(receiver)
+
+    def __bool__(self) -> bool:
+        return bool(self._connected)

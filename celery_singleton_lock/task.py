@@ -33,6 +33,7 @@ from typing import Any, ClassVar, cast
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
+from celery.states import READY_STATES
 
 from . import _delivery as delivery
 from . import _enqueue as enqueue
@@ -52,11 +53,14 @@ from ._startup import (
     start_problems,
 )
 from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
-from .errors import ConfigurationError, LockLostError
+from .errors import ConfigurationError, JobCancelledError, LockLostError
 from .interrupt import outside_body
 from .keys import Binder
 from .policies import policy_for
+from .policies.cancel import DEFAULT_TTL as DEFAULT_CANCEL_TTL
+from .policies.cancel import CancelReport, cancel_job
 from .policies.cooldown import COOLDOWN_FEATURE
+from .policies.limit import LIMIT
 from .policies.rate import RateLimitPolicy, parse_rate
 from .policies.waiting import WAITING
 
@@ -89,7 +93,9 @@ class LockedTask(Task):  # type: ignore[misc]
     ``lock_on_duplicate``
         ``"skip"`` (REVOKED at once, naming the holder), ``"fail"`` (FAILURE with DuplicateTaskError),
         ``"reschedule"`` (wait in the key's line, woken by the holder's release; run after it) or ``"replace"``
-        (like reschedule, but a newer duplicate takes the waiting one's place: keep-latest). Chord members always
+        (like reschedule, but a newer duplicate takes the waiting one's place: keep-latest) or ``"cancel"`` (like
+        replace, and the running job is asked to stop: it ends REVOKED and the newest call runs after it, never
+        beside it; see ``policies/cancel.py``). Chord members always
         reschedule: a skipped member would fail the chord, and one that stored nothing would hang it.
     ``lock_on_unavailable``
         when no quorum of Redis nodes answers: ``"retry"`` with back-off (default: never unguarded, never
@@ -346,6 +352,60 @@ class LockedTask(Task):  # type: ignore[misc]
         """
         return enqueue.revoke_queued(self.lock_context(), task_id, *args, **kwargs)
 
+    def cancel(self, *args: Any, **kwargs: Any) -> CancelReport:
+        """Cancel the job these arguments name: the one holding their lock (running, or reserved by
+        ``lock_scope="queue"``), durably for one day (see :meth:`cancel_task_id`). A queued message of a run-scope
+        call holds nothing yet: cancel it by its task id. Returns what was found and done (``outcome``)."""
+        ctx = self.lock_context()
+        key = ctx.key(args, kwargs)
+        from .inventory import show_lock  # noqa: PLC0415 - the CLI's read, only here
+
+        info, _ = show_lock(ctx.options.settings, key).value
+        if info is None or not info.task_id:
+            nodes = ctx.options.settings.nodes
+            return CancelReport(key, "-", "unknown", 0, len(nodes), nodes.quorum)
+        return self.cancel_task_id(info.task_id, args, kwargs)
+
+    def cancel_task_id(
+        self,
+        task_id: str,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        ttl: float = DEFAULT_CANCEL_TTL,
+        by: str = "task.cancel",
+    ) -> CancelReport:
+        """Cancel job ``task_id`` (``args``/``kwargs``: its call's, which name its lock; None: looked up among the
+        locks held), written on the lock nodes for ``ttl`` s: a running body is stopped within one renewal interval
+        (ends REVOKED "cancelled (by ...)"), its queued copies are dropped when they reach any worker (also one that
+        was offline, or restarted since), and a queue-scope reservation is freed. A job that already ended is left
+        alone (``outcome == "ended"``). A call made afterwards is a new job and runs. ``report.durable``: written on a
+        quorum of the nodes."""
+        ctx = self.lock_context()
+        settings = ctx.options.settings
+        nodes = settings.nodes
+        key: str | None = None
+        limit = LIMIT.static(self)
+        if args is not None or kwargs is not None:
+            call_args, call_kwargs = tuple(args or ()), dict(kwargs or {})
+            key = ctx.key(call_args, call_kwargs)
+            limit = ctx.limit_for(call_args, call_kwargs) or 1
+        else:
+            from .inventory import list_locks  # noqa: PLC0415 - the CLI's scan, only here
+
+            held = [i for i in list_locks(settings).value if i.task_id == task_id and i.kind == "task"]
+            if held:
+                key = held[0].lock_key or held[0].key
+        if key is None:
+            return CancelReport("-", task_id, "unknown", 0, len(nodes), nodes.quorum)
+        try:
+            ended = self.backend.get_state(task_id) in READY_STATES
+        except Exception:  # no usable result backend: the done marker alone tells
+            ended = False
+        if ended:
+            return CancelReport(key, task_id, "ended", 0, len(nodes), nodes.quorum)
+        return cancel_job(nodes, settings.prefix, key, task_id, by=by, ttl=ttl, limit=limit)
+
     # -- a delivery ----------------------------------------------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
@@ -380,6 +440,9 @@ class LockedTask(Task):  # type: ignore[misc]
             # Not an end either way: requeued, it runs again; rejected, a dead-letter exchange may bring it back
             # (the retry-queue pattern Celery documents), and it must run then.
             raise
+        except JobCancelledError as exc:  # lock_on_duplicate="cancel": stopped for a newer call, REVOKED
+            ended = True
+            result = delivery.cancelled(ctx, run, exc.cancelled_by)
         except Exception:
             ended = True  # FAILURE: the job ran to its end; a copy of it (a waiting call, a redelivery) must not run
             raise
@@ -446,6 +509,8 @@ class LockedTask(Task):  # type: ignore[misc]
         run = self._current()
         if run is None:
             raise LockLostError(f"{self.name} holds no lock here (not running under a worker)")
+        if run.cancelled_by is not None:  # lock_on_duplicate="cancel": a newer call asked this run to stop
+            raise JobCancelledError(run.key, run.cancelled_by, self.name)
         if run.lease is None or not run.lease.held():
             reason = run.lease.reason if run.lease else "not held"
             raise LockLostError(f"lock {run.key} of {self.name} lost: {reason}", key=run.key)

@@ -57,6 +57,7 @@ __all__ = [
     "assert_no_locks_left",
     "assert_skipped_duplicate",
     "check_history",
+    "example_port",
     "find_redis_server",
     "find_valkey_server",
     "free_port",
@@ -230,6 +231,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: The environment variable that chooses the examples' ports: ``"17000-17019"`` (or a first port alone, ``"17000"``,
+#: for as many as they need); unset, every server of an example listens on a random free ephemeral port.
+PORTS_ENV = "EXAMPLES_PORTS"
+_ports_taken = 0
+_ports_mutex = threading.Lock()
+
+
+def example_port() -> int:
+    """The next port for a server an example starts: taken in order from ``EXAMPLES_PORTS`` when set (a shared host,
+    a firewall that opens one range), else :func:`free_port`. Invalid or used up: ValueError saying what to change."""
+    global _ports_taken  # noqa: PLW0603 - one sequence per process
+    spec = os.environ.get(PORTS_ENV, "").strip()
+    if not spec:
+        return free_port()
+    match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", spec)
+    first, last = (int(match.group(1)), int(match.group(2) or 65535)) if match else (0, -1)
+    if not match or not 1 <= first <= last <= 65535:
+        raise ValueError(f"{PORTS_ENV}={spec!r}: set a port range such as 17000-17019 (or a first port: 17000)")
+    with _ports_mutex:
+        port = first + _ports_taken
+        _ports_taken += 1
+    if port > last:
+        raise ValueError(f"{PORTS_ENV}={spec!r} has no port left for this example: give it a wider range")
+    return port
+
+
 class RedisServer:
     """One redis-server process on 127.0.0.1, no persistence; a context manager that always cleans up.
 
@@ -349,17 +376,37 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_servers(count: int, *, binary: str | None = None) -> Iterator[list[RedisServer]]:
+def redis_servers(
+    count: int, *, binary: str | None = None, ports: Callable[[], int] | None = None
+) -> Iterator[list[RedisServer]]:
     """Start ``count`` servers (of ``binary``: :func:`find_redis_server` by default, or e.g.
-    :func:`find_valkey_server`); all are killed on exit, even when starting one of them failed."""
+    :func:`find_valkey_server`), each on the port ``ports()`` gives (:func:`free_port` by default; the examples pass
+    :func:`example_port`); all are killed on exit, even when starting one of them failed."""
     servers: list[RedisServer] = []
     try:
         for _ in range(count):
-            servers.append(RedisServer(binary=binary).start())
+            servers.append(RedisServer(ports() if ports else None, binary=binary).start())
         yield servers
     finally:
         for server in servers:
             server.close()
+
+
+def _pool_from(extra: list[str]) -> tuple[list[str], str | None]:
+    """``extra`` without its ``-P``/``--pool`` option, and the pool that option named (None if none)."""
+    rest: list[str] = []
+    pool: str | None = None
+    words = iter(extra)
+    for word in words:
+        if word in ("-P", "--pool"):
+            pool = next(words, None)
+        elif word.startswith("--pool="):
+            pool = word.split("=", 1)[1]
+        elif word.startswith("-P") and len(word) > 2:
+            pool = word[2:]
+        else:
+            rest.append(word)
+    return rest, pool
 
 
 class CeleryWorker:
@@ -385,7 +432,11 @@ class CeleryWorker:
         self.pool, self.concurrency = pool, concurrency
         self.env = {**os.environ, **(env or {})}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [cwd, self.env.get("PYTHONPATH", "")]))
-        self.extra = extra or []
+        self.extra, named = _pool_from(extra or [])
+        # A pool named in ``extra`` is the pool: celery monkey-patches for gevent/eventlet only when the *first*
+        # ``-P`` names them, while click takes the last, so "-P prefork ... -P gevent" ran an unpatched gevent pool
+        # whose hub never ran a task (a LockedTask "did not start within 20 s" on ``-P gevent -c 1``).
+        self.pool = named or pool
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> CeleryWorker:

@@ -4,7 +4,8 @@
 independent lock nodes: a 3-node Redlock), sets ``EXAMPLES_*`` in this process's environment, starts two ``celery
 worker`` processes (prefork, two children each) for :mod:`examples.example_app`, and yields that module, imported;
 everything is stopped on exit. Each worker also gets its own ``PROMETHEUS_MULTIPROC_DIR`` and metrics port (see
-``examples/prometheus_metrics.py``); ``EXAMPLES_METRICS_URLS`` lists their ``/metrics`` endpoints.
+``examples/prometheus_metrics.py``); ``EXAMPLES_METRICS_URLS`` lists their ``/metrics`` endpoints. The ports are
+random free ones, or taken in order from ``EXAMPLES_PORTS`` (e.g. ``EXAMPLES_PORTS=17000-17019``) when it is set.
 
 :func:`run_example` is what ``python -m examples.<name>`` runs: against services that are already up when
 ``EXAMPLES_BROKER`` is set (``docker compose``), else inside :func:`example_workers`. The app module's
@@ -27,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from celery_singleton_lock.testing import CeleryWorker, free_port, redis_servers
+from celery_singleton_lock.testing import CeleryWorker, example_port, redis_servers
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "examples.example_app"
@@ -42,10 +43,10 @@ def example_workers(
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="csl-examples-"))
     saved = {k: v for k, v in os.environ.items() if k.startswith("EXAMPLES_")}
     started: list[CeleryWorker] = []
-    with redis_servers(4) as servers:
+    with redis_servers(4, ports=example_port) as servers:
         broker, locks = servers[0], servers[1:]
         env = {"EXAMPLES_BROKER": broker.url, "EXAMPLES_LOCK_URLS": ",".join(s.url for s in locks)}
-        metrics = [free_port() for _ in range(workers)]
+        metrics = [example_port() for _ in range(workers)]
         env["EXAMPLES_METRICS_URLS"] = ",".join(f"http://127.0.0.1:{port}/metrics" for port in metrics)
         os.environ.update(env)
         if str(ROOT) not in sys.path:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from celery_singleton_lock.testing import free_port, redis_servers, spawn
+from celery_singleton_lock.testing import example_port, redis_servers, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ class Web:
 
 @contextlib.contextmanager
 def web_instances(count: int = 2, *, log_dir: Path | None = None) -> Iterator[Web]:
-    with redis_servers(4) as servers:
+    with redis_servers(4, ports=example_port) as servers:
         lock_urls, store_url = tuple(s.url for s in servers[:3]), servers[3].url
         env = {**os.environ, "EXAMPLES_LOCK_URLS": ",".join(lock_urls), "EXAMPLES_STORE_URL": store_url}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -40,7 +40,7 @@ def web_instances(count: int = 2, *, log_dir: Path | None = None) -> Iterator[We
         urls: list[str] = []
         try:
             for i in range(count):
-                port = free_port()
+                port = example_port()
                 log = open(log_dir / f"uvicorn-{i}.log", "wb") if log_dir else subprocess.DEVNULL  # noqa: SIM115
                 args = ["-m", "uvicorn", "examples.fastapi_app:app", "--host", "127.0.0.1", "--port", str(port)]
                 procs.append(

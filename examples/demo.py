@@ -22,11 +22,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
-    from celery_singleton_lock.testing import CeleryWorker, redis_servers  # noqa: PLC0415
+    from celery_singleton_lock.testing import CeleryWorker, example_port, redis_servers  # noqa: PLC0415
 
     tmp = Path(tempfile.mkdtemp(prefix="csl-demo-"))
     print("celery_singleton_lock demo: starting 4 redis-servers (broker + 3 lock nodes) and 2 workers ...")
-    with redis_servers(4) as servers:
+    with redis_servers(4, ports=example_port) as servers:
         broker, locks = servers[0], servers[1:]
         env = {"DEMO_BROKER": broker.url, "DEMO_LOCK_URLS": ",".join(s.url for s in locks)}
         os.environ.update(env)

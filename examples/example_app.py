@@ -32,6 +32,7 @@ EXAMPLES = [
     "examples.tenant_exports",
     "examples.partner_api_rate",
     "examples.reindex_latest",
+    "examples.rebuild_newest_wins",
     "examples.reindex_debounced",
     "examples.bounded_line",
     "examples.beat_app",

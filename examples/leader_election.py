@@ -39,7 +39,7 @@ from typing import Any
 import redis
 
 from celery_singleton_lock import LockLostError, LockNotAcquiredError, Redlock
-from celery_singleton_lock.testing import redis_servers, spawn
+from celery_singleton_lock.testing import example_port, redis_servers, spawn
 
 NAME = "leader:billing-sync"
 TTL = 1.0  # the lease: a dead leader is replaced within about this long
@@ -99,7 +99,7 @@ def wait_for_leader(store: redis.Redis, not_this: str | None, timeout: float = 3
 
 
 def main(_app_module: ModuleType | None = None) -> dict[str, Any]:
-    with redis_servers(4) as servers:
+    with redis_servers(4, ports=example_port) as servers:
         lock_urls, store_url = [s.url for s in servers[:3]], servers[3].url
         store = redis.Redis.from_url(store_url, socket_timeout=5)
         procs: dict[str, subprocess.Popen[bytes]] = {}

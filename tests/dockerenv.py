@@ -11,6 +11,7 @@ project named after it): only those are ever stopped or removed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -109,3 +110,26 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _remove_at_exit() -> None:
+    with contextlib.suppress(Exception):  # at exit, best effort: what is left is named in sigterm_as_interrupt's doc
+        remove_labelled()
+
+
+def _cleanup_for_the_whole_session() -> None:
+    """From the first import on (collection: before pytest-celery's session-scoped containers start, which a module
+    fixture's handler came too late for), a SIGTERM stops pytest as Ctrl-C does, and at exit (after a SIGTERM, a
+    failed set-up, any end but SIGKILL) whatever still carries this run's label is removed."""
+    if NO_ENGINE is not None or threading.current_thread() is not threading.main_thread():
+        return
+    atexit.register(_remove_at_exit)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, on_term)
+
+
+_cleanup_for_the_whole_session()

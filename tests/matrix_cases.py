@@ -18,6 +18,7 @@ FACET_OPTIONS: dict[str, dict[str, Any]] = {
     "policy:fail": {"lock_on_duplicate": "fail"},
     "policy:reschedule": {"lock_on_duplicate": "reschedule"},
     "policy:replace": {"lock_on_duplicate": "replace"},
+    "policy:cancel": {"lock_on_duplicate": "cancel"},
     "limit:many": {"lock_limit": 2},
     "limit:callable": {"lock_limit": "@fn"},
     "limit:none": {"lock_limit": None},

@@ -38,6 +38,10 @@ from celery_singleton_lock.testing import RedisServer, wait_for
 
 T = TypeVar("T")
 SLOW = 0.1  # slow_callback_duration: a callback holding the loop longer than this is logged by asyncio
+#: What "the loop was blocked" means in a test's verdict: a callback held it longer than this. Just under the paused
+#: node's socket_timeout (0.5 s) these tests give their clients, so a sync call waiting on a paused node is always
+#: over it, while a busy shared machine's scheduling (a report over SLOW) is not taken for blocking. A bound.
+BLOCKED = 0.4
 
 
 def arun(make: Callable[[], Awaitable[T]], timeout: float = 60.0, *, debug: bool = True) -> T:
@@ -286,7 +290,7 @@ def test_quorum_with_a_paused_node_never_blocks_the_loop(
 
     arun(scenario)
     assert ticks > 0
-    assert slow_callbacks(caplog) == []
+    assert held_longer_than(caplog, BLOCKED) == []
 
 
 def test_the_slow_callback_detector_sees_a_sync_lock_on_the_loop(
@@ -983,7 +987,7 @@ def test_adelay_under_queue_scope_publishes_one_message_for_concurrent_calls(
     consume(c, queue)
     assert results[3].get(timeout=30) == k
     assert [r[1] for r in c.wait_runs(k, 1, 10)] == [again.id]
-    assert held_longer_than(caplog, 0.4) == []
+    assert held_longer_than(caplog, BLOCKED) == []
 
 
 @pytest.mark.slow
@@ -1016,7 +1020,7 @@ def test_adelay_with_a_lock_node_paused_gets_one_job_without_blocking_the_loop(
     finally:
         c.locks[0].resume()
     assert len(c.wait_runs(k, 1, 10)) == 1
-    assert held_longer_than(caplog, 0.4) == []
+    assert held_longer_than(caplog, BLOCKED) == []
 
 
 @pytest.mark.slow
@@ -1113,7 +1117,7 @@ def test_run_scope_adelay_publishes_while_the_loop_keeps_running(
     assert seen == [True]
     assert result.get(timeout=30) == k
     assert [r[1] for r in c.wait_runs(k, 1, 10)] == [result.id]
-    assert slow_callbacks(caplog) == []
+    assert held_longer_than(caplog, BLOCKED) == []
 
 
 @pytest.mark.slow

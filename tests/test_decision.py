@@ -135,7 +135,7 @@ def check(f: Facts, d: Decision) -> None:
             assert d.countdown <= f.interval + 0.25
         if d.reason == "duplicate":  # the fallback: when the holder's lease would end (its release wakes it sooner)
             assert d.countdown <= remaining + 0.25
-            if f.on_duplicate in ("reschedule", "replace"):
+            if f.on_duplicate in ("reschedule", "replace", "cancel"):
                 assert d.countdown >= min(remaining, f.max_countdown or remaining)
             else:  # a chord member of a skip/fail task: no holder wakes it, so it looks again every interval
                 assert d.countdown <= f.interval + 0.25
@@ -143,7 +143,13 @@ def check(f: Facts, d: Decision) -> None:
     # Duplicates follow the policy; chord members always wait.
     if f.outcome == "held" and f.holder_job == OTHER and f.holder_state != SENDING:
         expected = "reschedule" if f.in_chord else f.on_duplicate
-        acts = {"skip": Act.SKIP, "fail": Act.FAIL_DUPLICATE, "reschedule": Act.DEFER, "replace": Act.DEFER}
+        acts = {
+            "skip": Act.SKIP,
+            "fail": Act.FAIL_DUPLICATE,
+            "reschedule": Act.DEFER,
+            "replace": Act.DEFER,
+            "cancel": Act.DEFER,
+        }
         assert acts[expected] is act
     # Acting on LOOK_UP / TAKE_OVER changes the facts so that no delivery loops.
     if act is Act.LOOK_UP:

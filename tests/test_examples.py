@@ -6,6 +6,9 @@ test calls an example's ``main`` and checks the figures it returns.
 
 from __future__ import annotations
 
+import contextlib
+import random
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +19,7 @@ from typing import Any
 import pytest
 from celery.signals import after_task_publish
 
+from celery_singleton_lock import testing
 from examples import (
     bounded_line,
     cache_rebuild_storm,
@@ -25,12 +29,47 @@ from examples import (
     partner_api_rate,
     payment_double_click,
     prometheus_metrics,
+    rebuild_newest_wins,
     reindex_debounced,
     reindex_latest,
     stock_decrement,
     tenant_exports,
 )
 from examples._harness import example_workers
+
+
+def _free_block(count: int) -> int:
+    """A first port of ``count`` consecutive ports on 127.0.0.1 that are all free right now (bounded search)."""
+    rng = random.Random()
+    for _ in range(50):
+        first = rng.randrange(20000, 30000)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(first, first + count):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {count} consecutive free ports found")
+
+
+def test_examples_ports_chooses_the_examples_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``EXAMPLES_PORTS=A-B``: an example's servers listen on A, A+1, ... in order (real redis-servers); a range used
+    up, or a value that is no range, is refused in one line naming the variable."""
+    first = _free_block(4)
+    monkeypatch.setenv("EXAMPLES_PORTS", f"{first}-{first + 3}")
+    monkeypatch.setattr(testing, "_ports_taken", 0)
+    with testing.redis_servers(4, ports=testing.example_port) as servers:
+        assert [s.port for s in servers] == list(range(first, first + 4))
+        assert servers[3].client().ping()
+    with pytest.raises(ValueError, match=r"EXAMPLES_PORTS=.* has no port left .* wider range"):
+        testing.example_port()
+    monkeypatch.setenv("EXAMPLES_PORTS", "17000:17010")
+    with pytest.raises(ValueError, match="EXAMPLES_PORTS='17000:17010': set a port range such as 17000-17019"):
+        testing.example_port()
+    monkeypatch.delenv("EXAMPLES_PORTS")
+    assert testing.example_port() > 0  # unset: a free ephemeral port
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +169,14 @@ def test_reindex_latest_runs_the_newest_edit_only(app_module: ModuleType) -> Non
     assert figures["reindexed"] == [1, 6]
     assert figures["superseded"] == 4
     assert figures["ok"]
+
+
+def test_rebuild_newest_wins_stops_the_stale_rebuild_and_fences_a_stubborn_one(app_module: ModuleType) -> None:
+    """A newer rebuild stops the running one (REVOKED naming it) and publishes; a stubborn one's late publish is
+    refused by its older fencing token."""
+    figures = rebuild_newest_wins.main(app_module)
+    assert figures["cancelled"], figures
+    assert figures["ok"], figures
 
 
 def test_reindex_debounced_runs_once_with_the_last_edit(app_module: ModuleType) -> None:

@@ -154,3 +154,68 @@ def test_a_redelivery_finds_its_own_slot_after_the_callable_limit_was_lowered(c:
     starts = [s for s in c.started(key) if s[1] == long.id]
     assert len(starts) == 1, starts  # redelivered after 8 s (visibility timeout), never run a second time
     assert "redelivered" in "".join(w.log() for w in c.workers if w.name == "dial-a")
+
+
+def test_a_redelivery_finds_its_own_slot_after_every_node_was_restarted_empty_one_at_a_time(c: Cluster) -> None:
+    """A callable limit's slots are still found by a run's redelivery after each lock node lost its data in turn
+    (one node out at a time, each back before the next): the limit a slot was taken under is noted again."""
+    app = c.app_module()
+    c.worker("dial-b", queues="dial", concurrency=3)
+    warm = new_key("dial")
+    c.record.set(f"limit:{warm}", 3)
+    for r in [app.dialed.apply_async((warm, 1.0), queue="dial") for _ in range(3)]:  # every pool child notes 3
+        assert r.get(timeout=20) == warm
+    for node in c.locks:  # each node restarted empty in turn: a quorum is up throughout
+        node.restart()
+        time.sleep(0.5)
+    time.sleep(2.5)  # past a lease (the dialed task's lock_ttl): no note is trusted longer
+    key = new_key("dial")
+    c.record.set(f"limit:{key}", 3)
+    short = [app.dialed.apply_async((key, 2.0), queue="dial") for _ in range(2)]
+    c.wait_started(key, 2)
+    long = app.dialed.apply_async((key, 20.0), queue="dial")  # the third slot: slot 2
+    c.wait_started(key, 3)
+    c.record.set(f"limit:{key}", 1)
+    for r in short:
+        assert r.get(timeout=20) == key
+    assert long.get(timeout=60) == key
+    starts = [s for s in c.started(key) if s[1] == long.id]
+    assert len(starts) == 1, starts  # redelivered after 8 s (visibility timeout), never run a second time
+    assert "redelivered" in "".join(w.log() for w in c.workers if w.name == "dial-b")
+
+
+#: Seconds the two holders of the capped limit run: they must outlive a call joining the line and another being
+#: refused (a bound, not an expectation: a machine slower than this fails the test, it never passes by it).
+CAPPED_HOLD = 8.0
+
+
+def test_a_limit_s_capped_line_refuses_a_call_beyond_its_cap_at_once(c: Cluster) -> None:
+    """``lock_limit=2`` with ``lock_max_waiting=1``: two runs hold both slots and one call waits for a slot; the next
+    call is REVOKED at once (both holders still run), naming the full line; the waiting call runs after a holder,
+    never more than 2 at once."""
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    app = c.app_module()
+    c.worker("lim-cap", queues="limcap", concurrency=3)
+    key = new_key("cap")
+    holders = [app.capped_limited.apply_async((key, CAPPED_HOLD), queue="limcap") for _ in range(2)]
+    c.wait_started(key, 2)
+    waiting = app.capped_limited.apply_async((key, 0.0), queue="limcap")
+    lock_key = app.capped_limited.lock_key_for(key)
+    client = c.lock_client(c.locks[0])
+    try:
+        for _ in polling(20, 0.05):
+            if client.zcard(sibling_key(lock_key, ":waiters")) == 1:
+                break
+        assert client.zcard(sibling_key(lock_key, ":waiters")) == 1
+    finally:
+        client.close()
+    refused = app.capped_limited.apply_async((key, 0.0), queue="limcap")
+    with pytest.raises(TaskRevokedError, match="full"):
+        refused.get(timeout=20)
+    assert "lock_max_waiting=1" in str(refused.result)
+    assert c.runs(key) == [], "the refusal came only after a holder ended"
+    for r in [*holders, waiting]:
+        assert r.get(timeout=60) == key
+    assert _peak(c, key, {}) <= 2
+    assert len(c.wait_runs(key, 3, 10)) == 3

@@ -76,6 +76,22 @@ def test_a_deleted_key_interrupts_the_body(c: Cluster, workers: dict[str, Any], 
     assert mod.work.apply_async((after, 0.3), queue=POOLS[pool]).get(timeout=WAIT) == after
 
 
+@pytest.mark.parametrize("how", ["sleep", "socket"])
+def test_a_loss_breaks_a_blocking_system_call(c: Cluster, workers: dict[str, Any], how: str) -> None:
+    """A body blocked in one long system call (a sleep; a read on a socket no data reaches) gets LockLostError when
+    its lock is lost: the signal breaks the call (it would block for minutes), it does not wait for it to return."""
+    mod = c.app_module()
+    k = new_key()
+    result = mod.blocked.apply_async((k, how), queue=POOLS["prefork"])
+    c.wait_started(k)
+    delete_everywhere(c, mod.blocked.lock_key_for(k, how))
+    with pytest.raises(LockLostError, match="lost: renewal refused"):
+        result.get(timeout=WAIT)  # WAIT is far under the call's block (locked_app.BLOCK)
+    (interrupted,) = marks(c, "interrupted", result.id)
+    assert mod.blocked.lock_key_for(k, how) in interrupted[2]
+    assert marks(c, "ended", result.id) == []
+
+
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_a_holder_stopped_past_its_lease_is_interrupted_on_resume(
     c: Cluster, workers: dict[str, Any], pool: str

@@ -179,6 +179,20 @@ def test_finding_2_a_group_in_queue_scope_is_refused() -> None:
     _one_line_refusal(_invoice_receipt(unique, unique), "cannot be used with lock_scope='queue'")
 
 
+@pytest.mark.parametrize("policy", ["skip", "reschedule", "replace"])
+def test_queue_scope_with_lock_enqueue_check_is_refused(policy: str) -> None:
+    """lock_scope='queue' x lock_enqueue_check: refused (found by the model suite's soak, seeds 145336 and 690765:
+    under reschedule or replace a call while the job ran was published as a job of its own, the enqueue check never
+    asked; under skip or fail it only repeated what the reservation does)."""
+    app = _app()
+
+    @app.task(base=LockedTask, shared=False, name="q.enq", lock_scope="queue", lock_enqueue_check=True,
+              lock_on_duplicate=policy)  # fmt: skip
+    def enq(n: int) -> None: ...
+
+    _one_line_refusal(app, "remove lock_enqueue_check")
+
+
 def test_finding_3_a_group_with_mixed_policies_is_refused() -> None:
     """lock_group whose tasks have different lock_on_duplicate (reschedule, replace): refused at registration,
     since a waiting reschedule call ("every call runs") would be superseded by the replace task's newer call."""
@@ -316,8 +330,8 @@ def test_a_refused_option_at_the_producer_raises_the_public_error() -> None:
         assert type(exc).__module__ == "celery_singleton_lock"
         assert "ConfigurationRefusedError" in celery_singleton_lock.__all__
         assert str(exc) == (
-            "lock_on_duplicate of m.bad must be one of 'skip', 'fail', 'reschedule', 'replace', got 'resechedule' "
-            "(did you mean 'reschedule'?)"
+            "lock_on_duplicate of m.bad must be one of 'skip', 'fail', 'reschedule', 'replace', 'cancel', got "
+            "'resechedule' (did you mean 'reschedule'?)"
         )
     else:
         pytest.fail("delay() with a misspelt lock_on_duplicate was accepted")

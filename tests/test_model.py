@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 
 from tests.model.suite import (
     CI_DEPLOYMENTS,
+    PAIR_DEPLOYMENTS,
     bench,
     check_schedule,
     draw_deployment,
@@ -33,8 +34,8 @@ pytestmark = pytest.mark.slow
 LONG = os.environ.get("CSL_MODEL_BUDGET") == "long"
 DEPLOYMENTS = int(os.environ.get("CSL_MODEL_DEPLOYMENTS", "20" if LONG else "2"))
 EXAMPLES = int(os.environ.get("CSL_MODEL_EXAMPLES", "10" if LONG else "3"))
-CI = {d.seed: d for d in CI_DEPLOYMENTS}
-SEEDS = [random.randrange(100, 10**6) for _ in range(DEPLOYMENTS)] if LONG else sorted(CI)
+CI = {d.seed: d for d in CI_DEPLOYMENTS + PAIR_DEPLOYMENTS}
+SEEDS = [random.randrange(100, 10**6) for _ in range(DEPLOYMENTS)] if LONG else sorted(d.seed for d in CI_DEPLOYMENTS)
 SEEDS = [int(s) for s in os.environ["CSL_MODEL_SEEDS"].split(",")] if os.environ.get("CSL_MODEL_SEEDS") else SEEDS
 
 
@@ -73,6 +74,8 @@ def test_drawn_schedules_keep_every_promise(seed: int, tmp_path: Path) -> None:
             if violations:
                 failures.append((steps, violations))
 
+        if d.schedule:
+            one = example(d.schedule)(one)
         failures: list[tuple[list[dict[str, object]], list[str]]] = []
         one()
         if failures:

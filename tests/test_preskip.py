@@ -79,6 +79,14 @@ def holding(c: Cluster, w: CeleryWorker, key: str, duration: float) -> Any:
     return holder
 
 
+#: Seconds the storm's holder runs: it must outlive the storm's copies reaching the pre-check (a bound, not an
+#: expectation: on a machine slower than this a copy runs and the test fails; it never passes by it).
+STORM_HOLDER = 8.0
+#: The countdown of the copy due after its 3 s holder ended: 5 s more than the holder's run, so a holder that
+#: starts its body late on a loaded machine still ends before the copy is due (a bound).
+DUE_AFTER = 8
+
+
 def storm(c: Cluster, w: CeleryWorker, key: str, count: int = STORM, duration: float = 0.0) -> list[Any]:
     """``count`` copies of the call ``work(key, duration)`` (the holder's own call when ``duration`` is its)."""
     work = c.app_module().work
@@ -91,8 +99,8 @@ def test_a_storm_of_duplicates_is_skipped_before_the_pool(pc: Cluster, nodes: in
     our fields, the skip's log line; no tracer run, no body run."""
     with worker(pc, f"storm{nodes}-{uuid.uuid4().hex[:6]}", nodes=nodes) as w, EventLog(pc.app_module().app) as ev:
         key = new_key()
-        holder = holding(pc, w, key, 4.0)
-        copies = storm(pc, w, key, duration=4.0)
+        holder = holding(pc, w, key, STORM_HOLDER)
+        copies = storm(pc, w, key, duration=STORM_HOLDER)
         for r in copies:
             assert assert_skipped_duplicate(r, of=holder.id, timeout=20) == holder.id
         assert not {r.id for r in copies} & traced(pc)  # the pool never saw them
@@ -213,7 +221,7 @@ def test_a_countdown_copy_is_not_decided_at_its_receipt(pc: Cluster) -> None:
     with worker(pc, f"eta-{uuid.uuid4().hex[:6]}", extra=("--prefetch-multiplier", "8")) as w:
         key = new_key()
         holder = holding(pc, w, key, 3.0)
-        later = mod.work.apply_async((key, 3.0), queue=w.queue, countdown=5, expires=120)  # type: ignore[attr-defined]
+        later = mod.work.apply_async((key, 3.0), queue=w.queue, countdown=DUE_AFTER, expires=120)  # type: ignore[attr-defined]
         assert holder.get(timeout=20) == key
         assert later.get(timeout=30) == key
         assert len(pc.wait_runs(key, 2, 10)) == 2

@@ -165,6 +165,11 @@ def test_a_chord_member_that_duplicates_a_queued_job_runs_after_it(c: Cluster) -
     assert first.get(timeout=30) == k
     # Woken at the holder's release it is done within seconds; its fallback copy would take ten minutes.
     assert sorted(result.get(timeout=15)) == sorted([k, k2])
+    runs = c.wait_runs(k, 2, 10)
+    assert len(runs) == 2
+    (held,) = (r for r in runs if r[1] == first.id)
+    (member,) = (r for r in runs if r[1] != first.id)
+    assert member[3] >= held[4], f"the member started {held[4] - member[3]:.3f} s before the queued job ended"
 
 
 def test_beats_send_task_fallback_is_published_and_skipped_at_the_worker(c: Cluster) -> None:

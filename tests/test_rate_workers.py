@@ -133,7 +133,8 @@ def test_a_storm_for_one_key_never_exceeds_the_rate_in_any_window(
     assert len(rows) == len(started)
     assert not tasks.slot_violations(rows, 1.0)
     assert tasks.busiest_window(rows, 1.0) <= 10
-    assert _busiest_window(ats, 1.0) >= 9  # the rate is used, not only respected
+    # (That the rate is used, not only respected, is test_one_node's: a floor of starts per window here would be a
+    # throughput assertion on a shared machine.)
     assert sum(1 for r in started if r[5] > 0) >= 20  # many waited: re-sent for the window's moment
     # The quiet key shared no share with the busy one: none of its calls waited for a window.
     assert [r[5] for r in _rows(c, quiet)] == [0] * 5
@@ -179,8 +180,9 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
         failed.get(timeout=5)
     # lock_limit=None: 9 equal calls, each 0.4 s long: they overlap (no lock), 3 per 1.5 s.
     free = [tasks.rated_unlocked.apply_async((k3, 0.4), queue="rate") for _ in range(9)]
-    # A duplicate of a running job (the lock, lock_unique_on=["key"]) is skipped and counts nothing: after it,
-    # the rate of 2 per 1 s still lets 2 starts in at once.
+    # A duplicate of a running job (the lock, lock_unique_on=["key"]) is skipped and counts nothing. The rate is
+    # 2 per 60 s (over it: FAILURE), so a share a skipped duplicate used would still be spent when the holder ends:
+    # the second job after it still starts (the second share), and a third one fails (the rate does count).
     holder = tasks.rated_dup.apply_async((k4, 1.5), queue="rate")
     for _ in polling(20, 0.02):
         if _rows(c, k4, "rate_started"):
@@ -189,7 +191,13 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
     for r in dups:
         r.get(timeout=30, propagate=False)
     assert [r.state for r in dups] == ["REVOKED"] * 3
+    for r in dups:
+        with pytest.raises(TaskRevokedError, match="duplicate of"):
+            r.get(timeout=5)
     assert holder.get(timeout=30) == k4
+    assert tasks.rated_dup.apply_async((k4, 0.0), queue="rate").get(timeout=30) == k4
+    with pytest.raises(RateLimitedError, match="rate 2 per 60 s of"):
+        tasks.rated_dup.apply_async((k4, 0.0), queue="rate").get(timeout=30)
     for r in free:
         assert r.get(timeout=60) == k3
     runs = _rows(c, k3)
@@ -198,7 +206,7 @@ def test_skip_and_fail_over_the_rate_and_no_lock_with_lock_limit_none(c: Cluster
     assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # equal calls overlapped: no lock
     assert not tasks.slot_violations(tasks.slot_rows(k3), 1.5)
     assert tasks.busiest_window(tasks.slot_rows(k3), 1.5) <= 3
-    assert len(_rows(c, k4, "rate_started")) == 1
+    assert len(_rows(c, k4, "rate_started")) == 2
 
 
 def test_one_node(c: Cluster, tasks: ModuleType) -> None:
@@ -213,7 +221,10 @@ def test_one_node(c: Cluster, tasks: ModuleType) -> None:
     assert [r.state for r in results].count("SUCCESS") == 25
     rows = tasks.slot_rows(key)
     assert not tasks.slot_violations(rows, 1.0)
-    assert tasks.busiest_window(rows, 1.0) == 10
+    assert tasks.busiest_window(rows, 1.0) <= 10
+    # The rate is used, not only respected, without timing the run: on one node (no split vote) a start is refused
+    # only while 10 starts are in its window, so the first 10 of the window never wait, however slow the machine.
+    assert sum(1 for r in _rows(c, key, "rate_started") if r[5] == 0) >= 10
 
 
 def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: ModuleType) -> None:
@@ -226,8 +237,9 @@ def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: Mo
         if _rows(c, domain, "rate_started"):
             break
     dup = tasks.send_digest.apply_async((domain, 0.0), queue="rate")
-    assert dup.get(timeout=30, propagate=False) is not None or dup.state == "REVOKED"
+    dup.get(timeout=30, propagate=False)
     assert dup.state == "REVOKED"
+    assert len(_rows(c, domain, "rate_started")) == 1  # the digest never started
     assert holder.get(timeout=30) == domain
     # One rate for the whole group (no lock_rate_on): 9 calls of both tasks over 9 domains (no duplicates among
     # them) all run, never more than 3 starts per second counted over both tasks.
@@ -242,7 +254,31 @@ def test_a_group_shares_the_lock_and_the_rate_of_its_tasks(c: Cluster, tasks: Mo
     rows = tasks.slot_rows(domains)
     assert len(rows) == 9
     assert not tasks.slot_violations(rows, 1.0)
-    assert tasks.busiest_window(rows, 1.0) == 3
+    assert tasks.busiest_window(rows, 1.0) <= 3
+
+
+def test_a_group_shares_its_cooldown_its_limit_and_its_line(c: Cluster, tasks: ModuleType) -> None:
+    """README: tasks of one ``lock_group`` share "their lock, limit, cooldown, line": a cool_b within the cooldown
+    of a cool_a that ran is skipped; with ``lock_limit=2`` two line_a runs fill the slots, a line_b waits in the
+    same line and runs after one of them, and never more than 2 of both tasks run at once."""
+    k = new_key("cool")
+    assert tasks.cool_a.apply_async((k,), queue="rate").get(timeout=30) == k
+    late = tasks.cool_b.apply_async((k,), queue="rate")
+    late.get(timeout=30, propagate=False)
+    assert late.state == "REVOKED"
+    assert len(_rows(c, k, "rate_started")) == 1
+    k2 = new_key("line")
+    holders = [tasks.line_a.apply_async((k2, 1.5), queue="rate") for _ in range(2)]
+    for _ in polling(20, 0.02):
+        if len(_rows(c, k2, "rate_started")) >= 2:
+            break
+    waiting = tasks.line_b.apply_async((k2, 0.0), queue="rate")
+    for r in [*holders, waiting]:
+        assert r.get(timeout=60) == k2
+    runs = sorted(_rows(c, k2), key=lambda r: r[4])
+    assert len(runs) == 3
+    (b_run,) = [r for r in runs if r[1] == waiting.id]
+    assert b_run[4] >= min(r[6] for r in runs if r[1] != waiting.id), "line_b started while both slots were held"
 
 
 def test_a_limit_computed_per_call_is_the_limit_of_that_call_s_key(c: Cluster, tasks: ModuleType) -> None:

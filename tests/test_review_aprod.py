@@ -21,6 +21,7 @@ from celery_singleton_lock import AsyncRedlock, Redlock
 from celery_singleton_lock import _enqueue as enqueue
 from celery_singleton_lock.aio import aclose
 from celery_singleton_lock.decision import SENDING
+from celery_singleton_lock.scripts import ACQUIRE
 
 pytestmark = pytest.mark.slow
 
@@ -281,46 +282,65 @@ def test_sync_and_async_callers_racing_with_a_lock_node_paused_get_one_job(
     assert len(c.wait_runs(k, 1, 8)) == 1
 
 
+@contextlib.contextmanager
+def scripts_naming(c: wc.Cluster, node: int, key: str) -> Iterator[list[str]]:
+    """Every EVAL/EVALSHA naming ``key`` that lock node ``node`` runs meanwhile (its MONITOR stream, bounded)."""
+    seen: list[str] = []
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def watch() -> None:
+        with contextlib.closing(c.lock_client(c.locks[node])) as client, client.monitor() as monitor:
+            ready.set()
+            for _ in range(100_000):  # bounded: a PING at the end wakes it
+                command = monitor.next_command()["command"]
+                if stop.is_set():
+                    return
+                if command.upper().startswith("EVAL") and key in command:
+                    seen.append(command)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield seen
+    finally:
+        stop.set()
+        with contextlib.closing(c.lock_client(c.locks[node])) as client:
+            client.ping()
+        thread.join(10)
+
+
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_refusal_short_of_a_quorum_with_a_node_down_is_tried_again(c: wc.Cluster, flavour: str) -> None:
     """Node 0 paused, another caller's reservation on node 1 only (a contender that arrived together and took one
-    node), node 2 free: the attempt is refused on one node, granted on one, unanswered on one. That is what two
-    callers racing with a node down see (each had one node; both sent: two jobs): the reservation tries again
-    (as for a split vote) instead of giving its verdict at once."""
+    node), node 2 free: each attempt of ``apply_async`` / ``aapply_async`` is refused on one node, granted on one,
+    unanswered on one. That is what two callers racing with a node down see (each had one node; both sent: two
+    jobs): the call's reservation tries again (as for a split vote), seen on node 2, instead of giving its verdict
+    after one attempt."""
     mod, k = c.app_module(), wc.new_key()
     key = mod.q_work.lock_key_for(k)
-    nodes = mod.q_work._options().settings.nodes
-    warm = Redlock(nodes, f"warm-{k}", ttl=5.0)
-    assert warm.acquire(timeout=20.0)
-    assert warm.release()
+    queue = f"nobody-{k}"  # the call's message, if sent, waits there unconsumed
     record = {"state": SENDING, "name": mod.q_work.name, "open": "1"}
     other = Redlock([c.lock_urls[1]], key, ttl=30.0, fencing=False, job="other", record=record)
     assert other.acquire(blocking=False)
     try:
-
-        async def attempt() -> Any:
-            warm = AsyncRedlock(c.lock_urls, f"warm-{k}", ttl=5.0, socket_timeout=0.5)
-            assert await warm.acquire(timeout=20.0)  # this loop's connections, made while every node answers
-            await warm.release()
-            lock = AsyncRedlock(c.lock_urls, key, ttl=30.0, fencing=False, job="mine", auto_renewal=False)
-            await asyncio.to_thread(c.locks[0].pause)
-            try:
-                assert not await lock.acquire(blocking=False)
-            finally:
-                await asyncio.to_thread(c.locks[0].resume)
-            return lock
-
-        if flavour == "async":
-            lock: Any = run_loop(attempt)
-        else:
-            lock = Redlock(nodes, key, ttl=30.0, fencing=False, job="mine")
+        with scripts_naming(c, 2, key) as seen:
             c.locks[0].pause()
             try:
-                assert not lock.acquire(blocking=False)
+                if flavour == "async":
+
+                    async def call() -> Any:
+                        return await mod.q_work.aapply_async((k,), queue=queue)
+
+                    run_loop(call)
+                else:
+                    mod.q_work.apply_async((k,), queue=queue)
             finally:
                 c.locks[0].resume()
-        seen = ((lock.holder_record or {}).get("job"), lock.contended, lock.split, len(lock.node_errors))
-        assert seen == ("other", False, False, 1), lock
-        assert enqueue._Pacing().next(lock) is not None
+        # The acquire scripts node 2 ran, one per attempt (an EVALSHA retried as EVAL after NOSCRIPT is one: the
+        # same keys and arguments): more than one attempt.
+        attempts = {x[x.index(key) :] for x in seen if x.startswith(f"EVALSHA {ACQUIRE.sha} ") or "acquire.lua" in x}
+        assert len(attempts) > 1, seen
     finally:
         other.release()

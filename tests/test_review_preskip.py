@@ -85,8 +85,18 @@ def test_on_gevent_the_pool_decides(rc: Cluster) -> None:
     revoked() before its spawn waits for a free greenlet, so a copy would be decided before a slot is free, as in
     the threads pool); the worker's start line says so."""
     pytest.importorskip("gevent")
-    with worker(rc, f"gevent-{uuid.uuid4().hex[:6]}", "-P", "gevent", "-c", "2") as w:
+    mod = rc.app_module()
+    with worker(rc, f"gevent-{uuid.uuid4().hex[:6]}", "-P", "gevent", "-c", "1", "--prefetch-multiplier", "4") as w:
         assert f"duplicates skipped before the pool: {DEFAULT_PER_POOL['gevent']}" in w.log()
+        # As above: a copy received while the one greenlet runs the holder is decided when it starts, so it runs.
+        key = new_key()
+        q = w.queue  # type: ignore[attr-defined]
+        holder = mod.work.apply_async((key, 3.0), queue=q)
+        rc.wait_started(key)
+        copy = mod.work.apply_async((key, 3.0), queue=q)
+        assert holder.get(timeout=30) == key
+        assert copy.get(timeout=30) == key
+        assert len(rc.wait_runs(key, 2, 10)) == 2
 
 
 def test_a_url_connect_timeout_does_not_stretch_the_pre_checks_deadline(redis_node: RedisServer) -> None:

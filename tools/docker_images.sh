@@ -6,7 +6,8 @@
 #
 # 1. Engine: if `docker info` answers, that engine is used. Otherwise, as root with apt-get, it installs Debian's
 #    docker.io (and debootstrap, docker-compose) when missing and starts `dockerd --ip 127.0.0.1` (published ports
-#    on loopback only), logging to $CACHE/dockerd.log. Not root, or no apt-get: it says why and exits 0 with no
+#    on loopback only), logging to $CACHE/dockerd.log, its pid written to $CSL_DOCKERD_PIDFILE when that is set
+#    (.ci/run stops it at its end). Not root, or no apt-get: it says why and exits 0 with no
 #    env file, and the Docker tests skip, saying so (CSL_DOCKER=required turns that exit into a failure).
 # 2. Base image: `debootstrap --variant=minbase` of Debian bookworm with python3, python3-venv, redis-server, a
 #    venv over /usr/local (so `python` and `pip` are on PATH as in python:3.12-slim), imported with `docker import`
@@ -60,6 +61,8 @@ if ! docker info >/dev/null 2>&1; then
     if ! docker info >/dev/null 2>&1; then
         # setsid: the engine outlives this script (later steps of the same run reuse it); only loopback ports.
         setsid dockerd --ip 127.0.0.1 >>"$CACHE/dockerd.log" 2>&1 </dev/null &
+        # The caller that wants to stop the engine it caused (.ci/run, at its end) names a file for its pid.
+        if [ -n "${CSL_DOCKERD_PIDFILE:-}" ]; then echo $! >"$CSL_DOCKERD_PIDFILE"; fi
         for _ in $(seq 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
         docker info >/dev/null 2>&1 || give_up "dockerd did not answer within 60 s (see $CACHE/dockerd.log)"
     fi

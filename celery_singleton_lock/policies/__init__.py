@@ -9,9 +9,9 @@ policy answers three questions, each at one place of a job's life:
 * at the worker (``_delivery``): :meth:`Policy.act`, carried out through a :class:`Duplicate`, the delivery's
   side of the conversation (so a policy imports nothing of Celery).
 
-Policies that wait (``reschedule``, ``replace``) join the key's waiting line (``_line``), and their holders' releases
-wake it. A new policy is a new module here, registered in :data:`POLICIES`; the config's ``DuplicatePolicy``
-names it.
+Policies that wait (``reschedule``, ``replace``, ``cancel``) join the key's waiting line (``_line``), and their
+holders' releases wake it. A new policy is a new module here, registered in :data:`POLICIES`; the config's
+``DuplicatePolicy`` names it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, NoReturn, Protocol
 
 from ..facts import Decision, Facts
+from .cancel import Cancel
 from .cooldown import COOLDOWN_FEATURE
 from .fail import Fail
 from .limit import LIMIT
@@ -30,6 +31,7 @@ from .waiting import WAITING
 __all__ = [
     "FEATURES",
     "POLICIES",
+    "Cancel",
     "Duplicate",
     "Fail",
     "Feature",
@@ -60,6 +62,10 @@ class Duplicate(Protocol):
     def back_in_line(self) -> None:
         """Stop quietly: a woken copy that lost the race waits in line again (its fallback copy is on its way)."""
 
+    def stop_holder(self) -> None:
+        """Ask the running holder to stop for this call (``cancel``): written on the lock nodes, seen by the holder's
+        watchdog at its next renewal (see :mod:`.cancel`)."""
+
 
 class Policy(Protocol):
     """One value of ``lock_on_duplicate``."""
@@ -79,7 +85,7 @@ class Policy(Protocol):
         """Carry ``decision`` out at the worker."""
 
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (Skip(), Fail(), Reschedule(), Replace())}
+POLICIES: dict[str, Policy] = {p.name: p for p in (Skip(), Fail(), Reschedule(), Replace(), Cancel())}
 
 
 class Feature(Protocol):

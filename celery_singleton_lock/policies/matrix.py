@@ -49,6 +49,7 @@ FACETS: Final[tuple[str, ...]] = (
     "policy:fail",
     "policy:reschedule",
     "policy:replace",
+    "policy:cancel",
     "limit:many",  # lock_limit=N > 1
     "limit:callable",  # lock_limit=a function
     "limit:none",  # lock_limit=None: no lock
@@ -70,7 +71,7 @@ FACETS: Final[tuple[str, ...]] = (
 
 _FAMILIES: Final = ("policy:", "limit:", "rate:", "unavailable:")
 _RATES: Final = ("rate:wait", "rate:skip", "rate:fail")
-_POLICIES: Final = ("policy:skip", "policy:fail", "policy:reschedule", "policy:replace")
+_POLICIES: Final = ("policy:skip", "policy:fail", "policy:reschedule", "policy:replace", "policy:cancel")
 _PLACEHOLDER: Final = "{task}"
 
 
@@ -143,6 +144,13 @@ _INDEPENDENT = "independent"
 
 # Refused, in the order they are reported (the first one found is the one a worker prints).
 _refuse(
+    "scope:queue",
+    ["enqueue_check"],
+    "lock_enqueue_check of {task} cannot be used with lock_scope='queue': the reservation already answers a call "
+    "whose job is queued or running (skip, fail), and under reschedule or replace the call is sent to wait; "
+    "remove lock_enqueue_check",
+)
+_refuse(
     "limit:none",
     ["scope:queue", "enqueue_check", "cooldown"],
     "lock_limit=None of {task} (no lock) cannot be used with lock_scope='queue', lock_enqueue_check or "
@@ -200,7 +208,31 @@ _refuse(
     ["limit:many", "limit:callable", "enqueue_check"],
     "lock_debounce of {task} cannot be used with lock_limit or lock_enqueue_check (a burst is one job)",
 )
-for _policy in ("skip", "fail", "replace"):
+_refuse(
+    "policy:cancel",
+    ["limit:many", "limit:callable"],
+    "lock_limit of {task} cannot be used with lock_on_duplicate='cancel' (the newest call wins: one run of a key); "
+    "use 'reschedule', 'skip' or 'fail'",
+)
+_refuse(
+    "policy:cancel",
+    ["scope:queue"],
+    "lock_on_duplicate='cancel' of {task} stops a running job, and works with lock_scope='run' only (a queued "
+    "reservation has no run to stop); use lock_scope='run', or 'replace'",
+)
+_refuse(
+    "policy:cancel",
+    ["enqueue_check"],
+    "lock_enqueue_check of {task} answers a newer call with the running job, which lock_on_duplicate='cancel' "
+    "stops for it: remove one of them",
+)
+_refuse(
+    "policy:cancel",
+    [*_RATES, "rate_on"],
+    "lock_rate of {task} cannot be used with lock_on_duplicate='cancel' yet (a stopped run's start stays counted, "
+    "and its successor's wait for the window is untested): use 'replace' with a rate",
+)
+for _policy in ("skip", "fail", "replace", "cancel"):
     _refuse(
         "debounce",
         [f"policy:{_policy}"],
@@ -250,7 +282,6 @@ _support(
 )
 _support("scope:queue", ["max_waiting"], "caps the calls sent to wait at the worker behind the reserved job")
 _support("scope:queue", ["cooldown"], "the reservation becomes the cooldown after a success")
-_support("scope:queue", ["enqueue_check"], "queue scope already answers a call with the queued or running job")
 _support("scope:queue", ["unique_on", "key_fn"], "they make the key the reservation holds")
 _support("scope:queue", ["lost:interrupt", "rate_on"], _INDEPENDENT)
 _support(
@@ -261,9 +292,12 @@ _support(
 for _p in _POLICIES:
     _support(_p, ["group"], "every task of the group has this policy (check_group), so a key's line is one policy")
     _support(_p, ["cooldown"], "a call during a success's cooldown is a duplicate of the finished run")
-    _support(_p, ["enqueue_check"], "a call whose job runs gets that run; the worker's policy stays the guard")
-    _support(_p, ["unique_on", "key_fn", "lost:interrupt", "unavailable:run", "unavailable:fail"], _INDEPENDENT)
-    _support(_p, ["rate_on"], _INDEPENDENT)
+    if _p != "policy:cancel":
+        _support(_p, ["enqueue_check"], "a call whose job runs gets that run; the worker's policy stays the guard")
+        _support(_p, ["lost:interrupt"], _INDEPENDENT)
+    _support(_p, ["unique_on", "key_fn", "unavailable:run", "unavailable:fail"], _INDEPENDENT)
+    if _p != "policy:cancel":
+        _support(_p, ["rate_on"], _INDEPENDENT)
 _support("policy:skip", ["limit:many", "limit:callable"], "a call that finds all N slots held is skipped")
 _support("policy:fail", ["limit:many", "limit:callable"], "a call that finds all N slots held fails")
 _support("policy:reschedule", ["limit:many", "limit:callable"], "a call that finds all N slots held waits in line")
@@ -283,6 +317,12 @@ _support("policy:skip", _RATES, "the rate is asked after the lock: a skipped cal
 _support("policy:fail", _RATES, "the rate is asked after the lock: a failed duplicate uses no share")
 _support("policy:reschedule", ["max_waiting"], "at most N calls wait in a key's line; a new one finds it full: REVOKED")
 _support("policy:replace", ["max_waiting"], "at most N calls wait in a key's line (keep-latest replaces within it)")
+_support("policy:cancel", ["max_waiting"], "the newest call waits (keep-latest, as replace); the cap counts it")
+_support(
+    "policy:cancel",
+    ["lost:interrupt"],
+    "the body is interrupted either way: LockLostError for a lost lock, JobCancelledError for a newer call",
+)
 _support("policy:reschedule", ["debounce"], "a debounced job waits for the previous burst's run (never beside it)")
 for _limit in ("limit:many", "limit:callable"):
     _support(_limit, ["group"], "the group's tasks share the N slots of a key (every task has the same lock_limit)")
@@ -542,6 +582,7 @@ _SHORT: Final = {
     "policy:fail": "fail",
     "policy:reschedule": "resch",
     "policy:replace": "repl",
+    "policy:cancel": "canc",
     "limit:many": "lim N",
     "limit:callable": "lim f",
     "limit:none": "lim 0",
@@ -567,6 +608,7 @@ _OPTIONS: Final = {
     "policy:fail": '`lock_on_duplicate="fail"`',
     "policy:reschedule": '`lock_on_duplicate="reschedule"` (also every debounced task)',
     "policy:replace": '`lock_on_duplicate="replace"`',
+    "policy:cancel": '`lock_on_duplicate="cancel"` (stop the running job; the newest call runs after it)',
     "limit:many": "`lock_limit=N`, N > 1",
     "limit:callable": "`lock_limit=` a function",
     "limit:none": "`lock_limit=None` (no lock)",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["Reschedule"]
 
 #: The policies whose holders wake their key's line when they release.
-_WAKERS = frozenset({"reschedule", "replace"})
+_WAKERS = frozenset({"reschedule", "replace", "cancel"})
 
 
 class Reschedule:

@@ -14,6 +14,8 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import threading
 import time
 from typing import Any
 
@@ -191,6 +193,36 @@ def _until_lost(task: Any, key: str, after: float) -> dict[str, Any]:
 def interruptible(self: Any, key: str, after: float = 10.0) -> dict[str, Any]:
     """lock_on_lost="interrupt" with a short ttl (renewed every 0.5 s): a loss is raised inside the sleep loop."""
     return _until_lost(self, key, after)
+
+
+#: Seconds a ``blocked`` body blocks in one system call when nothing interrupts it (its socket read is ended then
+#: by a timer): far past tests/test_lock_on_lost.py's WAIT, so an interrupt that waits for the call to return is
+#: seen as none.
+BLOCK = 120.0
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5, lock_on_lost="interrupt")
+def blocked(self: Any, key: str, how: str) -> None:
+    """lock_on_lost="interrupt" on a body blocked in one long system call: a sleep, or a read on a socket (no timeout)
+    that no data reaches (a timer sends a byte after BLOCK s: bounded)."""
+    record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
+    try:
+        if how == "sleep":
+            time.sleep(BLOCK)
+        else:
+            a, b = socket.socketpair()
+            timer = threading.Timer(BLOCK, b.send, (b"x",))
+            timer.daemon = True
+            timer.start()
+            with a, b:
+                try:
+                    a.recv(1)
+                finally:
+                    timer.cancel()
+    except LockLostError as exc:
+        record.rpush("interrupted", json.dumps([key, self.request.id, str(exc)]))
+        raise
+    record.rpush("ended", json.dumps([key, self.request.id]))
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5)
@@ -422,6 +454,21 @@ def limited(self: Any, key: str, duration: float = 0.0) -> str:
     return key
 
 
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+    lock_max_waiting=1,
+    lock_unique_on=["key"],
+)
+def capped_limited(self: Any, key: str, duration: float = 0.0) -> str:
+    """At most 2 runs of ``key`` at once, at most 1 call waiting for a slot; another is skipped at once."""
+    _run(self, key, duration)
+    return key
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_limit=2, lock_unique_on=["key"])
 def limited_skip(self: Any, key: str, duration: float = 0.0) -> str:
     """At most 2 runs of ``key`` at once; a third is skipped (lock_limit=2, skip)."""
@@ -581,3 +628,58 @@ def rated_work(self: Any, key: str) -> str:
     """At most two starts per key in any minute (``celery locks explain`` reads its windows)."""
     _run(self, key, 0.0)
     return key
+
+
+# A store that checks fencing tokens (what examples/rebuild_newest_wins.py shows): a write whose token is older than
+# the newest one it has seen is refused.
+FENCED_SET = """
+local seen = tonumber(redis.call('HGET', KEYS[1], 'token') or '0')
+if tonumber(ARGV[1]) < seen then return 0 end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
+return 1
+"""
+
+
+def _cancellable(task: Any, key: str, n: int, duration: float, stubborn: bool) -> int:
+    """Sleep ``duration`` s in short steps, then write ``n`` to a fenced store; record the span as
+    ``[key, task id, pid, start, end, n, fencing token, how it ended]`` under "spans"."""
+    from celery_singleton_lock import JobCancelledError  # noqa: PLC0415
+
+    start = time.time()
+    record.rpush("started", json.dumps([key, task.request.id, os.getpid(), start]))
+    token = task.fencing_token or 0
+    how = "ran"
+    end_by = time.monotonic() + duration
+    for _ in range(int(duration / 0.02) + 2):  # bounded by count and by duration
+        if time.monotonic() >= end_by:
+            break
+        try:
+            time.sleep(0.02)
+        except JobCancelledError:
+            if not stubborn:
+                record.rpush(
+                    "spans", json.dumps([key, task.request.id, os.getpid(), start, time.time(), n, token, "cancelled"])
+                )
+                raise
+            how = "ignored the stop"  # a body that swallows it goes on, past its lease's end
+    wrote = record.eval(FENCED_SET, 1, f"store:{key}", token, n)
+    record.rpush("spans", json.dumps([key, task.request.id, os.getpid(), start, time.time(), n, token, how, wrote]))
+    return n
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="cancel", lock_ttl=1.5)
+def rebuild(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """Newest wins while it runs: a newer call of ``key`` stops this one (renewed every 0.5 s), then runs."""
+    return _cancellable(self, key, n, duration, stubborn=False)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="cancel", lock_ttl=1.5)
+def rebuild_stubborn(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """Like rebuild, but the body swallows the stop and goes on: its successor runs at its lease's end."""
+    return _cancellable(self, key, n, duration, stubborn=True)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5)
+def build(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """A plain LockedTask (skip): cancelled durably by ``build.cancel`` / ``locks cancel`` (records its span)."""
+    return _cancellable(self, key, n, duration, stubborn=False)

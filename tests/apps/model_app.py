@@ -21,12 +21,17 @@ from locked_app import app, record
 
 from celery_singleton_lock import LockedTask
 
-__all__ = ["app", "per_key_limit"]
+__all__ = ["app", "dialed_limit", "per_key_limit"]
 
 
 def per_key_limit(key: str, *args: Any, **kwargs: Any) -> int:
     """A ``lock_limit`` computed per key: 2 runs at once of a key ending in "p" (a premium key), else 1."""
     return 2 if key.endswith("p") else 1
+
+
+def dialed_limit(key: str, *args: Any, **kwargs: Any) -> int:
+    """A ``lock_limit`` the schedule dials while runs hold (record key ``limit:<key>``, 2 when unset)."""
+    return int(record.get(f"limit:{key}") or 2)
 
 
 def _body(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0) -> int:
@@ -54,6 +59,8 @@ def _define(spec: dict[str, Any]) -> None:
         opts = dict(task["opts"])
         if opts.get("lock_limit") == "per_key":
             opts["lock_limit"] = per_key_limit
+        elif opts.get("lock_limit") == "dialed":
+            opts["lock_limit"] = dialed_limit
         if isinstance(opts.get("lock_rate"), list):
             opts["lock_rate"] = tuple(opts["lock_rate"])
 

@@ -55,9 +55,18 @@ def rated_fail(self: Any, key: str, n: int) -> str:
     return _run(self, key, 0.0)
 
 
-@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(2, 1.0), lock_rate_on=["key"], lock_unique_on=["key"])
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_rate=(2, 60.0),
+    lock_on_rate_limit="fail",
+    lock_rate_on=["key"],
+    lock_unique_on=["key"],
+)
 def rated_dup(self: Any, key: str, duration: float = 0.0) -> str:
-    """One job per key (the lock) and 2 starts per second (the rate): a skipped duplicate uses no share."""
+    """One job per key (the lock) and 2 starts per minute (the rate; over it, FAILURE): a skipped duplicate uses no
+    share, so a second job after the first one still starts within the minute, and a third does not."""
     return _run(self, key, duration)
 
 
@@ -88,6 +97,42 @@ def send_welcome(self: Any, domain: str, duration: float = 0.0) -> str:
 @app.task(shared=False, base=LockedTask, bind=True, lock_group="mailer", lock_unique_on=["domain"], lock_rate=(3, 1.0))
 def send_digest(self: Any, domain: str, duration: float = 0.0) -> str:
     return _run(self, domain, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="coolers", lock_unique_on=["key"], lock_cooldown=60)
+def cool_a(self: Any, key: str) -> str:
+    return _run(self, key, 0.0)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="coolers", lock_unique_on=["key"], lock_cooldown=60)
+def cool_b(self: Any, key: str) -> str:
+    return _run(self, key, 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_group="liners",
+    lock_unique_on=["key"],
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+)
+def line_a(self: Any, key: str, duration: float = 0.0) -> str:
+    return _run(self, key, duration)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_group="liners",
+    lock_unique_on=["key"],
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+)
+def line_b(self: Any, key: str, duration: float = 0.0) -> str:
+    return _run(self, key, duration)
 
 
 # -- lock_limit as a function of the call ----------------------------------------------------------------------

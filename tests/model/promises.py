@@ -43,6 +43,8 @@ class TaskOpts:
         limit = self.opts.get("lock_limit", 1)
         if limit == "per_key":
             return 2 if key.endswith("p") else 1
+        if limit == "dialed":  # the schedule dials 1 or 2 while runs hold (suite.py's "dial" step): 2 at most
+            return 2
         return None if limit is None else int(limit)
 
     @property
@@ -67,6 +69,7 @@ class Call:
     retries: int = 0
     revoked: bool = False  # the schedule revoked it (app.control.revoke)
     slow_publish: bool = False  # published through a slowed broker connection
+    expires: float | None = None  # apply_async(expires=...) in seconds from ``sent``
 
 
 @dataclass
@@ -153,10 +156,14 @@ def _faulted(h: History) -> bool:
 def check(h: History) -> list[str]:
     """Every broken promise of the history, one line each."""
     out: list[str] = []
-    for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_replace_order, _check_rate,
-                    _check_debounce, _check_cooldown, _check_queue_scope):  # fmt: skip
+    for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_line, _check_replace_order,
+                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope):  # fmt: skip
         out += checker(h)
     return out
+
+
+def _worker_killed_after(h: History, sent: float) -> bool:
+    return any(t >= sent for t, kind in h.faults if kind == "kill-worker")
 
 
 def _check_ends(h: History) -> list[str]:
@@ -264,8 +271,17 @@ def _check_once(h: History) -> list[str]:
         if c.returned is None:
             continue
         finals = _ran(h, c.returned)
-        if len(finals) > 1:
+        # A whole worker SIGKILLed just after a body ended, before its outcome was stored and its message acked: the
+        # job was killed before its end as far as the lock and the broker know, and runs again (redelivered).
+        first_end = min((a.end for a in finals if a.end is not None), default=None)
+        killed_at_end = first_end is not None and any(
+            first_end <= t <= first_end + DECIDE for t, kind in h.faults if kind == "kill-worker"
+        )
+        if len(finals) > 1 and not killed_at_end:
             out.append(f"call {c.index} ({c.task} {c.key} id {c.returned}) ran to its end {len(finals)} times")
+        spans = sorted(_span(a, h) for a in h.attempts if a.id == c.returned)
+        if any(s2 < e1 for (_, e1), (s2, _) in itertools.pairwise(spans)):
+            out.append(f"call {c.index} ({c.task} {c.key} id {c.returned}) ran twice at once (a copy beside its job)")
         t = h.tasks[c.task]
         o = h.outcomes.get(c.returned)
         if c.revoked or o is None or t.opts.get("lock_debounce"):
@@ -332,8 +348,7 @@ def _check_rate(h: History) -> list[str]:
         t = h.tasks[a.task]
         if t.rate is None:
             continue
-        on = t.opts.get("lock_rate_on")
-        windows[(t.space, a.key if on else "*")].append(a)
+        windows[(t.space, _rate_key(h, t, a.id, a.key))].append(a)
     for (space, key), attempts in windows.items():
         n, secs = h.tasks[attempts[0].task].rate  # type: ignore[misc]
         starts = sorted(a.rate_at if a.rate_at is not None else a.start for a in attempts)
@@ -343,6 +358,51 @@ def _check_rate(h: History) -> list[str]:
                     f"rate {space}/{key}: {n + 1} starts within {starts[i + n] - starts[i]:.3f} s (rate {n}/{secs} s)"
                 )
                 break
+    return out
+
+
+def _rate_key(h: History, t: TaskOpts, task_id: str, key: str) -> str:
+    """The part of a call's rate key its lock_rate_on arguments make ("*": the task's or group's one window)."""
+    on = t.opts.get("lock_rate_on") or []
+    call = next((c for c in h.calls if c.returned == task_id), None)
+    values = {"key": key, "duration": call.duration if call else None, "ver": call.ver if call else None}
+    return "|".join(str(values[n]) for n in on) or "*"
+
+
+def _rate_full(h: History, t: TaskOpts, task_id: str, key: str, at: float) -> bool:
+    """Whether the rate window of this call's rate key held N starts around ``at`` (a rate skip may be due)."""
+    if t.rate is None:
+        return False
+    n, secs = t.rate
+    mine = _rate_key(h, t, task_id, key)
+    starts = [a.rate_at if a.rate_at is not None else a.start for a in h.attempts
+              if h.tasks[a.task].space == t.space and _rate_key(h, h.tasks[a.task], a.id, a.key) == mine]  # fmt: skip
+    return sum(1 for s in starts if at - secs - DECIDE <= s <= at + DECIDE) >= n
+
+
+def _check_line(h: History) -> list[str]:
+    """lock_max_waiting=M: a call refused because the line is full found M calls of its key waiting before it: calls
+    sent before it (or within ORDER after) that had not started yet when it was refused. A call's own re-sends (its
+    rate wait, a redelivery, a split vote) never count: it keeps its place."""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        for c in calls:
+            o = h.outcomes.get(c.returned or "")
+            cap = h.tasks[c.task].opts.get("lock_max_waiting")
+            if o is None or o.state != "REVOKED" or "waiting line" not in o.reason or not cap or o.done is None:
+                continue
+            refused_at = o.done
+            waiting = 0
+            for x in calls:
+                if x is c or x.returned in (None, c.returned) or x.sent > c.sent + ORDER:
+                    continue
+                starts = [a.start for a in h.attempts if a.id == x.returned]
+                ended = h.outcomes.get(x.returned or "", Outcome("")).done
+                if (min(starts) if starts else (ended if ended is not None else float("inf"))) > refused_at - DECIDE:
+                    waiting += 1
+            if waiting < int(cap):
+                out.append(f"{space}/{key}: call {c.index} v{c.ver} refused for a full line (lock_max_waiting={cap}) "
+                           f"with {waiting} call(s) sent before it waiting")  # fmt: skip
     return out
 
 
@@ -367,18 +427,34 @@ def _check_debounce(h: History) -> list[str]:
         quiet = t.opts.get("lock_debounce")
         if not quiet:
             continue
+        seen: set[str | None] = set()
         for burst in bursts(calls, float(quiet)):
             ids = {c.returned for c in burst}
             last = burst[-1]
+            stale = (ids & seen) - {None}
+            if stale:
+                out.append(f"{space}/{key}: a new burst (v{[c.ver for c in burst]}) got an earlier burst's "
+                           f"AsyncResult {sorted(stale)}")  # fmt: skip
+            seen |= ids
             if len(ids) != 1 and not _faulted(h):
                 out.append(f"{space}/{key}: one burst got {len(ids)} AsyncResults (v{[c.ver for c in burst]})")
             runs = [a for a in h.attempts if a.id in ids and a.end is not None and a.attempt == 0]
             vers = [a.ver for a in sorted(runs, key=lambda a: a.start)]
             if last.revoked:
                 continue
+            o = h.outcomes.get(last.returned or "", Outcome(""))
+            if (o.state == "REVOKED" and re.search(r"rate", o.reason) and o.done is not None
+                    and _rate_full(h, t, last.returned or "", key, o.done)):  # fmt: skip
+                continue  # a burst due while its rate window was full, skipped for it (lock_on_rate_limit="skip")
+            if last.expires is not None and last.expires < float(quiet) + DECIDE and not vers:
+                continue  # its own expiry came before its due time
+            if not vers and o.state not in ("SUCCESS", "FAILURE", "REVOKED") and _worker_killed_after(h, last.sent):
+                continue  # its message lost by a whole worker's SIGKILL (_check_ends says why that is excused)
             if vers.count(last.ver) != 1:
                 out.append(f"{space}/{key}: the burst's last call v{last.ver} ran {vers.count(last.ver)} times: {vers}")
-            if not t.opts.get("lock_debounce_max") and any(v != last.ver for v in vers):
+            # Under a node fault a call sent on its own (no quorum) runs by itself beside the burst it could not
+            # join, which runs the version before it: older arguments may run too, never after newer (below).
+            if not t.opts.get("lock_debounce_max") and not _faulted(h) and any(v != last.ver for v in vers):
                 out.append(f"{space}/{key}: a burst ran other arguments than its last call's v{last.ver}: {vers}")
             if vers != sorted(vers):
                 out.append(f"{space}/{key}: older arguments ran after newer: {vers}")
@@ -425,8 +501,8 @@ def _debounce_versions(h: History, space: str, key: str, calls: list[Call]) -> l
 
 
 def _check_cooldown(h: History) -> list[str]:
-    """lock_cooldown=C: after a success, no other run of the key starts within C s of its end (a failure holds
-    nothing)."""
+    """lock_cooldown=C: after a success, its slot stays held C s from its end (a failure holds nothing): with the
+    default limit of 1 no other run of the key starts then; with lock_limit=N, no start finds N slots held."""
     out = []
     for (space, key), calls in _by_space(h).items():
         cooldown = max(float(h.tasks[c.task].opts.get("lock_cooldown", 0)) for c in calls)
@@ -434,23 +510,41 @@ def _check_cooldown(h: History) -> list[str]:
             continue
         ids = {c.returned for c in calls}
         attempts = sorted((a for a in h.attempts if a.id in ids), key=lambda a: a.start)
-        for a in attempts:
-            if a.end is None or h.outcomes.get(a.id, Outcome("")).state != "SUCCESS" or a.attempt < _retries(h, a.id):
-                continue
+        limit = min((h.tasks[c.task].limit(key) or 10**6) for c in calls)
+        cooled = [
+            a
+            for a in attempts
+            if a.end is not None
+            and h.outcomes.get(a.id, Outcome("")).state == "SUCCESS"
+            and a.attempt >= _retries(h, a.id)
+        ]
+        for a in cooled:
             for b in attempts:
                 if b.id != a.id and a.end < b.start < a.end + cooldown - COOLDOWN_CLOCK:
-                    out.append(f"{space}/{key}: {b.id} started {b.start - a.end:.2f} s into {a.id}'s cooldown")
+                    # A success keeps its slot (lock_limit=N: the other N - 1 slots stay free to take).
+                    held = sum(
+                        1
+                        for x in cooled
+                        if x.id != b.id
+                        and x.end is not None
+                        and x.end - COOLDOWN_CLOCK <= b.start < x.end + cooldown - COOLDOWN_CLOCK
+                    )
+                    held += sum(1 for x in attempts if x.id != b.id and _span(x, h)[0] < b.start < _span(x, h)[1])
+                    if held >= limit:
+                        out.append(f"{space}/{key}: {b.id} started {b.start - a.end:.2f} s into {a.id}'s cooldown")
     return out
 
 
 def _check_queue_scope(h: History) -> list[str]:
-    """lock_scope="queue": a delay() while the key's job is queued or running returns that job's id (publishes
-    nothing). lock_enqueue_check: a delay() while the key's job runs returns the running job's id."""
+    """lock_scope="queue" (skip, fail): a delay() while the key's job is queued or running returns that job's id
+    (publishes nothing); with reschedule or replace the call is sent and waits at the worker (the matrix's note).
+    lock_enqueue_check: a delay() while the key's job runs returns the running job's id."""
     out = []
     for (space, key), calls in _by_space(h).items():
         for c in calls:
             t = h.tasks[c.task]
-            queue, enqueue = t.opts.get("lock_scope") == "queue", t.opts.get("lock_enqueue_check")
+            queue = t.opts.get("lock_scope") == "queue" and t.policy in ("skip", "fail")
+            enqueue = t.opts.get("lock_enqueue_check")
             if not (queue or enqueue) or c.returned is None or _faulted(h) or c.slow_publish:
                 continue
             for prior in calls:

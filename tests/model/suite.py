@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +33,15 @@ TTL = 2.0
 QUIET = 0.8  # lock_debounce of a debounced task; the schedule's gaps stay far from it (promises.bursts)
 GAPS = (0.0, 0.05, 0.2, 2.5)  # seconds between two steps: within a debounce burst, or well past its quiet period
 VISIBILITY = 2.0  # a deployment with a short broker visibility timeout redelivers every run longer than this
-FAULTS = ("kill-child", "kill-worker", "pause-node", "restart-node-empty", "restart-node-data", "slow-publish")
+FAULTS = (
+    "kill-child",
+    "kill-worker",
+    "pause-node",
+    "restart-node-empty",
+    "restart-node-data",
+    "slow-publish",
+    "pause-node-bg",
+)
 
 # Option pairs whose promises are still broken on main: the CI budget draws no deployment that has one; the long
 # budget draws them. None now (issue 29 finding 11, debounce x fault, was the last: docs/protocol.md, Debounce).
@@ -59,7 +68,7 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
     try:
         for spec in specs:
             opts = {**spec["opts"]}
-            if opts.get("lock_limit") == "per_key":
+            if opts.get("lock_limit") in ("per_key", "dialed"):
                 opts["lock_limit"] = per_key
             if isinstance(opts.get("lock_rate"), list):
                 opts["lock_rate"] = tuple(opts["lock_rate"])
@@ -99,7 +108,8 @@ def facets(spec: dict[str, Any], specs: list[dict[str, Any]], faults: bool) -> f
     o = spec["opts"]
     out = {name for name, on in [
         ("fault", faults), ("rate", o.get("lock_rate") is not None),
-        ("max_waiting", o.get("lock_max_waiting") is not None), ("limit_callable", o.get("lock_limit") == "per_key"),
+        ("max_waiting", o.get("lock_max_waiting") is not None),
+        ("limit_callable", o.get("lock_limit") in ("per_key", "dialed")),
         ("queue", o.get("lock_scope") == "queue"), ("replace", o.get("lock_on_duplicate") == "replace"),
         ("debounce", bool(o.get("lock_debounce"))), ("group", bool(o.get("lock_group"))),
     ] if on}  # fmt: skip
@@ -127,6 +137,9 @@ class Deployment:
     workers: int = 1
     short_visibility: bool = False
     faults: list[str] = field(default_factory=list)
+    schedule: list[dict[str, Any]] | None = None  # an explicit schedule run before the storm (PAIR_DEPLOYMENTS)
+    broker: str = "redis"  # or "rabbitmq": the machine's RabbitMQ, a vhost of this deployment's own (tests/rabbitmq.py)
+    pool: str = "prefork"  # threads, gevent, solo: bodies run in the worker's process (no kill-child fault then)
 
     def spec(self) -> str:
         return json.dumps({"tasks": self.tasks})
@@ -144,8 +157,9 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
         o["lock_on_rate_limit"] = rng.choice(["wait", "wait", "skip", "fail"])
         if rng.random() < 0.5:
             o["lock_rate_on"] = ["key"]
-    if rng.random() < 0.25:
-        o = {"lock_ttl": TTL, "lock_debounce": QUIET, "lock_on_duplicate": "reschedule"}
+    if rng.random() < 0.25:  # debounce keeps a drawn lock_rate (issue 29 finding 7's pair), drops the rest
+        rate = {k: v for k, v in o.items() if k.startswith("lock_rate") or k == "lock_on_rate_limit"}
+        o = {"lock_ttl": TTL, "lock_debounce": QUIET, "lock_on_duplicate": "reschedule", **rate}
         if rng.random() < 0.3:
             o["lock_debounce_max"] = 2.0
     if o.get("lock_on_duplicate") in ("reschedule", "replace") and rng.random() < 0.3:
@@ -209,6 +223,75 @@ CI_DEPLOYMENTS = [
 ]  # fmt: skip
 
 
+def _call(key: str, gap: float, duration: float = 0.0, **extra: Any) -> dict[str, Any]:
+    return {"op": "call", "task": 0, "key": key, "gap": gap, "duration": duration, "fail": False, "retries": 0,
+            **extra}  # fmt: skip
+
+
+# The pairs of issue 29's findings 4-8, 10 and 11, each with a schedule that meets the finding's pair head on
+# (CSL_MODEL_SEEDS=41..47 runs them; the long budget adds them to its drawn seeds).
+PAIR_DEPLOYMENTS = [
+    # 4: a call waiting for its rate window comes back to a line another call filled (rate per duration value).
+    Deployment(41, [{"name": "p4_rate_cap", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule",
+                     "lock_max_waiting": 1, "lock_rate": [1, 3.0], "lock_rate_on": ["duration"]}}],
+               workers=2, faults=["kill-child"],
+               schedule=[_call("a", 0.0), _call("a", 0.3), _call("a", 0.3, 3.0), _call("a", 0.3, 0.3)]),
+    # 5: a callable limit lowered while a run holds slot 2; that run's redelivery by the visibility timeout.
+    Deployment(42, [{"name": "p5_dialed", "opts": {"lock_ttl": TTL, "lock_limit": "dialed"}}], workers=1,
+               short_visibility=True,
+               schedule=[{"op": "dial", "value": 2}, _call("a", 0.0, 1.0), _call("a", 0.2, 6.0),
+                         {"op": "dial", "value": 1, "gap": 1.5}]),
+    # 6: queue scope, a reserved job waiting for its rate window; later delay()s of its key.
+    Deployment(43, [{"name": "p6_queue_rate", "opts": {"lock_ttl": TTL, "lock_scope": "queue", "lock_rate": [1, 3.0],
+                     "lock_rate_on": ["key"]}}], workers=1,
+               schedule=[_call("a", 0.0), _call("a", 0.3), _call("a", 0.7), _call("a", 0.7)]),
+    # 8: replace, calls waiting for the rate window: only the newest runs.
+    Deployment(44, [{"name": "p8_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
+                     "lock_rate": [1, 3.0], "lock_rate_on": ["key"]}}], workers=2,
+               schedule=[_call("a", 0.0), _call("a", 0.3), _call("a", 1.0), _call("a", 1.0)]),
+    # 7: debounce x rate skip: a burst skipped for its rate; the next burst, in a free window, must run.
+    Deployment(45, [{"name": "p7_debounce_rate", "opts": {"lock_ttl": TTL, "lock_debounce": QUIET,
+                     "lock_on_duplicate": "reschedule", "lock_rate": [1, 3.0], "lock_rate_on": ["key"],
+                     "lock_on_rate_limit": "skip"}}], workers=1,
+               schedule=[_call("a", 0.0), _call("a", 1.9), _call("a", 2.5)]),
+    # 10: a burst kept going past its first call's expires; its last call's own expiry is later than its due time.
+    Deployment(46, [{"name": "p10_debounce_expires", "opts": {"lock_ttl": TTL, "lock_debounce": QUIET,
+                     "lock_on_duplicate": "reschedule"}}], workers=1,
+               schedule=[_call("a", 0.2 if i else 0.0, 0.0, expires=1.5) for i in range(5)]),
+    # 11: debounce under one node out at a time: a burst one node missed, then a call while another node is paused.
+    Deployment(47, [{"name": "p11_debounce_faults", "opts": {"lock_ttl": TTL, "lock_debounce": QUIET,
+                     "lock_on_duplicate": "reschedule"}}], workers=2,
+               faults=["pause-node-bg", "restart-node-empty", "restart-node-data"],
+               schedule=[_call("a", 0.0), {"op": "fault", "kind": "restart-node-empty", "node": 0},
+                         {"op": "fault", "kind": "pause-node-bg", "node": 1}, _call("a", 0.05),
+                         _call("bp", 0.0), {"op": "fault", "kind": "restart-node-empty", "node": 2},
+                         {"op": "fault", "kind": "pause-node-bg", "node": 0}, _call("bp", 0.1)]),
+    # Beyond the findings (the review's attacks): a group whose tasks agree (limit 2, a rate, reschedule) under
+    # SIGKILLs and redeliveries; replace with a rate under redeliveries and a killed worker (a re-send's place).
+    Deployment(48, [{"name": f"p48_g{i}", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                     "lock_rate": [2, 1.5], "lock_group": "p48"}} for i in range(2)],
+               workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "restart-node-empty"]),
+    Deployment(50, [
+        {"name": "p50_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace", "lock_rate": [2, 1.5]}},
+        {"name": "p50_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                                         "lock_max_waiting": 2}},
+        {"name": "p50_queue", "opts": {"lock_ttl": TTL, "lock_scope": "queue", "lock_cooldown": 1.5}},
+    ], workers=2, broker="rabbitmq", faults=["kill-child", "kill-worker", "pause-node-bg", "slow-publish"]),
+    *[Deployment(seed, [
+        {"name": f"p{seed}_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace"}},
+        {"name": f"p{seed}_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                                              "lock_max_waiting": 2, "lock_rate": [3, 2.0]}},
+        {"name": f"p{seed}_skip", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_cooldown": 1.5}},
+        {"name": f"p{seed}_debounce", "opts": {"lock_ttl": TTL, "lock_debounce": QUIET,
+                                               "lock_on_duplicate": "reschedule"}},
+    ], workers=2, pool=pool, short_visibility=True, faults=["kill-worker", "restart-node-empty"])
+      for seed, pool in [(51, "threads"), (52, "gevent"), (53, "solo")]],
+    Deployment(49, [{"name": "p49_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
+                     "lock_rate": [2, 1.5], "lock_rate_on": ["key"]}}],
+               workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "pause-node-bg"]),
+]  # fmt: skip
+
+
 def storm(d: Deployment) -> list[dict[str, Any]]:
     """The explicit first schedule of every deployment, per task: a 2 s run of key "a", three calls of it while it
     runs (from 0.65 s on: past promises.ORDER), two calls of key "bp", a call just after the run (in a cooldown),
@@ -259,13 +342,17 @@ class Bench:
 
     def __init__(self, c: Cluster, d: Deployment) -> None:
         self.c, self.d = c, d
-        self.proxy = FaultProxy(c.broker.port).start()
+        amqp = c.env["CSL_BROKER"].startswith("amqp://")
+        self.proxy = FaultProxy(int(c.env["CSL_BROKER"].rsplit(":", 1)[1].split("/")[0]) if amqp else c.broker.port)
+        self.proxy.start()
+        vhost = c.env["CSL_BROKER"].rsplit("/", 1)[1]
+        self.broker_url = f"amqp://guest:guest@127.0.0.1:{self.proxy.port}/{vhost}" if amqp else self.proxy.url
         self.env = {**c.env, "CSL_MODEL_SPEC": d.spec()}
         if d.short_visibility:
             self.env["CSL_VISIBILITY"] = str(VISIBILITY)
         self.workers = [self._worker(i) for i in range(d.workers)]
         saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update({**self.env, "CSL_BROKER": self.proxy.url})
+        os.environ.update({**self.env, "CSL_BROKER": self.broker_url})
         try:
             sys.path.insert(0, str(APPS))
             for mod in ("model_app", "locked_app"):
@@ -278,10 +365,12 @@ class Bench:
                 else:
                     os.environ[k] = v
         self.tasks = {t["name"]: TaskOpts(t["name"], t["opts"]) for t in d.tasks}
+        self.timers: list[threading.Timer] = []
 
     def _worker(self, i: int) -> CeleryWorker:
         w = CeleryWorker("model_app", f"model{i}-{uuid.uuid4().hex[:4]}", cwd=str(APPS),
-                         log_path=str(self.c.tmp / f"model{i}.log"), concurrency=2, env=self.env)  # fmt: skip
+                         log_path=str(self.c.tmp / f"model{i}.log"), concurrency=2, env=self.env,
+                         pool=self.d.pool)  # fmt: skip
         self.c.workers.append(w)
         return w.start()
 
@@ -295,7 +384,7 @@ class Bench:
 
     # -- faults --------------------------------------------------------------------------------------------------
 
-    def _fault(self, kind: str, calls: list[Call], rng: random.Random) -> str | None:
+    def _fault(self, kind: str, calls: list[Call], rng: random.Random, index: int | None = None) -> str | None:
         c = self.c
         if kind == "kill-child":
             ended = {(a["id"], a["attempt"]) for a in self._records("model:ended")}
@@ -311,8 +400,14 @@ class Bench:
             self.workers[i].kill()
             self.workers[i] = self._worker(i)
             return kind
-        node = rng.choice(c.locks)
-        if kind == "pause-node":
+        node = c.locks[index % len(c.locks)] if index is not None else rng.choice(c.locks)
+        if kind == "pause-node-bg":  # paused for 1 s while the schedule goes on (calls made meanwhile)
+            node.pause()
+            timer = threading.Timer(1.0, node.resume)
+            timer.daemon = True
+            timer.start()
+            self.timers.append(timer)
+        elif kind == "pause-node":
             node.pause()
             time.sleep(1.0)
             node.resume()
@@ -346,10 +441,12 @@ class Bench:
                 name = names[step["task"] % len(names)]
                 key = f"{prefix}-{step['key']}"
                 call = Call(len(calls), name, key, len(calls), time.time(), None, duration=step["duration"],
-                            fail=step["fail"], retries=step["retries"], slow_publish=slow is not None)  # fmt: skip
+                            fail=step["fail"], retries=step["retries"], slow_publish=slow is not None,
+                            expires=step.get("expires"))  # fmt: skip
                 try:
+                    extra = {"expires": step["expires"]} if step.get("expires") is not None else {}
                     r = self.mod.app.tasks[name].apply_async((key, call.ver, step["duration"], step["fail"],
-                                                             step["retries"]))  # fmt: skip
+                                                             step["retries"]), **extra)  # fmt: skip
                     call.returned = r.id
                 except Exception as exc:  # delay() itself may refuse: fail policy in queue scope
                     call.raised = f"{type(exc).__name__}: {exc}"
@@ -357,6 +454,10 @@ class Bench:
                 if slow is not None:
                     slow.stop()
                     slow = None
+            elif step["op"] == "dial":  # a lock_limit="dialed" task's limit for this schedule's keys
+                time.sleep(step.get("gap", 0.0))
+                for k in ("a", "bp"):
+                    self.c.record.set(f"limit:{prefix}-{k}", step["value"])
             elif step["op"] == "revoke":
                 targets = [x for x in calls if x.returned]
                 if targets:
@@ -369,11 +470,16 @@ class Bench:
                 faults.append((time.time(), "slow-publish"))
             else:
                 at = time.time()
-                done = self._fault(step["kind"], calls, rng)
+                done = self._fault(step["kind"], calls, rng, step.get("node"))
                 if done:
                     faults.append((at, done))
         if slow is not None:
             slow.stop()
+        # A call that got a revoked call's id (a debounce burst or a queue-scope reservation it joined) is that job:
+        # revoked with it.
+        revoked = {x.returned for x in calls if x.revoked}
+        for x in calls:
+            x.revoked = x.revoked or x.returned in revoked
         return self._collect(prefix, calls, faults)
 
     def _collect(self, prefix: str, calls: list[Call], faults: list[tuple[float, str]]) -> History:
@@ -383,8 +489,13 @@ class Bench:
             if all(s in ("SUCCESS", "FAILURE", "REVOKED") for i, s in states.items()
                    if not any(c.revoked and c.returned == i for c in calls)):  # fmt: skip
                 break
-        time.sleep(0.3)  # a revoked call's body, if it started, records its end
         mine = lambda a: a["key"].startswith(prefix)  # noqa: E731
+        for _ in polling(30, 0.2):  # bounded: a body still running after its call's state is stored (a copy) ends
+            ended = {(a["id"], a["attempt"], a["start"]) for a in self._records("model:ended") if mine(a)}
+            if all((a["id"], a["attempt"], a["start"]) in ended or not _alive(a["pid"])
+                   for a in self._records("model:started") if mine(a)):  # fmt: skip
+                break
+        time.sleep(0.3)  # a revoked call's body, if it started, records its end
         ends = {(a["id"], a["attempt"], a["start"]): a["end"] for a in self._records("model:ended") if mine(a)}
         attempts = [
             Attempt(
@@ -421,9 +532,25 @@ class Bench:
         return Outcome(m["status"], reason, done)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def bench(tmp: Path, d: Deployment) -> Iterator[Bench]:
-    with cluster(tmp, ttl=TTL) as c:
+    with contextlib.ExitStack() as stack:
+        url = None
+        if d.broker == "rabbitmq":
+            import rabbitmq  # noqa: PLC0415 - tests/rabbitmq.py: skips (fails under CI) without a RabbitMQ server
+
+            url = stack.enter_context(rabbitmq.vhost())
+        c = stack.enter_context(cluster(tmp, ttl=TTL, broker_url=url))
         b = Bench(c, d)
         try:
             yield b
@@ -433,6 +560,9 @@ def bench(tmp: Path, d: Deployment) -> Iterator[Bench]:
 
 def heal(b: Bench) -> None:
     """Between schedules: every lock node up and answering."""
+    for timer in b.timers:
+        timer.join(5)
+    b.timers.clear()
     for node in b.c.locks:
         if node.paused:
             node.resume()

@@ -1,0 +1,211 @@
+"""lock_on_duplicate="cancel": a newer call of a running key stops the running job and runs after it, never beside it.
+
+Real workers (prefork with two children; two solo workers on one queue, since a solo worker runs one body at a time)
+on one broker and three lock nodes (tests/worker_cluster.py). The bodies (tests/apps/locked_app.py, ``rebuild``)
+record their spans (start, end, their argument, their fencing token, how they ended) and write their argument to a
+store that refuses a write older than the newest fencing token it saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
+from worker_cluster import Cluster, cluster, new_key, polling
+
+from celery_singleton_lock.cli import locks
+
+TTL = 1.5  # the tasks' own lock_ttl: renewed every 0.5 s
+WAIT = 40.0  # seconds any single outcome may take on a loaded machine
+QUEUES = {"prefork": "c-prefork", "solo": "c-solo"}
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("cancel"), ttl=TTL) as cl:
+        cl.app_module()
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def workers(c: Cluster) -> dict[str, Any]:
+    """Per pool, room for the running body and the newer call's delivery at once."""
+    return {
+        "prefork": [c.worker("w-prefork", queues=QUEUES["prefork"], pool="prefork", concurrency=2)],
+        "solo": [c.worker(f"w-solo-{i}", queues=QUEUES["solo"], pool="solo", concurrency=1) for i in (1, 2)],
+    }
+
+
+def spans(c: Cluster, key: str) -> list[list[Any]]:
+    """[key, task id, pid, start, end, n, fencing token, how, (wrote)] of every body of ``key`` that ended."""
+    return [r for r in c.records("spans") if r[0] == key]
+
+
+def wait_spans(c: Cluster, key: str, count: int) -> list[list[Any]]:
+    for _ in polling(WAIT, 0.1):
+        if len(spans(c, key)) >= count:
+            break
+    found = spans(c, key)
+    assert len(found) >= count, f"{key}: {len(found)} bodies ended, expected {count}: {found}"
+    return found
+
+
+def revoked_reason(c: Cluster, task_id: str) -> str:
+    """The reason stored with a REVOKED state (what AsyncResult.get() raises)."""
+    mod = c.app_module()
+    result = mod.app.AsyncResult(task_id)
+    for _ in polling(WAIT, 0.1):
+        if result.state == "REVOKED":
+            break
+    assert result.state == "REVOKED", (task_id, result.state)
+    return str(result.result)
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_a_running_job_is_cancelled_by_a_newer_call_which_runs_after_it(
+    c: Cluster, workers: dict[str, Any], pool: str
+) -> None:
+    """A newer call of a running key stops the running body (REVOKED, naming the newer call), and runs after it
+    with its own arguments: its start comes after the stopped body's end (never beside it)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild.apply_async((k, 1, 30.0), queue=QUEUES[pool])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild.apply_async((k, 2, 0.2), queue=QUEUES[pool])
+    assert newer.get(timeout=WAIT) == 2
+    stopped, ran = sorted(wait_spans(c, k, 2), key=lambda s: s[3])
+    assert (stopped[1], stopped[7]) == (first.id, "cancelled")
+    assert (ran[1], ran[5], ran[7]) == (newer.id, 2, "ran")
+    assert ran[3] >= stopped[4], f"the newer call started before the stopped body ended: {stopped} {ran}"
+    reason = revoked_reason(c, first.id)
+    assert "cancelled by a newer call" in reason and newer.id in reason, reason
+    assert ran[6] > stopped[6]  # fencing tokens: the successor's is newer
+
+
+def test_a_body_that_ignores_the_stop_lets_the_newer_call_run_at_its_lease_s_end(
+    c: Cluster, workers: dict[str, Any]
+) -> None:
+    """A body that swallows the stop is no longer renewed after one interval: the newer call runs once its lease
+    has ended, with a greater fencing token, and the stopped body's late write is refused by the fenced store."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_stubborn.apply_async((k, 1, 8.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild_stubborn.apply_async((k, 2, 0.1), queue=QUEUES["prefork"])
+    assert newer.get(timeout=WAIT) == 2
+    late, ran = sorted(wait_spans(c, k, 2), key=lambda s: s[4], reverse=True)
+    assert (late[1], late[7]) == (first.id, "ignored the stop")
+    assert ran[1] == newer.id
+    assert ran[6] > late[6]  # the successor's fencing token is newer
+    assert ran[8] == 1 and late[8] == 0, f"the stale write was not refused: {late}"
+    assert ran[4] < late[4]  # the successor ran (and wrote) while the stubborn body still went on
+
+
+def test_a_burst_of_newer_calls_during_one_cancel_runs_the_last_one_once(c: Cluster, workers: dict[str, Any]) -> None:
+    """Twenty newer calls while one runs: the running one is stopped, the last call runs once after it with its
+    own arguments, and every call in between is superseded (REVOKED), never run."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild.apply_async((k, 0, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    calls = [mod.rebuild.apply_async((k, n, 0.1), queue=QUEUES["prefork"]) for n in range(1, 21)]
+    assert calls[-1].get(timeout=WAIT) == 20
+    for _ in polling(TTL * 4, 0.2):  # fallback copies of the superseded calls come back and must not run
+        pass
+    found = spans(c, k)
+    assert sorted((s[1], s[5], s[7]) for s in found) == sorted(
+        [(first.id, 0, "cancelled"), (calls[-1].id, 20, "ran")]
+    ), found
+    states = c.states([r.id for r in calls[:-1]])
+    assert set(states.values()) == {"REVOKED"}, states
+
+
+# -- the durable cancel (LockedTask.cancel, cancel_task_id, locks cancel) of a plain LockedTask ---------------------
+
+
+def locks_cli(c: Cluster, *args: str) -> Any:
+    """``celery -A locked_app locks ARGS`` in this process (click's runner)."""
+    app = c.app_module().app
+    return CliRunner().invoke(locks, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
+
+
+def test_a_cancel_made_while_no_worker_runs_drops_the_message_when_a_worker_starts(c: Cluster) -> None:
+    """A message cancelled by task id before any worker of its queue runs is dropped by the worker started later:
+    REVOKED naming the cancel, its body never run; `locks list` showed the cancel pending meanwhile."""
+    mod = c.app_module()
+    k = new_key()
+    queued = mod.build.apply_async((k, 1, 0.1), queue="c-late")
+    report = mod.build.cancel_task_id(queued.id, (k, 1, 0.1))
+    assert (report.outcome, report.durable) == ("pending", True), str(report)
+    listed = locks_cli(c, "list")
+    assert f"pending cancel  task {queued.id}" in listed.output, listed.output
+    late = c.worker("w-late", queues="c-late", pool="solo", concurrency=1)
+    try:
+        reason = revoked_reason(c, queued.id)
+        assert reason.startswith("cancelled (by task.cancel at "), reason
+        again = mod.build.apply_async((k, 2, 0.1), queue="c-late")  # a call after the cancel is a new job: it runs
+        assert again.get(timeout=WAIT) == 2
+    finally:
+        late.stop()
+    assert [(s[1], s[7]) for s in spans(c, k)] == [(again.id, "ran")]
+
+
+def test_a_worker_restarted_between_cancel_and_delivery_still_drops_the_message(c: Cluster) -> None:
+    """A countdown message held by a worker, cancelled, the worker restarted before its time: the restored message
+    reaches the new worker process and is dropped (Celery's own revoke lives in the old process's memory)."""
+    mod = c.app_module()
+    k = new_key()
+    w = c.worker("w-restart", queues="c-restart", pool="solo", concurrency=1)
+    queued = mod.build.apply_async((k, 1, 0.1), queue="c-restart", countdown=4)
+    for _ in polling(WAIT, 0.1):  # held by the worker, waiting for its time
+        if queued.id in w.log():
+            break
+    assert mod.build.cancel_task_id(queued.id, (k, 1, 0.1)).outcome == "pending"
+    w.stop()
+    w2 = c.worker("w-restart-2", queues="c-restart", pool="solo", concurrency=1)
+    try:
+        reason = revoked_reason(c, queued.id)
+        assert reason.startswith("cancelled (by task.cancel at "), reason
+    finally:
+        w2.stop()
+    assert spans(c, k) == []
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_locks_cancel_stops_a_running_job_of_any_locked_task(c: Cluster, workers: dict[str, Any], pool: str) -> None:
+    """`locks cancel --task NAME --args` stops a running plain LockedTask within a renewal interval: its body is
+    interrupted, it ends REVOKED "cancelled (by locks cancel ...)" and its lock is free; a cancel of it once it
+    ended says so and changes nothing; a call after the cancel runs."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES[pool])
+    c.wait_started(k, 1, timeout=WAIT)
+    out = locks_cli(c, "cancel", "--task", "locked_app.build", "--args", f'["{k}", 1, 30.0]')
+    assert out.exit_code == 0, out.output
+    assert f"task {running.id}" in out.output and "running: asked to stop" in out.output, out.output
+    reason = revoked_reason(c, running.id)
+    assert reason.startswith("cancelled (by locks cancel by "), reason
+    assert [(s[1], s[7]) for s in wait_spans(c, k, 1)] == [(running.id, "cancelled")]
+    again = locks_cli(c, "cancel", "--id", running.id, "--task", "locked_app.build", "--args", f'["{k}", 1, 30.0]')
+    assert again.exit_code == 0 and "already ended: nothing changed" in again.output, again.output
+    after = mod.build.apply_async((k, 2, 0.1), queue=QUEUES[pool])
+    assert after.get(timeout=WAIT) == 2
+
+
+def test_a_cancel_with_a_lock_node_paused_is_written_on_the_quorum(c: Cluster, workers: dict[str, Any]) -> None:
+    """With one of three lock nodes paused, `build.cancel(...)` of a running job is written on the other two (a
+    quorum: durable) and still stops it."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    c.locks[0].pause()
+    try:
+        report = mod.build.cancel(k, 1, 30.0)
+        assert (report.task_id, report.outcome, report.written, report.durable) == (running.id, "running", 2, True)
+        assert revoked_reason(c, running.id).startswith("cancelled (by task.cancel at ")
+    finally:
+        c.locks[0].resume()
