@@ -30,20 +30,16 @@ from typing import Any, NoReturn
 
 from celery.states import READY_STATES
 
-from . import _debounced as debounced
 from . import _line as line
 from . import _resend as resend
 from . import signals
 from ._run import (
     ATTEMPT_HEADER,
-    DEBOUNCE_HEADER,
     PARKED_HEADER,
-    RATE_HEADER,
     REDELIVERY_HEADER,
     RESERVED_HEADER,
     SETTLE_HEADER,
     SINCE_HEADER,
-    VERSION_HEADER,
     WOKEN_HEADER,
     Context,
     Options,
@@ -54,11 +50,9 @@ from ._run import (
 )
 from .config import UnavailablePolicy
 from .decision import COOLDOWN, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
-from .errors import DuplicateTaskError, LockUnavailableError, RateLimitedError
+from .errors import DuplicateTaskError, LockUnavailableError
 from .interrupt import Target
 from .policies import cancel, policy_for
-from .policies import rate as rate_policy
-from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.limit import LIMIT
 from .record import limits_key_for
 from .redlock import Redlock
@@ -68,8 +62,6 @@ __all__ = ["SETTLE_GRACE", "release", "start"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
-#: The longest countdown a delivery waiting for its rate's window is re-sent with (a longer wait takes several).
-RATE_MAX_COUNTDOWN = 900.0
 #: Seconds a copy that found its job done, but no result stored, waits before saying so (see settle_done).
 SETTLE_GRACE = 10.0
 
@@ -88,11 +80,12 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         if newer is not None:
             line.replaced(ctx, run, task_id, newer)
             return
-    run.rate_key = ctx.rate_key(args, kwargs)
     run.limit = ctx.limit_for(args, kwargs)
+    gates = options.hooks.after_lock
     if run.limit is None:
-        # No lock at all (lock_limit=None): the rate alone decides. Nothing to hold, release or mark done.
-        rate_gate(ctx, run, None, options)
+        # No lock at all (lock_limit=None): the features alone decide (the rate). Nothing to hold, release or mark.
+        if gates:
+            after_lock(ctx, run, None, args, kwargs)
         return
     redelivered = bool(getattr(request, REDELIVERY_HEADER, None) or (request.delivery_info or {}).get("redelivered"))
     run.redelivered = redelivered
@@ -102,7 +95,7 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
     reserved = ctx.options.scope == "queue" and bool(getattr(request, RESERVED_HEADER, None))
     if acquired and not redelivered and not reserved:
         # The common case, without building the facts: decide(Facts("acquired", ...)) is RUN (tested).
-        if rate_gate(ctx, run, lock, options):
+        if not gates or after_lock(ctx, run, lock, args, kwargs):
             hold(ctx, run, lock, options, request)
         return
     facts = dataclasses.replace(gather(ctx, lock, acquired, task_id, redelivered, options), reserved=reserved)
@@ -110,7 +103,7 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         decision = decide(facts)
         act = decision.act
         if act is Act.RUN:
-            if rate_gate(ctx, run, lock, options):
+            if not gates or after_lock(ctx, run, lock, args, kwargs):
                 hold(ctx, run, lock, options, request)
             return
         if act is Act.LOOK_UP:
@@ -277,7 +270,7 @@ def carry_out(ctx: Context, run: Run, decision: Decision, facts: Facts, lock: Re
         unavailable(ctx, run, lock, task_id, options, "run")
     elif act is Act.FAIL_UNAVAILABLE:
         unavailable(ctx, run, lock, task_id, options, "fail")
-        debounced.failed(ctx, run, ctx.request)  # its burst ends: the next call starts a new one
+        _Delivery(ctx, run, lock, (), {}).failed()  # each feature's end of it (debounce: the next call starts a burst)
         errors = [str(e) for e in lock.node_errors] or [f"held by {lock.held_by!r}, a record of no task"]
         raise LockUnavailableError(run.key, node_errors=errors)
     elif act is Act.DEFER and decision.reason == "unavailable":
@@ -323,74 +316,51 @@ def settle_done(ctx: Context, run: Run, task_id: str) -> bool:
     return True
 
 
-def rate_gate(ctx: Context, run: Run, lock: Redlock | None, options: Options) -> bool:
-    """``lock_rate``: count this start if the window allows it (one more round trip), True then: the body runs.
+def before_body(ctx: Context, run: Run, lock: Redlock, request: Any) -> bool:
+    """About to hold the lock for the body: each active feature's ``before_body`` (debounce claims its burst, and may
+    swap the body's arguments: ``run.body_args``). False: a feature stopped the delivery."""
+    delivery = _Delivery(ctx, run, lock, request.args, request.kwargs)
+    return all(feature.before_body(delivery) for feature in ctx.options.hooks.before_body)
 
-    Over the rate, ``lock_on_rate_limit`` acts: ``wait`` re-sends this delivery for the moment the window lets a start
-    in (never early: that copy asks again; see :func:`wait_for_rate` for what it keeps meanwhile), ``skip`` stores
-    REVOKED, ``fail`` raises RateLimitedError; the lock (if any) is given back at once, as if never taken. Without a
-    quorum, ``lock_on_unavailable`` acts (``run``: the body starts uncounted, under its lock).
-    """
-    rate, key = options.rate, run.rate_key
-    if rate is None or key is None:
-        return True
-    verdict = rate_policy.take(options.settings.nodes, key, rate)
-    if verdict.outcome == "granted":
-        run.rate_at = verdict.at
-        run.rate_slot = (verdict.slot, verdict.times)
-        run.rate_token = verdict.token
-        return True
-    request = ctx.request
-    task_id = run.task_id
-    if verdict.outcome == "unavailable":
-        policy = options.on_unavailable
-        attempt = int(getattr(request, ATTEMPT_HEADER, 0) or 0)
-        if not attempt:  # once per call, not per retry
-            ctx.count("unavailable")
-        signals.lock_unavailable.send(sender=ctx.task, key=key, task_id=task_id, policy=policy, errors=verdict.errors)
-        if policy == "run":
-            logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", ctx.name, task_id, key)
-            return True
-        if (
-            policy == "fail"
-            or request.is_eager
-            or (options.settings.max_retries is not None and attempt + 1 > options.settings.max_retries)
-        ):
-            give_back(ctx, run, lock, options)
-            debounced.failed(ctx, run, request)  # its burst ends: the next call starts a new one
-            raise LockUnavailableError(key, node_errors=verdict.errors)
-        delay = min(options.settings.retry_max_delay, options.settings.retry_delay * 2**attempt)
-        countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
-        wait_for_rate(ctx, run, lock, options, countdown, "unavailable", {ATTEMPT_HEADER: attempt + 1})
-        return False
-    waits = int(getattr(request, RATE_HEADER, 0) or 0)
-    if not waits:  # once per call: its re-sent copies asking again are the same call
-        ctx.count("rate-limited")
-    said = f"rate {rate} of {key} reached"
-    signals.rate_limited.send(sender=ctx.task, key=key, task_id=task_id, rate=str(rate), policy=options.on_rate_limit)
-    # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
-    # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
-    contended = verdict.contended and not request.is_eager
-    if not contended and options.on_rate_limit != "wait" and not debounced.rate_refused(ctx, run, options, request):
-        return False  # a burst's job not due yet: re-sent for its due time (the rate is asked again then)
-    if not contended and (options.on_rate_limit == "fail" or request.is_eager):
-        give_back(ctx, run, lock, options)
-        raise RateLimitedError(key, task_name=ctx.name, rate=str(rate), wait=verdict.wait)
-    if not contended and options.on_rate_limit == "skip":
-        give_back(ctx, run, lock, options)
-        reason = f"{ctx.name} skipped: {said}"
-        if not (ctx.task.ignore_result or request.ignore_result):
-            ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
-        resend.skip_quietly(ctx, run, Skipped(reason, key, None))
-        return False
-    # wait: for the moment the window lets a start in on a quorum (a few ms after it: never early; that copy asks
-    # again, and one that loses the moment to another waiter is re-sent for the next one).
-    countdown = verdict.wait + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
-    # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
-    # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
-    countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
-    wait_for_rate(ctx, run, lock, options, countdown, "rate", {RATE_HEADER: waits + 1}, said)
-    return False
+
+def after_lock(ctx: Context, run: Run, lock: Redlock | None, args: Any, kwargs: Any) -> bool:
+    """The lock is taken (or the task has none): each active feature's ``after_lock`` in turn (the rate asks for its
+    share). True: the body may start; False: a feature stopped the delivery (deferred, skipped; it raises: failed)."""
+    delivery = _Delivery(ctx, run, lock, args, kwargs)
+    return all(feature.after_lock(delivery) for feature in ctx.options.hooks.after_lock)
+
+
+class _Delivery:
+    """The delivery's side of a feature's hooks (:class:`~celery_singleton_lock.policies.port.Delivery`)."""
+
+    __slots__ = ("args", "ctx", "kwargs", "lock", "run")
+    attempt_header = ATTEMPT_HEADER
+
+    def __init__(self, ctx: Context, run: Run, lock: Redlock | None, args: Any, kwargs: Any) -> None:
+        self.ctx, self.run, self.lock, self.args, self.kwargs = ctx, run, lock, args, kwargs
+
+    @property
+    def attempt(self) -> int:
+        return int(getattr(self.ctx.request, ATTEMPT_HEADER, 0) or 0)
+
+    def give_back(self) -> None:
+        give_back(self.ctx, self.run, self.lock, self.ctx.options)
+
+    def wait_out(self, countdown: float, reason: str, headers: dict[str, Any], detail: str = "") -> None:
+        wait_out(self.ctx, self.run, self.lock, self.ctx.options, countdown, reason, headers, detail)
+
+    def resend(self, headers: dict[str, Any], countdown: float, **options: Any) -> None:
+        resend.copy(self.ctx, headers, countdown=countdown, **options).apply_async()
+
+    def skip(self, reason: str, holder_id: str | None, kind: str = "duplicate") -> None:
+        resend.skip_quietly(self.ctx, self.run, Skipped(reason, self.run.key, holder_id, kind))
+
+    def failed(self) -> None:
+        for feature in self.ctx.options.hooks.at_fail:
+            feature.at_fail(self)
+
+    def may_refuse(self) -> bool:
+        return all(feature.may_refuse(self) for feature in self.ctx.options.hooks.may_refuse)
 
 
 def give_back(ctx: Context, run: Run, lock: Redlock | None, options: Options) -> None:
@@ -407,7 +377,7 @@ def give_back(ctx: Context, run: Run, lock: Redlock | None, options: Options) ->
         line.wake_next(ctx, run.key, options)
 
 
-def wait_for_rate(
+def wait_out(
     ctx: Context,
     run: Run,
     lock: Redlock | None,
@@ -417,7 +387,8 @@ def wait_for_rate(
     headers: dict[str, Any],
     detail: str = "",
 ) -> None:
-    """Re-send this delivery for its rate's window; while it waits it keeps what its call holds against other calls:
+    """Re-send this delivery to ask again in ``countdown`` s (a feature's wait: the rate's window, no quorum for it);
+    while it waits it keeps what its call holds against other calls:
 
     - queue scope: the key stays reserved for this job (the lock handed back to ``queued`` under its task id, as a
       reservation), so a later call of the key gets this job, and this job's copy takes the reservation over;
@@ -459,25 +430,14 @@ def keep_reserved(ctx: Context, run: Run, lock: Redlock, countdown: float) -> bo
         return False
 
 
-def uncount_rate(run: Run, options: Options) -> None:
-    """Give back the rate share :func:`rate_gate` counted for this delivery when its body does not start after all."""
-    if run.rate_token and run.rate_key is not None:
-        rate_policy.undo(options.settings.nodes, run.rate_key, run.rate_token)
-        run.rate_token, run.rate_at, run.rate_slot = "", None, None
-
-
 def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) -> None:
     task_id = run.task_id
-    if (
-        ctx.task.lock_debounce
-        and (getattr(request, DEBOUNCE_HEADER, None) or getattr(request, VERSION_HEADER, None))
-        and not run.retries
-        and not debounced.claim(ctx, run, options, request)
-    ):
-        # Not due yet (a later call joined the burst): re-sent for its due time; or superseded (a newer version of
-        # the key ran): the lock goes back at once, and the start the rate counted for it is uncounted (the body
-        # did not start: a deferred delivery uses no share).
-        uncount_rate(run, options)
+    if options.hooks.before_body and not before_body(ctx, run, lock, request):
+        # A feature stops it (debounce: not due yet, a later call joined the burst: re-sent for its due time; or
+        # superseded, a newer version of the key ran): the lock goes back at once, and what the features let in for it
+        # is given back (the rate uncounts its start: the body did not start, a deferred delivery uses no share).
+        for feature in options.hooks.body_skipped:
+            feature.body_skipped(_Delivery(ctx, run, lock, request.args, request.kwargs))
         lock.release()
         if run.parked or getattr(request, PARKED_HEADER, None):
             line.unpark(ctx, run.key, task_id, options)
@@ -676,6 +636,10 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
     options = ctx.options
     try:
         if done:
+            # A feature may keep the lock held a while after the job's end (cooldown, after a success).
+            hold_for = 0.0
+            for feature in options.hooks.at_release:
+                hold_for = max(hold_for, feature.at_release(ctx, run, succeeded=succeeded))
             held = lock.finish(
                 # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
                 # the other copy can start late, so the marker lasts the whole window.
@@ -683,7 +647,7 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
                 # the backend, whose SUCCESS may be its predecessor's), and its message can be restored late.
                 done_for=options.done_window if run.redelivered or run.retries else options.done_window_short,
                 waited_for=options.done_window,
-                cooldown=COOLDOWN_FEATURE.at_release(options.cooldown, succeeded=succeeded),
+                cooldown=hold_for,
             )
         else:
             held = lock.release()

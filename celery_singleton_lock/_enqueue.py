@@ -21,7 +21,6 @@ from celery import _state as celery_state
 from celery.signals import task_revoked
 from celery.utils import uuid
 
-from . import _debounced as debounced
 from . import signals
 from ._handover import ending_lease
 from ._reach import no_quorum_at_producer
@@ -29,6 +28,7 @@ from ._run import REDELIVERY_HEADER, RESERVED_HEADER, Context, is_locked_task, m
 from .aio import AsyncNodes, AsyncRedlock, _spawn
 from .decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING, SPLIT_RETRIES
 from .errors import ConfigurationError, DuplicateTaskError
+from .policies import NOT_ANSWERED
 from .redlock import Redlock
 
 __all__ = [
@@ -69,11 +69,16 @@ def send(
     """``apply_async`` of a LockedTask: ``publish(args, kwargs, task_id=..., **options)`` is Celery's own.
 
     With ``lock_scope="queue"`` a call whose job is queued or running returns that job (see :func:`reserve`);
-    with ``lock_enqueue_check``, a call whose job is running returns that run; with ``lock_debounce``, a call
-    starts or joins its key's burst (see ``_debounced``).
+    with ``lock_enqueue_check``, a call whose job is running returns that run; first, each active feature's
+    ``at_send`` may answer the call itself (debounce: a call starts or joins its key's burst).
     """
-    if ctx.task.lock_debounce:
-        return debounced.send(ctx, publish, args, kwargs, task_id, options, linked=linked, delay=_delay_of(options))
+    features = ctx.options.hooks.at_send
+    if features:
+        call = _Call(ctx, publish, args, kwargs, task_id, options, linked=linked)
+        for feature in features:
+            answer = feature.at_send(call)
+            if answer is not NOT_ANSWERED:
+                return answer
     if _reserves(ctx, task_id, options):
         own_id = task_id is not None
         task_id = task_id or uuid()
@@ -100,6 +105,35 @@ def send(
         if running is not None:
             return mark_joined(running, running.id)
     return mark_joined(publish(args, kwargs, task_id=task_id, **options), None)
+
+
+class _Call:
+    """The enqueue side of a feature's ``at_send`` (:class:`~celery_singleton_lock.policies.port.Call`)."""
+
+    __slots__ = ("args", "ctx", "kwargs", "linked", "options", "publish", "task_id")
+    copy_header = REDELIVERY_HEADER  # a message that is a copy of another call's job (it asks before it runs)
+
+    def __init__(
+        self,
+        ctx: Context,
+        publish: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        options: dict[str, Any],
+        *,
+        linked: bool,
+    ) -> None:
+        self.ctx, self.publish, self.args, self.kwargs = ctx, publish, args, kwargs
+        self.task_id, self.options, self.linked = task_id, options, linked
+
+    @property
+    def delay(self) -> float:
+        return _delay_of(self.options)
+
+    @staticmethod
+    def joined(result: Any, holder_id: str | None) -> Any:
+        return mark_joined(result, holder_id)
 
 
 def _reserves(ctx: Context, task_id: str | None, options: dict[str, Any]) -> bool:
@@ -240,7 +274,8 @@ async def asend(
     loop), the publish in a worker thread (kombu has no asyncio publish), then the same steps (:func:`_plan`).
 
     Everything else runs :func:`send` whole in a worker thread: run scope (a publish only), the enqueue check,
-    debounce (its one round trip to the nodes, sync in that thread: the same burst as ``delay``), and lock nodes
+    a feature that answers at send (debounce: its one round trip to the nodes, sync in that thread: the same burst as
+    ``delay``), and lock nodes
     AsyncRedlock cannot reach (``redis.Redis`` clients).
 
     A caller cancelled while its reservation is being taken leaves none (AsyncRedlock undoes a cancelled
@@ -254,7 +289,7 @@ async def asend(
     # What runs in a worker thread runs as in the caller's thread: Celery keeps the running task (a message's parent
     # and root ids) and its request (the re-send check) per thread.
     publish = _as_caller(ctx, publish)
-    if ctx.task.lock_debounce or not isinstance(nodes, AsyncNodes) or not _reserves(ctx, task_id, options):
+    if ctx.options.hooks.at_send or not isinstance(nodes, AsyncNodes) or not _reserves(ctx, task_id, options):
         return await asyncio.to_thread(
             _as_caller(ctx, send), ctx, publish, args, kwargs, task_id, options, linked=linked
         )
@@ -463,10 +498,14 @@ def revoke_queued(ctx: Context, task_id: str, *args: Any, **kwargs: Any) -> bool
     revoked; False when there was none (a worker had taken the job over already: it runs, or ran, and is left
     alone).
     """
-    if ctx.task.lock_debounce:  # a pending burst's job: the burst ends unrun
-        freed = debounced.drop(ctx, ctx.key_for(*args, **kwargs), task_id)
-    else:
-        freed = free_reservation(ctx, task_id, ctx.key_for(*args, **kwargs))
+    key = ctx.key_for(*args, **kwargs)
+    freed: bool | None = None
+    for feature in ctx.options.hooks.at_revoke:  # a feature's pending job (debounce: the burst ends unrun)
+        freed = feature.at_revoke(ctx, key, task_id)
+        if freed is not None:
+            break
+    if freed is None:
+        freed = free_reservation(ctx, task_id, key)
     if freed:  # revoked only while still queued: a running job is left alone (a revoke would mark it REVOKED)
         ctx.task.app.control.revoke(task_id)
     return freed
@@ -537,11 +576,17 @@ def _expires_in(expires: Any) -> float | None:
 
 @task_revoked.connect(weak=False)  # type: ignore[untyped-decorator]
 def _free_revoked_reservation(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A worker met a revoked or expired message of a queue-scope job: free the job's reservation at once."""
+    """A worker met a revoked or expired message: each active feature ends what the job held (a burst), and a
+    queue-scope job's reservation is freed at once."""
     # Celery sends the task as sender and the delivery's Context as request (whose "task" is only a name).
     if not is_locked_task(sender) or request is None:
         return
     ctx = sender.lock_context()
+    for feature in ctx.options.hooks.at_revoke:  # each active feature's end of a revoked job (debounce: its burst)
+        try:
+            feature.at_revoke(ctx, ctx.key_for(*(request.args or ()), **(request.kwargs or {})), request.id)
+        except Exception:  # what it held still ends with its expiry
+            logger.warning("could not end the %s of %s[%s]", feature.name, ctx.name, request.id, exc_info=True)
     if ctx.options.scope != "queue":
         return
     try:

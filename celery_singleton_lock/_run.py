@@ -13,15 +13,21 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from celery.states import READY_STATES
+from celery.utils import uuid
+from kombu.utils import json as kombu_json
 
 from . import signals
 from .config import DuplicatePolicy, LockSettings, LostPolicy, UnavailablePolicy
 from .errors import LockLostError
 from .keys import Binder, custom_key, lock_key
+from .policies import FEATURES
 from .policies.cancel import describe, error_for
 from .policies.limit import LIMIT
+from .policies.port import Hooks
 from .record import RUNNING
 from .redlock import Redlock
 from .renewal import watchdog
@@ -29,25 +35,20 @@ from .renewal import watchdog
 if TYPE_CHECKING:
     from .interrupt import Target
     from .policies import Policy
-    from .policies.rate import Rate
     from .renewal import Lease
 
 __all__ = [
     "ATTEMPT_HEADER",
-    "CLAIM_HEADER",
-    "DEBOUNCE_HEADER",
     "DONE_MARGIN",
     "END_LEASE",
     "HOST",
     "OWN_HEADERS",
     "PARKED_HEADER",
-    "RATE_HEADER",
     "REDELIVERY_HEADER",
     "RESERVED_HEADER",
     "SETTLE_HEADER",
     "SINCE_HEADER",
     "SKIP_MARK",
-    "VERSION_HEADER",
     "WOKEN_HEADER",
     "Context",
     "Options",
@@ -90,10 +91,6 @@ PARKED_HEADER = "singleton_lock_parked"
 WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
-DEBOUNCE_HEADER = "singleton_lock_debounce"  # lock_debounce: a burst's job message (the seq of the call it carries)
-VERSION_HEADER = "singleton_lock_version"  # lock_debounce: the stamp of the call whose arguments a message carries
-CLAIM_HEADER = "singleton_lock_debounce_claims"  # lock_debounce: claims re-sent for want of the nodes holding versions
-RATE_HEADER = "singleton_lock_rate_waits"  # lock_rate: how many times this call waited for the window
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
     {
@@ -104,11 +101,8 @@ OWN_HEADERS = frozenset(
         WOKEN_HEADER,
         SINCE_HEADER,
         RESERVED_HEADER,
-        DEBOUNCE_HEADER,
-        VERSION_HEADER,
-        CLAIM_HEADER,
-        RATE_HEADER,
     }
+    | {header for feature in FEATURES for header in feature.headers}
 )
 #: A finished job's done marker outlives the longest wait we create (a ttl), or the broker's visibility timeout,
 #: by this margin: a copy that starts this much later than it was due may run the job again (without a backend).
@@ -166,13 +160,8 @@ class Run:
     superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost
     line_full: int | None = None  # lock_max_waiting: the length of the full line this new duplicate found
-    debounced: tuple[Any, Any] | None = None  # lock_debounce: the (args, kwargs) of the burst's last call
-    rate_key: str | None = None  # lock_rate: the key of the rate this delivery's start counts under
-    rate_at: float | None = None  # lock_rate: when this start was counted, by a counting node's clock (Unix s)
-    rate_slot: tuple[int, dict[int, float]] | None = (
-        None  # lock_rate: the slot held, and each holding node's count time
-    )
-    rate_token: str = ""  # lock_rate: the owner token of this delivery's counted start (to uncount it)
+    body_args: tuple[Any, Any] | None = None  # the (args, kwargs) the body runs with, when a feature swapped them
+    state: dict[str, Any] | None = None  # the active features' per-delivery state, by feature name (policies.port)
     limit: int | None = 1  # the run's lock_limit (a callable's answer for this call); None: no lock, a rate only
     cancelled_by: str | None = None  # lock_on_duplicate="cancel": the newer call that asked this run to stop
     ctx: Context | None = None  # the delivery's context (what __call__ hands the release or the hand-over)
@@ -195,13 +184,11 @@ class Options:
     done_window_short: float  # ... and when none is
     whole_seconds: bool  # countdowns go through native delayed delivery (RabbitMQ quorum queues): whole seconds >= 1
     max_waiting: int | None = None  # lock_max_waiting: at most this many new duplicates wait in the key's line
-    rate: Rate | None = None  # lock_rate, parsed (None: no rate)
-    on_rate_limit: str = "wait"  # lock_on_rate_limit
-    cooldown: float = 0.0  # seconds a success keeps the job locked (policies.cooldown)
+    hooks: Hooks = field(default_factory=Hooks)  # the active features, per hook (policies.port): once per task
+    conf: Mapping[str, Any] = field(default_factory=dict)  # each active feature's resolved options, by name
     space: str = ""  # what the keys are named after: the task's lock_group, or its name
     key_fn: Callable[..., str] | None = None  # lock_key: the key's distinguishing part from the arguments
     unique_on: Sequence[str] | None = None  # lock_unique_on
-    rate_on: Sequence[str] | None = None  # lock_rate_on
     scope: str = "run"  # lock_scope
     queue_ttl: float = 600.0  # lock_queue_ttl
 
@@ -280,15 +267,6 @@ class Context:
         """:meth:`key` of ``f(*args, **kwargs)``."""
         return self.key(args, kwargs)
 
-    def rate_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
-        """The rate key of a call with these arguments (None: the task has no rate)."""
-        options = self.options
-        if options.rate is None:
-            return None
-        on = list(options.rate_on) if options.rate_on is not None else []
-        prefix = f"{options.settings.prefix}rate:"
-        return lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=on)
-
     def limit_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
         """How many runs of this call's key may hold it at once (the limit feature's answer for them)."""
         return LIMIT.for_call(self.cls, self.name, args, kwargs)
@@ -317,6 +295,31 @@ class Context:
                 "try": str(retries),
             },
         )
+
+    # -- what a feature needs of Celery (policies import none of it) -------------------------------------------
+
+    @staticmethod
+    def dumps(value: Any) -> str:
+        """``value`` as Celery's JSON (kombu's: dates, UUIDs, decimals as a message carries them)."""
+        return str(kombu_json.dumps(value))  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def loads(text: str) -> Any:
+        """:meth:`dumps`' text read back."""
+        return kombu_json.loads(text)  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def new_id() -> str:
+        """A new task id (Celery's)."""
+        return str(uuid())
+
+    def ended(self, task_id: str) -> bool:
+        """The result backend holds a final state for ``task_id`` (raises when it cannot tell)."""
+        return self.task.backend.get_state(task_id) in READY_STATES
+
+    def signal(self, name: str, **fields: Any) -> None:
+        """Send the package's signal ``name`` (:mod:`celery_singleton_lock.signals`) for this task."""
+        getattr(signals, name).send(sender=self.task, **fields)
 
     def count(self, event: str) -> None:
         """Count one ``event`` (an outcome of :data:`celery_singleton_lock.metrics.OUTCOMES`) for this task: in

@@ -32,7 +32,7 @@ from .config import (
 from .errors import ConfigurationError
 from .policies import FEATURES, matrix
 from .policies.debounce import check_debounce
-from .policies.rate import ON_RATE_LIMIT, parse_rate
+from .policies.port import check_names
 from .renewal import start_liveness
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "check_group",
     "check_matrix",
     "check_options",
-    "check_rate",
     "check_start",
     "did_you_mean",
     "start_problems",
@@ -79,41 +78,8 @@ StartError = ConfigurationRefusedError
 
 
 def _check_names(cls: Any, option: str, names: Sequence[str]) -> None:
-    """``lock_unique_on`` / ``lock_rate_on`` name parameters of the task's signature (a key is built from them: a
-    name that is no parameter would fail every call at the worker). ``**kwargs`` does not help: the key binds named
-    parameters only. A signature that cannot be read is not checked."""
-    params = matrix.parameters(cls)
-    if params is None:
-        return
-    known = [p.name for p in params]
-    missing = [n for n in names if n not in known]
-    if missing:
-        hints = "".join(did_you_mean(n, known) for n in missing[:1])
-        raise ConfigurationError(
-            f"{option} of {cls.name} names unknown argument(s): {missing}{hints}; the task's arguments are "
-            f"{', '.join(known) or '(none)'}"
-        )
-
-
-def check_rate(cls: Any) -> None:
-    """``lock_rate``, ``lock_rate_on`` and ``lock_on_rate_limit`` of a LockedTask class, each alone
-    (ConfigurationError); what they need of each other is the matrix's."""
-    name = cls.name
-    if cls.lock_on_rate_limit not in ON_RATE_LIMIT:
-        raise ConfigurationError(
-            f"lock_on_rate_limit of {name} must be one of {', '.join(map(repr, ON_RATE_LIMIT))}, "
-            f"got {cls.lock_on_rate_limit!r}{did_you_mean(cls.lock_on_rate_limit, ON_RATE_LIMIT)}"
-        )
-    on = cls.lock_rate_on
-    if on is not None and (isinstance(on, str) or not all(isinstance(n, str) for n in on)):
-        raise ConfigurationError(f"lock_rate_on of {name} must be a list of argument names")
-    if cls.lock_rate is None:
-        if on is not None:
-            raise ConfigurationError(f"lock_rate_on of {name} needs a lock_rate")
-        return
-    parse_rate(cls.lock_rate, f"lock_rate of {name}")
-    if on:
-        _check_names(cls, "lock_rate_on", on)
+    """``lock_unique_on`` names parameters of the task's signature (see :func:`policies.port.check_names`)."""
+    check_names(cls, option, names, matrix.parameters(cls))
 
 
 def _group_members(task: Any, others: Any) -> list[Any]:
@@ -215,7 +181,6 @@ def check_options(task: Any, settings: LockSettings | None = None) -> None:
             f"{did_you_mean(cls.lock_scope, _SCOPES)}"
         )
     check_ttl(cls.lock_queue_ttl, f"lock_queue_ttl of {name}")
-    check_rate(cls)
     if cls.lock_on_duplicate is not None:
         check_policy(cls.lock_on_duplicate, DuplicatePolicy, f"lock_on_duplicate of {name}")
     if cls.lock_on_unavailable is not None:

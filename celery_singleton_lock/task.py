@@ -11,7 +11,7 @@ This module holds Celery's hooks and the public options only; each hook hands it
 ``apply_async``        the enqueue side (``_enqueue``): queue-scope reservations, the enqueue check
 ``before_start``       the delivery (``_delivery``): facts -> :func:`~celery_singleton_lock.decision.decide` -> act;
                        a duplicate follows its policy (``policies``); waiting duplicates join the key's line (``_line``)
-                       a delivery about to run asks its ``lock_rate`` (``policies.rate``, ``_delivery.rate_gate``)
+                       a delivery about to run asks its active features (``policies``: rate, debounce, ...)
 ``__call__``           the body, then the release or the retry's hand-over (``_delivery``, ``_handover``)
 ``retry``              the hand-over of the lock to the retry (``_handover``)
 ``Request``            what monitors see of a delivery that did not run (``_monitoring``)
@@ -56,12 +56,11 @@ from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
 from .errors import ConfigurationError, JobCancelledError, LockLostError
 from .interrupt import outside_body
 from .keys import Binder
-from .policies import policy_for
+from .policies import FEATURES, SENDING, conf_of, hooks_of, policy_for
 from .policies.cancel import DEFAULT_TTL as DEFAULT_CANCEL_TTL
 from .policies.cancel import CancelReport, cancel_job
-from .policies.cooldown import COOLDOWN_FEATURE
 from .policies.limit import LIMIT
-from .policies.rate import RateLimitPolicy, parse_rate
+from .policies.rate import RATE_FEATURE, RateLimitPolicy
 from .policies.waiting import WAITING
 
 __all__ = [
@@ -189,6 +188,7 @@ class LockedTask(Task):  # type: ignore[misc]
     _singleton_lock_task: ClassVar[bool] = True  # what _run.is_locked_task looks for
 
     _lock_options: Options | None = None
+    _lock_sends: bool | None = None  # a feature answers this task's calls at send (read once)
 
     # -- registration ------------------------------------------------------------------------------------------
 
@@ -218,8 +218,11 @@ class LockedTask(Task):  # type: ignore[misc]
             except (TypeError, ValueError):
                 binder = None
             visibility = visibility_timeout(self.app)
-            # A debounced job that finds the previous burst's run still running waits for it (never beside it).
-            on_duplicate = "reschedule" if self.lock_debounce else self.lock_on_duplicate or settings.on_duplicate
+            hooks = hooks_of(FEATURES, self.__class__)
+            # A feature may impose what a duplicate does (debounce: a job that finds the previous burst's run still
+            # running waits for it, never beside it).
+            imposed = next((f.duplicates for f in hooks.features if f.duplicates), None)
+            on_duplicate = cast("DuplicatePolicy", imposed or self.lock_on_duplicate or settings.on_duplicate)
             check_matrix(self, settings)  # what only the settings make invalid (a lock_limit with a default 'replace')
             options = Options(
                 settings=settings,
@@ -237,18 +240,22 @@ class LockedTask(Task):  # type: ignore[misc]
                 done_window_short=max(2 * ttl, 60.0),
                 whole_seconds=native_delayed_delivery(self.app),
                 max_waiting=WAITING.cap(self),
-                cooldown=COOLDOWN_FEATURE.seconds(self),
-                rate=parse_rate(self.lock_rate, f"lock_rate of {self.name}") if self.lock_rate is not None else None,
-                on_rate_limit=self.lock_on_rate_limit,
                 space=self.lock_group or self.name,
                 key_fn=type(self).lock_key,
                 unique_on=self.lock_unique_on,
-                rate_on=self.lock_rate_on,
                 scope=self.lock_scope,
                 queue_ttl=float(self.lock_queue_ttl),
+                hooks=hooks,
+                conf=conf_of(hooks.features, self),
             )
             self._lock_options = options
         return options
+
+    def _sends(self) -> bool:
+        """A feature of this task answers its calls at ``apply_async`` (its ``at_send``): read once, from the class
+        alone (the settings are not read for a plain call)."""
+        sends = self._lock_sends = any(f.active(self.__class__) for f in SENDING)
+        return sends
 
     def lock_options(self) -> Options:
         """This task's resolved options (the app's settings overlaid with its ``lock_*`` attributes), read once."""
@@ -265,7 +272,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def lock_rate_key_for(self, *args: Any, **kwargs: Any) -> str | None:
         """The rate key of a call with these arguments (None: the task has no ``lock_rate``)."""
-        return self.lock_context().rate_key(args, kwargs)
+        return RATE_FEATURE.key_for(self.lock_context(), args, kwargs)
 
     # -- the client side -----------------------------------------------------------------------------------------
 
@@ -284,7 +291,10 @@ class LockedTask(Task):  # type: ignore[misc]
         (see :func:`celery_singleton_lock._enqueue.reserve`); with ``lock_enqueue_check``, a call whose job is
         running returns that run."""
         publish = super().apply_async
-        if self.lock_scope != "queue" and not self.lock_enqueue_check and not self.lock_debounce:
+        sends = self._lock_sends
+        if sends is None:
+            sends = self._sends()
+        if self.lock_scope != "queue" and not self.lock_enqueue_check and not sends:
             # By name, as every path here: a base class after LockedTask in the MRO may take only
             # apply_async(args, kwargs, **options).
             sent = publish(
@@ -322,8 +332,9 @@ class LockedTask(Task):  # type: ignore[misc]
         With ``lock_scope="queue"`` the reservation is taken on AsyncRedlock (its round trips awaited) and the
         publish runs in a worker thread (kombu has no asyncio publish); a caller cancelled after its publish
         started does not cancel it, and its reservation is settled when it ends. Anything else (run scope,
-        ``lock_enqueue_check``, ``lock_debounce``, lock nodes given as ``redis.Redis`` clients) runs the sync
-        ``apply_async`` whole in a worker thread. See :func:`celery_singleton_lock._enqueue.asend`.
+        ``lock_enqueue_check``, a feature answering at send (``lock_debounce``), lock nodes given as
+        ``redis.Redis`` clients) runs the sync ``apply_async`` whole in a worker thread. See
+        :func:`celery_singleton_lock._enqueue.asend`.
         """
         publish = super().apply_async
 
@@ -429,8 +440,8 @@ class LockedTask(Task):  # type: ignore[misc]
         assert ctx is not None  # set with the Run by the delivery
         ctx.count("started")
         succeeded = ended = False
-        if run.debounced is not None:  # lock_debounce: the burst's last call's arguments
-            args, kwargs = run.debounced
+        if run.body_args is not None:  # a feature swapped them (debounce: the burst's last call's arguments)
+            args, kwargs = run.body_args
         try:
             result = self.run(*args, **kwargs)
             succeeded = ended = True
@@ -526,7 +537,7 @@ class LockedTask(Task):  # type: ignore[misc]
         """``lock_rate``: when this run's start was counted (Unix seconds, by the clock of a lock node that counted
         it); None without a rate or outside a run."""
         run = self._current()
-        return run.rate_at if run is not None else None
+        return RATE_FEATURE.started_at(run) if run is not None else None
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote, urlencode
 
 from redis.exceptions import RedisError
 
@@ -42,7 +42,8 @@ from ._gauges import lock_of_line as _lock_of_line
 from ._gauges import read_gauges
 from .config import LockSettings, settings_for
 from .doctor import Finding, run_doctor
-from .errors import ConfigurationError
+from .errors import ConfigurationError, LockError
+from .explain import Explanation, explain, explain_key, explanation_facts
 from .health import route as health_route
 from .inventory import (
     _TASK_STATES,
@@ -97,6 +98,9 @@ JSON_LIMIT, JSON_MAX_LIMIT = 500, 5000
 MAX_CURSOR = 8192
 #: Characters of a key a cursor carries; a longer key is named by them and a digest.
 CURSOR_KEY = 1024
+#: Keys up to this many characters link to their explanation (``/explain?key=``); a longer one would make a URL
+#: servers refuse (its call, searched for on the page, is explained).
+EXPLAIN_LINK = 4096
 SCAN_COUNT = 1000
 BATCH = 200
 
@@ -497,7 +501,7 @@ def _held_rows(snap: Snapshot, shown: Sequence[LockInfo], base: str, *, release:
     rows = []
     for i in shown:
         row = [
-            f"<code>{e(i.key)}</code>",
+            _key_cell(i.key, base),
             e(i.state),
             e(i.task_name or "-"),
             f"<code>{e(i.task_id or '-')}</code>",
@@ -523,6 +527,70 @@ def _release_form(i: LockInfo, base: str) -> str:
         '<input type="password" name="secret" placeholder="secret" autocomplete="off" required>'
         "<button>release</button></form>"
     )
+
+
+def _call_inputs(task: str, args: str, kwargs: str, button: str) -> str:
+    """A form's inputs for a call: the task's name, its args and kwargs as JSON (``celery call``'s convention)."""
+    return (
+        f'<input name="task" value="{e(task)}" placeholder="task, e.g. shop.charge" size="22">'
+        f'<input name="args" value="{e(args)}" placeholder="args JSON" size="12">'
+        f'<input name="kwargs" value="{e(kwargs)}" placeholder="kwargs JSON" size="12"> <button>{e(button)}</button>'
+    )
+
+
+def _key_cell(key: str | None, base: str) -> str:
+    """A key as the page shows it: code, linked to its explanation (``/explain?key=``) unless it is too long."""
+    if key is None:
+        return "-"
+    if len(key) > EXPLAIN_LINK:
+        return f"<code>{e(key)}</code>"
+    return f'<a href="{e(base)}/explain?key={e(quote(key, safe=""))}"><code>{e(key)}</code></a>'
+
+
+#: Verdicts shown in green (the call would run, or start a burst) and red (no quorum); the rest amber.
+GOOD_VERDICTS, BAD_VERDICTS = ("runs", "free", "starts-burst"), ("unavailable",)
+
+
+def render_explanation(found: Explanation, now: float, base: str, query: str) -> str:
+    """``locks explain``'s answer as HTML (every value escaped, no owner token): the verdict, why, the facts read;
+    at most :data:`PAGE_SIZE` reasons and facts (``query``'s ``explain.json`` has them all)."""
+    cls = "ok" if found.verdict in GOOD_VERDICTS else "err" if found.verdict in BAD_VERDICTS else "warn"
+    why = [f"<li>{e(w)}</li>" for w in found.why[:PAGE_SIZE]]
+    facts = explanation_facts(found, now)
+    rows = [[e(label), f"<code>{e(text)}</code>"] for label, text in facts[:PAGE_SIZE]]
+    more = max(0, len(found.why) - PAGE_SIZE) + max(0, len(facts) - PAGE_SIZE)
+    json_link = f'<a href="{e(base)}/explain.json?{e(query)}">explain.json</a>'
+    return (
+        f'<section id="explain"><h2>Why: <span class="{cls}" id="verdict">{e(found.verdict)}</span> '
+        f'<span class="muted">{e(found.task or "-")}, read now; the call itself may find it changed</span></h2>'
+        f'<ul id="why">{"".join(why)}</ul>'
+        + _table(["", "read"], rows, "facts")
+        + f'<p class="muted">{f"{more} more line(s) not shown: " if more else ""}all of it as {json_link}</p>'
+        + "</section>"
+    )
+
+
+def render_explain_page(found: Explanation | None, message: str, base: str, query: Mapping[str, list[str]]) -> str:
+    """The ``/explain`` page: a form for a key or a call, then the explanation (or what to change)."""
+    key = query.get("key", [""])[0]
+    task, args, kwargs = (query.get(n, [d])[0] for n, d in (("task", ""), ("args", "[]"), ("kwargs", "{}")))
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>celery_singleton_lock: explain</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f'<h1>Why? <a href="{e(base)}/" class="muted">all locks</a></h1>',
+        f'<form method="get" action="{e(base)}/explain" id="ask">'
+        f'<input name="key" value="{e(key if not task else "")}" placeholder="key" size="40"> '
+        f"<button>explain the key</button> <span class='muted'>or a call:</span> "
+        + _call_inputs(task, args, kwargs, "explain the call")
+        + "</form>",
+    ]
+    if message:
+        parts.append(f'<p class="warn" id="message">{e(message)}</p>')
+    if found is not None:
+        asked = {"task": task, "args": args, "kwargs": kwargs} if task else {"key": key}
+        parts.append(render_explanation(found, time.time(), base, urlencode(asked)))
+    parts.append("</body></html>")
+    return "".join(parts)
 
 
 def _mark(i: LockInfo) -> str:
@@ -594,10 +662,12 @@ def render(
     reload_to: str | None = None,
     search: str = "",
     call: tuple[str, str, str] = ("", "[]", "{}"),
+    explanation: str = "",
 ) -> str:
     """The page's HTML (every value escaped); its refresh loads ``reload_to`` (the page's URL, when this answers a
     POST) or reloads itself. ``search``: the key substring (or task name) the rows were filtered by; ``call``: the
-    task, args and kwargs of the call searched for, as typed."""
+    task, args and kwargs of the call searched for, as typed; ``explanation``: that call's, as HTML
+    (:func:`render_explanation`)."""
     counts = {name: n for name, (n, _) in snap.sections.items()}
     held, beat, reserved, cooling, done, foreign = (
         snap.sections[name][1] for name in ("held", "beat", "reserved", "cooldown", "done", "foreign")
@@ -632,14 +702,13 @@ def render(
         f'<form method="get" action="{e(base)}/" id="search">'
         f'<input name="q" value="{e(search if not task else "")}" placeholder="key part or task name" size="30"> '
         f"<button>search</button> <span class='muted'>or a call:</span> "
-        f'<input name="task" value="{e(task)}" placeholder="task, e.g. shop.charge" size="22">'
-        f'<input name="args" value="{e(args)}" placeholder="args JSON" size="12">'
-        f'<input name="kwargs" value="{e(kwargs)}" placeholder="kwargs JSON" size="12"> <button>find its key</button>'
+        + _call_inputs(task, args, kwargs, "find its key")
         + (f' <a href="{e(base)}/">clear</a>' if search else "")
         + "</form>"
     )
     if search:
         parts.append(f'<p class="muted" id="searched">only keys containing <code>{e(search)}</code></p>')
+    parts.append(explanation)
     shown, nav = held, _nav(counts["held"], page, base)
     head = ["key", "state", "task", "holder task id", "worker", "age", "time left", "fencing token", "nodes"]
     parts += [
@@ -667,12 +736,12 @@ def render(
             if line.length > len(line.waiters)
             else ""
         )
-        rows.append([f"<code>{e(line.key)}</code>", e(line.task or "-"), e(line.length), who + more])
+        rows.append([_key_cell(line.key, base), e(line.task or "-"), e(line.length), who + more])
     parts += [nav, _table(["key", "task", "waiting", "order"], rows, "lines")]
     count, pending = snap.sections.get("pending", (0, []))
     rows = [
         [
-            f"<code>{e(i.lock_key)}</code>",
+            _key_cell(i.lock_key, base),
             e(i.state),
             e(i.task_name or "-"),
             f"<code>{e(i.task_id or '-')}</code>",
@@ -699,7 +768,7 @@ def render(
         shown, nav = items, _nav(count, page, base)
         rows = [
             [
-                f"<code>{e(i.key)}</code>",
+                _key_cell(i.key, base),
                 e(i.state),
                 e(i.task_name or "-"),
                 f"<code>{e(i.task_id or '-')}</code>",
@@ -726,7 +795,7 @@ def render(
     ]
     shown, nav = done, _nav(counts["done"], page, base)
     rows = [
-        [f"<code>{e(i.lock_key)}</code>", f"<code>{e(i.task_id)}</code>", e(format_duration(i.ttl, none="never"))]
+        [_key_cell(i.lock_key, base), f"<code>{e(i.task_id)}</code>", e(format_duration(i.ttl, none="never"))]
         for i in shown
     ]
     parts += [
@@ -861,7 +930,9 @@ def make_app(
     allowed_hosts: Sequence[str] | None = None,
 ) -> WSGIApp:
     """The page as a WSGI app: ``GET /`` the page (``?page=N``), ``GET /metrics`` the Prometheus text, ``POST
-    /release`` (only with ``secret``, at least :data:`MIN_SECRET` characters). ``app`` is the Celery app;
+    /release`` (only with ``secret``, at least :data:`MIN_SECRET` characters), ``GET /explain`` and
+    ``/explain.json`` (``?key=``, or a call ``?task=&args=&kwargs=``: ``celery locks explain``'s answer). ``app``
+    is the Celery app;
     ``doctor``: show ``celery locks doctor``'s findings, run at most every ``doctor_every`` s. ``allowed_hosts``:
     the host names (without port) a request's ``Host`` may name, others get 403 (``locks web`` on a loopback
     address passes the loopback names: a site re-resolving its name to 127.0.0.1, DNS rebinding, cannot read the
@@ -896,9 +967,14 @@ def make_app(
         current = settings()
         search = query.get("q", [""])[0].strip()[:200]
         call = (query.get("task", [""])[0].strip()[:200], query.get("args", ["[]"])[0], query.get("kwargs", ["{}"])[0])
+        explanation = ""
         if call[0]:
             search, why = _key_of_call(app, *call)
             message = message or why
+            found = _explained(app, query)[0] if search != "\x00" else None
+            if found is not None:
+                asked = urlencode({"task": call[0], "args": call[1], "kwargs": call[2]})
+                explanation = render_explanation(found, time.time(), environ.get("SCRIPT_NAME", "").rstrip("/"), asked)
         snap = snapshot(current, number, search)
         span, per_task, _ = read_minutes(current.nodes, current.prefix, 60, skip=_down(current, snap))
         nonce = secrets.token_urlsafe(16)
@@ -917,6 +993,7 @@ def make_app(
             reload_to=f"{base}/" if environ.get("REQUEST_METHOD") == "POST" else None,
             search=search,
             call=call,
+            explanation=explanation,
         )
         return _respond(start, status, body, nonce=nonce)
 
@@ -991,6 +1068,16 @@ def make_app(
         }
         return _respond(start, "200 OK", json.dumps(data), "application/json")
 
+    def explain_page(environ: dict[str, Any], start: StartResponse, *, as_json: bool) -> list[bytes]:
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        found, why = _explained(app, query)
+        status = "200 OK" if found is not None else "400 Bad Request"
+        if as_json:
+            data = {"error": why} if found is None else _explanation_json(found, time.time())
+            return _respond(start, status, json.dumps(data), "application/json")
+        base = environ.get("SCRIPT_NAME", "").rstrip("/")
+        return _respond(start, status, render_explain_page(found, why, base, query))
+
     hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
 
     def wsgi(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
@@ -1009,6 +1096,8 @@ def make_app(
             return release(environ, start)
         if path == "/locks.json":
             return locks_json(environ, start)
+        if path in ("/explain", "/explain.json"):
+            return explain_page(environ, start, as_json=path.endswith(".json"))
         return _respond(start, "404 Not Found", "not found\n", "text/plain; charset=utf-8")
 
     return wsgi
@@ -1089,23 +1178,59 @@ def list_page(settings: LockSettings, after: tuple[str, str], limit: int) -> Rep
     return Report((infos, more), errors, len(settings.nodes), settings.nodes.quorum)
 
 
-def _key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> tuple[str, str]:
-    """The lock key of a call (``args``/``kwargs`` as JSON, as ``celery call`` takes them) and what the page says:
-    ``(key, "")``, or ``("\x00", why)`` when there is none (a search nothing matches)."""
+def _parse_call(app: Any, task_name: str, args: str, kwargs: str) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The LockedTask and arguments of a call typed on the page (``args``/``kwargs`` as JSON, as ``celery call``
+    takes them); ConfigurationError saying what to change."""
     task = getattr(app, "tasks", {}).get(task_name)
     if task is None or not callable(getattr(task, "lock_key_for", None)):
-        return "\x00", f"no LockedTask named {task_name!r} in this app"
+        raise ConfigurationError(f"no LockedTask named {task_name!r} in this app")
     try:
         call_args, call_kwargs = json.loads(args or "[]"), json.loads(kwargs or "{}")
     except ValueError as exc:
-        return "\x00", f"args and kwargs must be JSON, e.g. [7] and {{}} ({str(exc)[:200]})"
+        raise ConfigurationError(f"args and kwargs must be JSON, e.g. [7] and {{}} ({str(exc)[:200]})") from None
     if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
-        return "\x00", "args must be a JSON list and kwargs a JSON object, e.g. [7] and {}"
+        raise ConfigurationError("args must be a JSON list and kwargs a JSON object, e.g. [7] and {}")
+    return task, call_args, call_kwargs
+
+
+def _key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> tuple[str, str]:
+    """The lock key of a call (``args``/``kwargs`` as JSON, as ``celery call`` takes them) and what the page says:
+    ``(key, "")``, or ``("\x00", why)`` when there is none (a search nothing matches)."""
+    try:
+        task, call_args, call_kwargs = _parse_call(app, task_name, args, kwargs)
+    except ConfigurationError as exc:
+        return "\x00", str(exc)
     try:
         key = str(task.lock_key_for(*call_args, **call_kwargs))
     except (TypeError, ValueError, ConfigurationError) as exc:
         return "\x00", f"{task_name}: these arguments give no lock key ({type(exc).__name__}: {str(exc)[:200]})"
     return key, f"{task_name}(*{args}, **{kwargs}) locks {key}"
+
+
+def _explained(app: Any, query: Mapping[str, list[str]]) -> tuple[Explanation | None, str]:
+    """``locks explain`` of ``?key=`` or of the call ``?task=&args=&kwargs=``, or None and what to change."""
+    task_name = query.get("task", [""])[0].strip()[:200]
+    key = query.get("key", [""])[0]
+    try:
+        if task_name:
+            task, args, kwargs = _parse_call(
+                app, task_name, query.get("args", ["[]"])[0], query.get("kwargs", ["{}"])[0]
+            )
+            return explain(app, task.name, args, kwargs), ""
+        if key:
+            return explain_key(app, key), ""
+    except (TypeError, ValueError, LockError) as exc:  # ConfigurationError, UnserializableArgumentsError: both
+        return None, str(exc)[:400]
+    return None, "name a key (?key=) or a call (?task=&args=&kwargs=, the arguments as JSON)"
+
+
+def _explanation_json(found: Explanation, now: float) -> dict[str, Any]:
+    """An explanation's JSON without owner tokens or stored records (:func:`_public`)."""
+    data = found.to_json(now)
+    data["slots"] = [None if s is None else _public(s) for s in data["slots"]]
+    data["burst"] = None if data["burst"] is None else _public(data["burst"])
+    data["done"] = [_public(d) for d in data["done"]]
+    return data
 
 
 def _host_name(host: str) -> str:

@@ -672,7 +672,7 @@ def test_a_claim_that_misses_the_node_holding_the_newest_version_asks_again_rath
     run v0 (v1's caller was given G): it asks again once node 2 is back, and runs v1, once."""
     from kombu.utils import json as kombu_json  # noqa: PLC0415
 
-    from celery_singleton_lock._run import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.policies.debounce import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
     from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
     from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
 
@@ -761,8 +761,8 @@ def test_a_burst_s_countdowns_stay_under_half_the_visibility_timeout() -> None:
     """On the Redis broker a message held for its countdown past the visibility timeout is restored and exists
     twice: the burst's message and its re-sends wait at most half of it (arriving early, the job is re-sent again),
     as every other re-send of the library does; and whole seconds where delays are native (quorum queues)."""
-    from celery_singleton_lock._debounced import _countdown  # noqa: PLC0415
     from celery_singleton_lock._run import Options  # noqa: PLC0415
+    from celery_singleton_lock.policies.debounce import _countdown  # noqa: PLC0415
 
     def options(max_countdown: float | None, *, whole: bool) -> Options:
         return Options(
@@ -872,10 +872,14 @@ def test_a_pending_burst_outlives_a_message_the_broker_may_hold_back(c: Cluster)
     assert result.get(timeout=60) == [k, 2]
 
 
-def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_once(c: Cluster) -> None:
+def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_older_never_runs_after_newer(
+    c: Cluster,
+) -> None:
     """Two of three lock nodes down: no quorum agrees on a burst, so each call is published on its own (its own task
     id, a countdown of the quiet period) and waits at the worker for the nodes (lock_on_unavailable='retry'); back,
-    each runs once with its own arguments, never two at once. (Last in the module: the nodes restart empty.)"""
+    each runs at most once with its own arguments, never two at once, the last call always, and older arguments
+    never after newer ones: a call that finds a newer one ran is REVOKED, superseded by it. (Last in the module:
+    the nodes restart empty.)"""
     mod = c.app_module()
     k = new_key()
     c.stop_locks(2)
@@ -893,10 +897,20 @@ def test_with_the_lock_nodes_unreachable_each_call_is_sent_on_its_own_and_runs_o
     finally:
         c.start_locks()
     assert len({r.id for r in results}) == 3
-    assert sorted(r.get(timeout=60)[1] for r in results) == [0, 1, 2]
-    runs = c.wait_runs(k, 3, 10)
-    assert len(runs) == 3
-    assert not overlapping(runs)
+    assert results[2].get(timeout=60) == [k, 2]
+    got = [r.get(timeout=60, propagate=False) for r in results]
+    runs = debounced_runs(c, k)  # in the order they started
+    assert [t for t, _ in runs] == [results[v].id for _, v in runs], runs  # each with its own arguments
+    versions = [v for _, v in runs]
+    assert versions == sorted(set(versions)), f"a version ran twice, or after a newer one: {runs}"
+    for i, r in enumerate(results):
+        if i in versions:
+            assert got[i] == [k, i]
+            continue
+        assert r.state == "REVOKED" and "superseded by task " in str(got[i]), (i, r.state, got[i], runs)
+        newer = str(got[i]).split("superseded by task ", 1)[1].split(":", 1)[0]
+        assert newer in {results[v].id for v in versions if v > i}, (i, got[i], runs)
+    assert not overlapping(c.wait_runs(k, len(versions), 10))
 
 
 def test_on_quorum_queues_a_burst_runs_once_with_whole_second_delays(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -934,7 +948,7 @@ STREAM_MAX = 40
 def test_a_call_s_countdown_or_eta_adds_to_its_quiet_period(c: Cluster) -> None:
     """README: "A call's countdown/eta adds to its quiet period": a call with countdown=2 (another with an eta 2 s
     ahead) on a task with lock_debounce=1 starts its run no sooner than 3 s after the call (less the claim's slack)."""
-    from celery_singleton_lock._debounced import CLAIM_SLACK  # noqa: PLC0415
+    from celery_singleton_lock.policies.debounce import CLAIM_SLACK  # noqa: PLC0415
 
     mod = c.app_module()
     k1, k2 = new_key(), new_key()

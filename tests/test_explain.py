@@ -96,3 +96,28 @@ def test_arguments_that_are_not_json_or_not_a_locked_task_say_what_to_change(wor
     unknown = explain(workers, "locked_app.nope")
     assert unknown.returncode == 1
     assert "is not a LockedTask of this app" in unknown.stderr
+
+
+@pytest.mark.parametrize(
+    ("task", "kwargs", "verdict", "says"),
+    [
+        ("locked_app.latest", {"value": "v"}, "replaces", "an older waiting call is superseded by it"),
+        ("locked_app.rebuild", {"n": 1}, "cancels", "the running holder is asked to stop"),
+    ],
+)
+def test_replace_and_cancel_say_what_they_do_to_the_holder(
+    workers: Cluster, task: str, kwargs: dict[str, Any], verdict: str, says: str
+) -> None:
+    """While a job runs, a call under 'replace' waits behind it (the holder runs to its end; an older waiting call
+    is superseded), and one under 'cancel' asks the running holder to stop and runs after it: explain says which."""
+    mod = workers.app_module()
+    key = new_key("explain")
+    holder = getattr(mod, task.split(".")[1]).delay(key=key, duration=20.0, **kwargs)
+    workers.wait_started(key)
+    try:
+        found = explained(workers, task, key=key, **kwargs)
+        assert found["verdict"] == verdict, found
+        assert any(says in why for why in found["why"]), found["why"]
+        assert not any("the holder is revoked" in why for why in found["why"]), found["why"]
+    finally:
+        mod.app.control.revoke(holder.id, terminate=True)

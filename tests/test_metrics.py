@@ -296,3 +296,28 @@ def test_a_scrape_scans_a_bounded_number_of_keys_and_the_walk_counts_each_key_on
     finally:
         for s in servers:
             s.close()
+
+
+def test_a_renewal_without_a_quorum_counts_renew_failed_and_the_run_goes_on(c: Cluster) -> None:
+    """Two of three lock nodes paused for a little over one renewal interval while a run holds its lock (a 3 s lease
+    renewed every 1 s): the watchdog counts ``renew-failed`` for a renewal that got no quorum, the next one succeeds
+    (the lease had not run out), and the run ends as ``released``, never ``lost``."""
+    mod = c.app_module()
+    name = mod.work.name
+    before = counts(c, name)
+    k = new_key()
+    result = mod.work.delay(k, 6.0)
+    c.wait_started(k)
+    time.sleep(0.3)  # just past a renewal: the next one falls inside the pause
+    c.locks[0].pause()
+    c.locks[1].pause()
+    try:
+        time.sleep(1.6)  # a bound: over one renewal interval (1 s), under the lease (3 s)
+    finally:
+        c.locks[0].resume()
+        c.locks[1].resume()
+    assert result.get(timeout=30) == k
+    got = counted(c, name, before, {"renew-failed": 1, "released": 1})
+    assert got.get("renew-failed", 0) >= 1, got
+    assert got.get("lost", 0) == 0, got
+    assert got.get("released") == 1, got

@@ -313,7 +313,7 @@ def test_two_nodes_whose_lowest_free_slots_differ_agree_on_a_slot_free_on_both(
 def test_contenders_under_the_rate_are_never_told_it_is_reached(redis_trio: list[RedisServer], name: str) -> None:
     """Review of issue 22: 24 contenders at once for a rate of 30 on three nodes kept splitting the free slots, and a
     few were answered "limited" as if the rate were reached: with lock_on_rate_limit="skip" or "fail" such a call
-    was REVOKED or failed under the rate. Such an answer is now marked contended (rate_gate re-sends it, whatever
+    was REVOKED or failed under the rate. Such an answer is now marked contended (the rate feature re-sends it, whatever
     the policy)."""
     nodes = NodeSet([s.url for s in redis_trio])
     rate = Rate(30, 20.0)

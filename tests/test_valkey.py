@@ -160,14 +160,22 @@ def test_two_beat_instances_on_valkey_nodes_send_each_run_once(c: Cluster, tmp_p
 
 
 def test_the_doctor_names_valkey_and_its_version(c: Cluster) -> None:
-    """``celery locks doctor`` on Valkey nodes says "Valkey 9.1.x" (INFO's valkey_version), not the Redis
-    version Valkey reports for compatibility (7.2.4), and finds nothing wrong but the missing append-only file."""
+    """``celery locks doctor`` on Valkey nodes with an append-only file says "Valkey 9.1.x" (INFO's valkey_version),
+    not the Redis version Valkey reports for compatibility (7.2.4), reads their AOF, and finds nothing wrong."""
     app = Celery(f"valkey-doctor-{uuid.uuid4().hex[:8]}", broker=c.broker.url, set_as_current=False)
     app.conf.singleton_lock_urls = c.lock_urls
+    # AOF on for this check: without it, the doctor's persistence finding is an error as soon as the process holds a
+    # task with lock_cooldown or queue scope (another test's shared task joins every app), a warning otherwise.
+    for server in c.locks:
+        with server.client() as client:
+            client.config_set("appendonly", "yes")
     try:
         result = CliRunner().invoke(locks, ["doctor"], obj=CLIContext(app=app, no_color=True, workdir=None))
     finally:
         app.close()
+        for server in c.locks:
+            with server.client() as client:
+                client.config_set("appendonly", "no")
     assert result.exit_code == 0, result.output
     out = result.output
     for server in c.locks:
@@ -176,8 +184,8 @@ def test_the_doctor_names_valkey_and_its_version(c: Cluster) -> None:
         assert re.search(rf"ok +server-version +Valkey {re.escape(version)} \(standalone, master\)\n", out), out
     assert "Redis 7.2.4" not in out
     # The warning count depends on the tasks other tests registered in this process (a long lock_ttl): no error.
-    assert "doctor passed with warnings: 0 error(s)" in out, out
-    assert len(re.findall(r"warning +persistence +appendonly no", out)) == 3, out
+    assert re.search(r"doctor passed(?: with warnings)?: 0 error\(s\)", out), out
+    assert len(re.findall(r"ok +persistence +appendonly yes", out)) == 3, out
 
 
 def test_the_valkey_server_binary_is_found_in_the_documented_order(

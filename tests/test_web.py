@@ -9,6 +9,7 @@ they fail: CI runs them).
 from __future__ import annotations
 
 import contextlib
+import html
 import ipaddress
 import json
 import os
@@ -1039,3 +1040,157 @@ def test_attack_hostile_keys_huge_unicode_and_invalid_utf8_leave_every_endpoint_
             cursor = doc["next"]
         assert len(listed) == len(set(listed)) and {keys[0], keys[1]} <= set(listed)
         assert page.get("/healthz")[0] == 200
+
+
+# -- why is this call blocked? /explain and /explain.json (issue 34) ------------------------------------------------
+
+
+def _href_to_explain(body: str, key: str) -> str:
+    """The link the page's row of ``key`` has to its explanation (asserting there is one)."""
+    href = f'href="/explain?key={urllib.parse.quote(key, safe="")}"'
+    assert href in body, key
+    return href[len('href="') : -1]
+
+
+def _owners(c: Cluster, key: str) -> set[str]:
+    """The owner tokens ``key``'s holder records hold on the lock nodes (the holder's secret)."""
+    seen = (c.lock_client(s).hget(key, "owner") for s in c.locks)
+    return {o.decode() for o in seen if o}
+
+
+def test_explain_names_the_holder_and_the_line_from_the_page_and_the_call_search(site: Site) -> None:
+    """While a real worker holds a key with a duplicate waiting in its line, the held row links to /explain?key=,
+    which says the next call waits at place 2 behind the holder's task id (in HTML and in /explain.json, without
+    the owner token); the page's search for the call shows the same explanation; an unknown Host gets 403."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key("why")
+    running = mod.work_later.delay(k, OUTLIVES)
+    c.wait_started(k)
+    key = mod.work_later.lock_key_for(k)
+    waiting = mod.work_later.delay(k)
+    for _ in polling(30, 0.1):
+        if line_of(c, key) == [waiting.id]:
+            break
+    assert line_of(c, key) == [waiting.id]
+    owners = _owners(c, key)
+    assert owners, "the holder ended before the page was read"
+    try:
+        _status, page = site.get("/")
+        held = page.split("<h2>Held</h2>", 1)[1].split("<h2>", 1)[0]
+        status, body = site.get(_href_to_explain(held, key))
+        assert status == 200
+        assert '<span class="warn" id="verdict">waits</span>' in body
+        assert running.id in body and "1 waiting" in body and "place 2" in body
+        status, text = site.get(f"/explain.json?key={urllib.parse.quote(key, safe='')}")
+        found = json.loads(text)
+        assert status == 200 and found["verdict"] == "waits" and found["key"] == key
+        assert found["slots"][0]["task_id"] == running.id and "owner" not in found["slots"][0]
+        assert found["line"] == {"waiting": 1, "cap": None}
+        query = urllib.parse.urlencode({"task": mod.work_later.name, "args": json.dumps([k]), "kwargs": "{}"})
+        _status, searched = site.get(f"/?{query}")
+        assert 'id="explain"' in searched and "place 2" in searched and running.id in searched
+        status, text = site.get(f"/explain.json?{query}")
+        assert status == 200 and json.loads(text)["verdict"] == "waits"
+        for out in (page, body, text, searched):
+            assert not [o for o in owners if o in out or o[-32:] in out]
+        with served(make_app(mod.app, refresh=0, doctor=False, allowed_hosts=("127.0.0.1",))) as url:
+            request = urllib.request.Request(f"{url}/explain?key=x", headers={"Host": "rebind.example"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 403
+    finally:
+        running.revoke()
+        waiting.revoke()
+
+
+def test_explain_shows_a_cooldown_and_says_when_a_key_has_nothing(site: Site) -> None:
+    """After a real run of a task with lock_cooldown=60, its Cooldowns row links to an explanation naming the run's
+    task id and when the cooldown ends (the call is skipped); a key nothing is under says so (the call runs), a key
+    outside the prefix, a call of no LockedTask and a request naming nothing are 400s saying what to change."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key("cool")
+    ran = mod.cooled.delay(k)
+    assert ran.get(timeout=60) == k
+    key = mod.cooled.lock_key_for(k)
+    _status, page = site.get("/")
+    cooling = page.split("<h2>Cooldowns</h2>", 1)[1].split("<h2>", 1)[0]
+    status, body = site.get(_href_to_explain(cooling, key))
+    assert status == 200 and 'id="verdict">skipped<' in body
+    assert f"in its cooldown by task {ran.id}" in body and "(lock_cooldown=60s)" in body
+    empty = mod.cooled.lock_key_for(new_key("none"))
+    status, body = site.get(f"/explain?key={urllib.parse.quote(empty, safe='')}")
+    assert status == 200 and 'id="verdict">runs<' in body
+    assert f"nothing is under {empty} now" in body
+    found = json.loads(site.get(f"/explain.json?key={urllib.parse.quote(empty, safe='')}")[1])
+    assert found["slots"] == [None] and found["done"] == [] and found["burst"] is None
+    for path, says in (
+        ("/explain?key=another-app%3Ax", "is not a key under this app&#x27;s prefix"),
+        ("/explain?task=nope.task&args=%5B%5D", "no LockedTask named &#x27;nope.task&#x27;"),
+        ("/explain?task=locked_app.cooled&args=%5B1%2C", "must be JSON"),
+        ("/explain", "name a key (?key=) or a call"),
+    ):
+        status, body = site.get(path)
+        assert status == 400 and says in body, path
+    status, text = site.get("/explain.json?key=another-app%3Ax")
+    assert status == 400 and "not a key under this app" in json.loads(text)["error"]
+
+
+def test_attack_explain_escapes_hostile_keys_task_names_and_holder_fields(site: Site) -> None:
+    """A key, task name, worker and task id holding HTML and quotes, linked from the page and explained: every
+    value is text (no markup of theirs in /explain), the link's URL is percent-encoded, /explain.json parses, and
+    the record's owner token is in no output; a hostile task name typed in the call search is escaped too."""
+    c = site.c
+    prefix = c.app_module().app.conf.singleton_lock_prefix
+    key = f'{prefix}<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    owner = f"owner-{uuid.uuid4().hex}"
+    record = {"owner": owner, "fence": 1, "state": "running", "name": "<b>t</b>", "job": '<j">', "worker": "<i>w"}
+    for server in c.locks:
+        client = c.lock_client(server)
+        client.hset(key, mapping=record)
+        client.pexpire(key, 30_000)
+    try:
+        _status, page = site.get("/")
+        href = _href_to_explain(page, key)
+        status, body = site.get(href)
+        assert status == 200 and 'id="verdict">held<' in body
+        for raw in ("<script>alert", "<img src=x", "<b>t</b>", "<i>w", '<j">'):
+            assert raw not in body, raw
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;" in body
+        assert "task &lt;j&quot;&gt; on &lt;i&gt;w" in body
+        status, text = site.get(href.replace("/explain?", "/explain.json?"))
+        found = json.loads(text)
+        assert status == 200 and found["key"] == key and found["slots"][0]["task_id"] == '<j">'
+        hostile = urllib.parse.urlencode({"task": '<img src=x onerror=alert(3)>"', "args": "[]"})
+        for path in (f"/explain?{hostile}", f"/?{hostile}"):
+            _status, out = site.get(path)
+            assert "<img src=x onerror=alert(3)>" not in out and "&lt;img src=x onerror=alert(3)&gt;" in out
+        for out in (page, body, text):
+            assert owner not in out
+    finally:
+        for server in c.locks:
+            c.lock_client(server).delete(key)
+
+
+def test_explain_of_a_slot_key_reads_every_slot_of_its_lock(site: Site) -> None:
+    """With lock_limit=3 and three real runs holding a key, the row of a slot key (``name:slot:<i>``) links to the
+    explanation of its lock: all three holders' task ids, and the next call waits in line."""
+    c = site.c
+    mod = c.app_module()
+    k = new_key("slots")
+    runs = [mod.limited.delay(k, OUTLIVES) for _ in range(3)]
+    c.wait_started(k, count=3)
+    key = mod.limited.lock_key_for(k)
+    try:
+        query = urllib.parse.urlencode({"task": mod.limited.name, "args": json.dumps([k])})
+        _status, page = site.get(f"/?{query}")
+        held = page.split("<h2>Held</h2>", 1)[1].split("<h2>", 1)[0]
+        slot = next(s for s in held.split("<code>")[1:] if ":slot:" in s).split("</code>", 1)[0]
+        status, text = site.get(_href_to_explain(held, html.unescape(slot)).replace("/explain?", "/explain.json?"))
+        found = json.loads(text)
+        assert status == 200 and found["key"] == key and found["verdict"] == "waits"
+        assert {s["task_id"] for s in found["slots"]} == {r.id for r in runs}
+    finally:
+        for r in runs:
+            r.revoke()

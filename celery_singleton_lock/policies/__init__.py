@@ -16,13 +16,16 @@ holders' releases wake it. A new policy is a new module here, registered in :dat
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NoReturn, Protocol
+from typing import ClassVar, NoReturn, Protocol
 
 from ..facts import Decision, Facts
 from .cancel import Cancel
 from .cooldown import COOLDOWN_FEATURE
+from .debounce import DEBOUNCE_FEATURE
 from .fail import Fail
 from .limit import LIMIT
+from .port import NOT_ANSWERED, Call, Delivery, Feature, Hooks, conf_of, hooks_of
+from .rate import RATE_FEATURE
 from .replace import Replace
 from .reschedule import Reschedule
 from .skip import Skip
@@ -30,15 +33,22 @@ from .waiting import WAITING
 
 __all__ = [
     "FEATURES",
+    "NOT_ANSWERED",
     "POLICIES",
+    "SENDING",
+    "Call",
     "Cancel",
+    "Delivery",
     "Duplicate",
     "Fail",
     "Feature",
+    "Hooks",
     "Policy",
     "Replace",
     "Reschedule",
     "Skip",
+    "conf_of",
+    "hooks_of",
     "policy_for",
 ]
 
@@ -88,23 +98,11 @@ class Policy(Protocol):
 POLICIES: dict[str, Policy] = {p.name: p for p in (Skip(), Fail(), Reschedule(), Replace(), Cancel())}
 
 
-class Feature(Protocol):
-    """A feature behind the port: one module here owns its ``lock_*`` options, their checks, its hooks at the points
-    of a call's and a delivery's life, and its scripts' rows in docs/protocol.md; the rooms reach it through here
-    (and the options matrix holds its verdicts with the other options). Its hooks are its own methods, called by the
-    room of that moment with what the room's context gives: ``cooldown`` at release (:meth:`Cooldown.at_release`),
-    ``limit`` where a call's lock is made (:meth:`Limit.for_call`), ``max_waiting`` where a duplicate parks."""
-
-    name: ClassVar[str]
-    #: The task options it owns (the only place outside task.py's declarations and the matrix that names them).
-    options: ClassVar[tuple[str, ...]]
-
-    def check(self, cls: Any) -> None:
-        """Refuse an invalid value of its options in one line (ConfigurationError), at registration and start."""
-
-
-#: The features behind the port, in the order their option checks run.
-FEATURES: tuple[Feature, ...] = (COOLDOWN_FEATURE, LIMIT, WAITING)
+#: The features behind the port (:class:`~celery_singleton_lock.policies.port.Feature`), in the order their option
+#: checks run and their hooks are called (see policies/port.py for the hooks and where the rooms call them).
+FEATURES: tuple[Feature, ...] = (COOLDOWN_FEATURE, LIMIT, WAITING, RATE_FEATURE, DEBOUNCE_FEATURE)
+#: The features that may answer a call at ``apply_async`` (``at_send``): LockedTask's plain path asks them only.
+SENDING: tuple[Feature, ...] = tuple(f for f in FEATURES if type(f).at_send is not Feature.at_send)
 
 
 def policy_for(name: str) -> Policy:

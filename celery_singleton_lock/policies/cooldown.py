@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..errors import ConfigurationError
+from .port import Feature
 
 __all__ = ["COOLDOWN_FEATURE", "Cooldown"]
 
 
-class Cooldown:
+class Cooldown(Feature):
     """``lock_cooldown`` (seconds, default 0: no cooldown). A failure never holds the lock."""
 
     name: ClassVar[str] = "cooldown"
@@ -26,14 +27,16 @@ class Cooldown:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ConfigurationError(f"lock_cooldown of {cls.name} must be a number of seconds >= 0, got {value!r}")
 
-    def seconds(self, cls: Any) -> float:
-        """The cooldown a success starts (resolved once, into the task's options)."""
-        return float(cls.lock_cooldown)
+    def active(self, cls: Any) -> bool:
+        return bool(cls.lock_cooldown)
 
-    @staticmethod
-    def at_release(seconds: float, *, succeeded: bool) -> float:
+    def resolve(self, task: Any) -> float:
+        """The cooldown a success starts (resolved once, into the task's options)."""
+        return float(task.lock_cooldown)
+
+    def at_release(self, ctx: Any, run: Any, *, succeeded: bool) -> float:
         """How long the released lock stays held (as ``cooldown``): only after a success."""
-        return seconds if succeeded else 0.0
+        return float(ctx.options.conf[self.name]) if succeeded else 0.0
 
     def keeps_records(self, task: Any) -> bool:
         """The task's promise rests on records kept across time (no second run within the cooldown)."""

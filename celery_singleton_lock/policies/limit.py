@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..errors import ConfigurationError
+from .port import Feature
 
 __all__ = ["LIMIT", "Limit"]
 
 
-class Limit:
+class Limit(Feature):
     """``lock_limit``: an int >= 1, a function of the call's arguments returning one, or None (a rate only)."""
 
     name: ClassVar[str] = "limit"

@@ -19,12 +19,13 @@ of it exists); otherwise it is refused here, before any call can meet it.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+from .port import parameters
 
 __all__ = [
     "FACETS",
@@ -36,6 +37,7 @@ __all__ = [
     "check_group",
     "facets",
     "pairs",
+    "parameters",
     "refusals",
     "render_markdown",
 ]
@@ -472,19 +474,6 @@ def refusals(facet_set: Iterable[str], name: str = _PLACEHOLDER) -> list[Refusal
 
 
 # --- a group, as a whole -------------------------------------------------------------------------------------------
-
-
-def parameters(task: Any) -> list[inspect.Parameter] | None:
-    """The parameters a call of ``task`` binds (a bound task's ``self`` left out); None when unreadable."""
-    cls = _cls(task)
-    run = inspect.getattr_static(cls, "run", None)
-    try:
-        params = list(inspect.signature(cls.run).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if params and not isinstance(run, staticmethod) and inspect.isfunction(run):
-        params = params[1:]  # a bound task's run (bind=True, or a class's run method): its first is the task itself
-    return params
 
 
 def unique_names(task: Any) -> tuple[str, ...] | None:

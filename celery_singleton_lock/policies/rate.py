@@ -18,11 +18,15 @@ passed there. That is why slots, not counts: with counts alone, 3 nodes and N = 
 it (lua/rate_undo.lua, also written behind a timed-out call on its connection); contenders that split the free slots
 try again at once, the second time asking for the slot most nodes gave.
 
-This module imports nothing of Celery: the delivery (``_delivery``) calls :func:`take` and carries the verdict out.
+One feature behind the port (:class:`RateFeature`, ``RATE_FEATURE``): its options' checks, the rate key of a call,
+and its hooks: ``after_lock`` (the delivery asks for its share: :func:`take`, then carries the verdict out through the
+:class:`~celery_singleton_lock.policies.port.Delivery` it is handed) and ``body_skipped`` (a share counted for a
+body that does not start after all is given back). It imports nothing of Celery.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
@@ -31,17 +35,35 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from ..errors import ConfigurationError
+from ..config import did_you_mean
+from ..errors import ConfigurationError, LockUnavailableError, RateLimitedError
+from ..keys import lock_key
 from ..nodes import NodeSet
 from ..scripts import RATE, RATE_RESTAMP, RATE_UNDO
+from .port import Delivery, Feature, check_names, parameters
 
-__all__ = ["ON_RATE_LIMIT", "Rate", "RateLimitPolicy", "Verdict", "parse_rate", "take", "undo"]
+__all__ = [
+    "ON_RATE_LIMIT",
+    "RATE_FEATURE",
+    "RATE_HEADER",
+    "RATE_MAX_COUNTDOWN",
+    "Rate",
+    "RateFeature",
+    "RateLimitPolicy",
+    "Share",
+    "Verdict",
+    "parse_rate",
+    "take",
+    "undo",
+]
 
 RateLimitPolicy = Literal["wait", "skip", "fail"]
 #: The values of ``lock_on_rate_limit``.
 ON_RATE_LIMIT: tuple[RateLimitPolicy, ...] = ("wait", "skip", "fail")
+
+logger = logging.getLogger("celery_singleton_lock.task")
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _NOTATION = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
@@ -219,3 +241,173 @@ def undo(nodes: NodeSet, key: str, token: str, on: Any = None) -> None:
         nodes.run(RATE_UNDO, [key], [token], nodes=list(on) if on is not None else None)
     except Exception:
         return
+
+
+# -- the feature: its options, its key, its hooks ----------------------------------------------------------------
+
+RATE_HEADER = "singleton_lock_rate_waits"  # how many times this call waited for the window
+#: The longest countdown a delivery waiting for its rate's window is re-sent with (a longer wait takes several).
+RATE_MAX_COUNTDOWN = 900.0
+
+
+@dataclass(frozen=True)
+class Conf:
+    """A task's rate options, read once: the rate, what an over-the-rate delivery does, the arguments sharing it."""
+
+    rate: Rate
+    on_limit: str
+    on: tuple[str, ...]
+
+
+@dataclass
+class Share:
+    """The start a delivery counted (``run.state["rate"]``): its rate key, when it was counted (Unix s, a counting
+    node's clock), its slot and each holding node's count time, and the owner token that uncounts it."""
+
+    key: str
+    at: float | None = None
+    slot: tuple[int, dict[int, float]] | None = None
+    token: str = ""
+
+
+class RateFeature(Feature):
+    """``lock_rate``, ``lock_rate_on``, ``lock_on_rate_limit``: asked after the lock is taken, before the body."""
+
+    name: ClassVar[str] = "rate"
+    options: ClassVar[tuple[str, ...]] = ("lock_rate", "lock_rate_on", "lock_on_rate_limit")
+    headers: ClassVar[tuple[str, ...]] = (RATE_HEADER,)
+    scripts: ClassVar[tuple[str, ...]] = ("rate", "rate_undo", "rate_restamp")
+
+    def check(self, cls: Any) -> None:
+        """Each option alone (ConfigurationError); what they need of each other is the matrix's."""
+        name = cls.name
+        policy = cls.lock_on_rate_limit
+        if policy not in ON_RATE_LIMIT:
+            raise ConfigurationError(
+                f"{self.options[2]} of {name} must be one of {', '.join(map(repr, ON_RATE_LIMIT))}, "
+                f"got {policy!r}{did_you_mean(policy, ON_RATE_LIMIT)}"
+            )
+        on = cls.lock_rate_on
+        if on is not None and (isinstance(on, str) or not all(isinstance(n, str) for n in on)):
+            raise ConfigurationError(f"{self.options[1]} of {name} must be a list of argument names")
+        if cls.lock_rate is None:
+            if on is not None:
+                raise ConfigurationError(f"{self.options[1]} of {name} needs a {self.options[0]}")
+            return
+        parse_rate(cls.lock_rate, f"{self.options[0]} of {name}")
+        if on:
+            check_names(cls, self.options[1], on, parameters(cls))
+
+    def active(self, cls: Any) -> bool:
+        return cls.lock_rate is not None
+
+    def resolve(self, task: Any) -> Conf:
+        rate = parse_rate(task.lock_rate, f"{self.options[0]} of {task.name}")
+        on = tuple(task.lock_rate_on) if task.lock_rate_on is not None else ()
+        return Conf(rate, task.lock_on_rate_limit, on)
+
+    def key_for(self, ctx: Any, args: Any, kwargs: Any) -> str | None:
+        """The rate key of a call with these arguments (None: the task has no rate)."""
+        options = ctx.options
+        conf: Conf | None = options.conf.get(self.name)
+        if conf is None:
+            return None
+        prefix = f"{options.settings.prefix}rate:"
+        return lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=list(conf.on))
+
+    @staticmethod
+    def share(run: Any) -> Share | None:
+        """The start ``run`` counted (None: none, or no rate)."""
+        found: Share | None = (run.state or {}).get("rate")
+        return found
+
+    def started_at(self, run: Any) -> float | None:
+        """When ``run``'s start was counted (Unix s, a counting node's clock); None without a rate."""
+        share = self.share(run)
+        return share.at if share is not None else None
+
+    def after_lock(self, delivery: Delivery) -> bool:
+        """Count this start if the window allows it (one more round trip), True then: the body runs.
+
+        Over the rate, ``lock_on_rate_limit`` acts: ``wait`` re-sends this delivery for the moment the window lets a
+        start in (never early: that copy asks again; :meth:`Delivery.wait_out` keeps what its call holds meanwhile),
+        ``skip`` stores REVOKED, ``fail`` raises RateLimitedError; the lock (if any) is given back at once, as if never
+        taken. Without a quorum, ``lock_on_unavailable`` acts (``run``: the body starts uncounted, under its lock).
+        """
+        ctx, run = delivery.ctx, delivery.run
+        options = ctx.options
+        conf: Conf = options.conf[self.name]
+        rate = conf.rate
+        key = self.key_for(ctx, delivery.args, delivery.kwargs)
+        assert key is not None  # active: the task has a rate
+        share = Share(key)
+        if run.state is None:
+            run.state = {}
+        run.state[self.name] = share
+        verdict = take(options.settings.nodes, key, rate)
+        if verdict.outcome == "granted":
+            share.at, share.slot, share.token = verdict.at, (verdict.slot, verdict.times), verdict.token
+            return True
+        request = ctx.request
+        task_id = run.task_id
+        if verdict.outcome == "unavailable":
+            policy = options.on_unavailable
+            attempt = delivery.attempt
+            if not attempt:  # once per call, not per retry
+                ctx.count("unavailable")
+            ctx.signal("lock_unavailable", key=key, task_id=task_id, policy=policy, errors=verdict.errors)
+            if policy == "run":
+                logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", ctx.name, task_id, key)
+                return True
+            settings = options.settings
+            if (
+                policy == "fail"
+                or request.is_eager
+                or (settings.max_retries is not None and attempt + 1 > settings.max_retries)
+            ):
+                delivery.give_back()
+                delivery.failed()  # every feature's end of a delivery that fails before its body
+                raise LockUnavailableError(key, node_errors=verdict.errors)
+            delay = min(settings.retry_max_delay, settings.retry_delay * 2**attempt)
+            countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
+            delivery.wait_out(countdown, "unavailable", {delivery.attempt_header: attempt + 1})
+            return False
+        waits = int(getattr(request, RATE_HEADER, 0) or 0)
+        if not waits:  # once per call: its re-sent copies asking again are the same call
+            ctx.count("rate-limited")
+        said = f"rate {rate} of {key} reached"
+        ctx.signal("rate_limited", key=key, task_id=task_id, rate=str(rate), policy=conf.on_limit)
+        # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
+        # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
+        contended = verdict.contended and not request.is_eager
+        if not contended and conf.on_limit != "wait" and not delivery.may_refuse():
+            return False  # another feature took it elsewhere (a burst's job not due yet: re-sent for its due time)
+        if not contended and (conf.on_limit == "fail" or request.is_eager):
+            delivery.give_back()
+            raise RateLimitedError(key, task_name=ctx.name, rate=str(rate), wait=verdict.wait)
+        if not contended and conf.on_limit == "skip":
+            delivery.give_back()
+            reason = f"{ctx.name} skipped: {said}"
+            if not (ctx.task.ignore_result or request.ignore_result):
+                ctx.task.backend.mark_as_revoked(task_id, reason, request=None)
+            delivery.skip(reason, None)
+            return False
+        # wait: for the moment the window lets a start in on a quorum (a few ms after it: never early; that copy asks
+        # again, and one that loses the moment to another waiter is re-sent for the next one).
+        countdown = verdict.wait + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
+        # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
+        # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
+        countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
+        delivery.wait_out(countdown, "rate", {RATE_HEADER: waits + 1}, said)
+        return False
+
+    def body_skipped(self, delivery: Delivery) -> None:
+        """Give back the share :meth:`after_lock` counted for this delivery: its body does not start after all."""
+        run = delivery.run
+        share = self.share(run)
+        if share is not None and share.token:
+            undo(delivery.ctx.options.settings.nodes, share.key, share.token)
+            share.token, share.at, share.slot = "", None, None
+
+
+RATE_FEATURE = RateFeature()

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..errors import ConfigurationError
+from .port import Feature
 
 __all__ = ["WAITING", "MaxWaiting"]
 
 
-class MaxWaiting:
+class MaxWaiting(Feature):
     """``lock_max_waiting`` (a whole number >= 1; None: no cap). A waiting call's own re-sends never count as new."""
 
     name: ClassVar[str] = "max_waiting"

@@ -438,6 +438,13 @@ def q_charge(self: Any, key: str) -> str:
     return f"charged {key} as {self.request.id}"
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_cooldown=60.0)
+def cooled(self: Any, key: str) -> str:
+    """One run per ``key`` a minute: the lock stays in its cooldown for 60 s after the run (the page explains it)."""
+    _run(self, key, 0.0)
+    return key
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="replace")
 def latest(self: Any, key: str, value: str, duration: float = 0.0) -> str:
     """Keep-latest: while one runs, the newest waiting call replaces the one before it."""
@@ -621,6 +628,7 @@ def _dialed_limit(key: str, duration: float = 0.0) -> int:
 def dialed(self: Any, key: str, duration: float = 0.0) -> str:
     """At most ``_dialed_limit(key)`` runs of ``key`` at once (a callable limit the test changes while runs hold)."""
     _run(self, key, duration)
+    return key
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(2, 60.0), lock_rate_on=["key"])

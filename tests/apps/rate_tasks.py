@@ -13,6 +13,7 @@ from typing import Any
 from locked_app import app, record
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.policies.rate import RATE_FEATURE
 
 STORM_RATE = (10, 1.0)
 
@@ -24,8 +25,9 @@ def _run(task: Any, key: str, duration: float) -> str:
     row = [key, task.request.id, os.getpid(), at, start, waits]
     record.rpush("rate_started", json.dumps(row))
     run = task.request.__dict__.get("_singleton_lock")
-    if run is not None and run.rate_slot is not None:  # the slot and each node's count time (tests check per slot)
-        record.rpush("rate_slots", json.dumps([key, task.request.id, run.rate_slot[0], run.rate_slot[1]]))
+    share = RATE_FEATURE.share(run) if run is not None else None
+    if share is not None and share.slot is not None:  # the slot and each node's count time (tests check per slot)
+        record.rpush("rate_slots", json.dumps([key, task.request.id, share.slot[0], share.slot[1]]))
     end_by = time.monotonic() + duration
     while time.monotonic() < end_by:  # bounded by duration
         time.sleep(min(0.05, max(0.0, end_by - time.monotonic())))
