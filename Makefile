@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean soak-model
+.PHONY: demo test lint bench bench-check clean soak-model
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ soak-model: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_lock.py
+
+# The key ratios (a lock per use vs the floor, LockedTask executed vs plain, a skip in the tracer vs executed) beside
+# the previous release's (benchmarks/release_figures.json): a printout, not a timing assertion (~40 s).
+bench-check: $(BIN)/.installed
+	$(BIN)/python benchmarks/bench_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -182,7 +182,8 @@ def pinned_servers(count: int, pin: str, binary: str | None = None) -> Iterator[
             os.sched_setaffinity(0, {cpus[1]})
         elif pin == "same":
             os.sched_setaffinity(0, {cpus[0]})
-        with redis_servers(count, binary=binary) as servers:
+        # Without a binary, the call older checkouts' redis_servers takes too (bench_check.py runs against them).
+        with redis_servers(count, binary=binary) if binary else redis_servers(count) as servers:
             if pin == "split":
                 os.sched_setaffinity(0, {cpus[0]})
             yield servers

@@ -149,7 +149,8 @@ def goals(results: dict[str, dict[str, Any]]) -> list[str]:
     """The issue's targets (ours within 1.15x of the low-level floor on 1 node, of the fan-out on 3), and what
     ours adds over each floor in µs (paired medians), the figure to cut."""
     out = []
-    for name in ("ours 1n reused", "ours 1n fresh", "ours 3n reused", "ours 3n fresh", "skip ours 1n", "skip ours 3n"):
+    names = ("ours 1n reused", "ours 1n fresh", "ours 1n fresh-url", "ours 3n reused", "ours 3n fresh")
+    for name in (*names, "skip ours 1n", "skip ours 3n"):
         r = results.get(name)
         if r is None:
             continue

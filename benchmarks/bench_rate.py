@@ -9,15 +9,20 @@ One operation is one decision "may this start now?" for one rate key, through ea
                         sorted-set log costs, not a correct limiter)
 * ``limits 1n``         ``limits`` ``MovingWindowRateLimiter(RedisStorage).hit(item, key)``: its Lua moving window
                         (a list of timestamps, one node)
+* ``limits lean 1n``    the same Lua (limits' ``acquire_moving_window.lua``, its client's clock) sent through our lean
+                        path (``NodeSet.run``): the script's cost without redis-py's high-level ``Script`` path, so
+                        client CPU compares like with like
 * ``ours 1n`` / ``ours 3n``  ``policies.rate.take(nodes, key, rate)``: lua/rate.lua on one node / on three at once
                         (a quorum of the same slot; the nodes' TIME), the verdict parsed
 
 Two scenarios: ``open`` (200 keys in turn at 100 per 1 s: every decision is an allowed start, each log holds a few
 entries) and ``full`` (one key whose window is full: every decision a refusal naming the wait). Figures: p50 over
-every decision pooled, decisions/s and this process's CPU per decision (medians over rounds), and the ratios against
-the floor (medians of per-round paired ratios).
+every decision pooled, decisions/s, this process's CPU per decision and the servers' time per decision (medians over
+rounds), and the ratios (medians of per-round paired ratios). Server time is Redis's own accounting, ``INFO
+commandstats`` ``usec`` summed over every command and every node (reset before each slice: a slice is one
+contender's), so it is the time the commands and scripts ran, without the network and event loop around them.
 
-    PYTHONPATH=$PWD python benchmarks/bench_rate.py                 # ~1 min: 12 rounds x 0.25 s x 8 contenders
+    PYTHONPATH=$PWD python benchmarks/bench_rate.py                 # ~1 min: 12 rounds x 0.25 s x 10 contenders
     PYTHONPATH=$PWD python benchmarks/bench_rate.py --quick
 """
 
@@ -28,10 +33,12 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import _common  # noqa: F401 - benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import harness
+import limits
 import redis
 from limits import RateLimitItemPerSecond
 from limits.storage import RedisStorage
@@ -39,6 +46,7 @@ from limits.strategies import MovingWindowRateLimiter
 
 from celery_singleton_lock.nodes import NodeSet
 from celery_singleton_lock.policies.rate import Rate, take
+from celery_singleton_lock.scripts import Script
 from celery_singleton_lock.testing import redis_servers
 
 OPEN = Rate(100, 1.0)
@@ -71,6 +79,30 @@ def peer(limiter: MovingWindowRateLimiter, keys: Callable[[], str], rate: Rate) 
     return lambda: limiter.hit(item, keys())
 
 
+def limits_lean(nodes: NodeSet, keys: Callable[[], str], rate: Rate) -> Callable[[], Any]:
+    """limits' own moving-window Lua (its client clock, seconds) through our lean path: one EVALSHA, a bool back."""
+    path = Path(limits.__file__).parent / "resources" / "redis" / "lua_scripts" / "acquire_moving_window.lua"
+    script = Script(path.read_text(encoding="utf-8"))
+    expiry = int(rate.period)
+    return lambda: nodes.run(script, [f"LIMITS:{keys()}"], [repr(time.time()), rate.limit, expiry, 1])[0] == 1
+
+
+def reset_stats(clients: list[redis.Redis]) -> None:
+    for c in clients:
+        c.config_resetstat()
+
+
+def server_usec(clients: list[redis.Redis]) -> float:
+    """Microseconds the servers spent running commands since the last reset (``INFO commandstats``), the
+    benchmark's own CONFIG and INFO calls left out."""
+    total = 0.0
+    for c in clients:
+        for name, stats in c.info("commandstats").items():
+            if name not in ("cmdstat_config", "cmdstat_info"):
+                total += float(stats["usec"])
+    return total
+
+
 def rotating(prefix: str, count: int) -> Callable[[], str]:
     cycle = itertools.cycle([f"{prefix}:{i}" for i in range(count)])
     return lambda: next(cycle)
@@ -89,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         one, three = NodeSet(urls[0]), NodeSet(urls)
         client = redis.Redis.from_url(urls[0])
         limiter = MovingWindowRateLimiter(RedisStorage(urls[0]))
+        admins = [redis.Redis.from_url(u) for u in urls]
         ops: dict[str, Callable[[], Any]] = {}
         for scenario, rate in (("open", OPEN), ("full", FULL)):
 
@@ -97,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
             ops[f"floor zset 1n {scenario}"] = floor(client, keys("floor"), rate, add=scenario == "open")
             ops[f"limits 1n {scenario}"] = peer(limiter, keys("limits"), rate)
+            ops[f"limits lean 1n {scenario}"] = limits_lean(one, keys("limits-lean"), rate)
             ops[f"ours 1n {scenario}"] = ours(one, keys("ours1"), rate)
             ops[f"ours 3n {scenario}"] = ours(three, keys("ours3"), rate)
         # Fill the full scenario's windows first (each contender's own key).
@@ -107,40 +141,46 @@ def main(argv: list[str] | None = None) -> int:
         contenders = [harness.Contender(n, op) for n, op in ops.items()]
 
         def measure(c: harness.Contender, _rnd: int) -> harness.Sample:
-            return harness.timed(c.op, args.seconds, args.max_ops, collect=True)
+            reset_stats(admins)
+            sample = harness.timed(c.op, args.seconds, args.max_ops, collect=True)
+            sample.values["server_us"] = server_usec(admins) / max(sample.ops, 1)
+            return sample
 
         results = harness.interleave(contenders, args.rounds, measure, warmup=lambda c: harness.timed(c.op, 0.1, 500))
         rows = [
             [c.name, f"{results.median(c.name, 'ops_per_s'):,.0f}", f"{results.median(c.name, 'p50_us'):.1f}",
-             f"{results.median(c.name, 'p99_us'):.1f}", f"{results.median(c.name, 'cpu_us'):.1f}"]
+             f"{results.median(c.name, 'p99_us'):.1f}", f"{results.median(c.name, 'cpu_us'):.1f}",
+             f"{results.median(c.name, 'server_us'):.1f}"]
             for c in contenders
         ]  # fmt: skip
-        print(harness.markdown(["contender", "decisions/s", "p50 µs", "p99 µs", "client CPU µs"], rows))
+        print(
+            harness.markdown(
+                ["contender", "decisions/s", "p50 µs", "p99 µs", "client CPU µs", "server µs (commandstats)"], rows
+            )
+        )
         ratios = []
         for scenario in ("open", "full"):
-            ref = f"floor zset 1n {scenario}"
-            for name in (f"limits 1n {scenario}", f"ours 1n {scenario}", f"ours 3n {scenario}"):
-                ratios.append(
-                    (
-                        f"{name} / {ref}",
-                        results.paired(name, ref, "cpu_us"),
-                        results.paired(name, ref, "p50_us"),
-                    )
-                )
-            ratios.append(
-                (
-                    f"ours 1n {scenario} / limits 1n {scenario}",
-                    results.paired(f"ours 1n {scenario}", f"limits 1n {scenario}", "cpu_us"),
-                    results.paired(f"ours 1n {scenario}", f"limits 1n {scenario}", "p50_us"),
-                )
-            )
+            pairs = [
+                (f"{name} {scenario}", f"floor zset 1n {scenario}") for name in ("limits 1n", "ours 1n", "ours 3n")
+            ]
+            pairs += [
+                (f"ours 1n {scenario}", f"limits 1n {scenario}"),
+                (f"ours 1n {scenario}", f"limits lean 1n {scenario}"),
+            ]
+            ratios += [
+                (f"{name} / {ref}", *(results.paired(name, ref, m) for m in ("cpu_us", "server_us", "p50_us")))
+                for name, ref in pairs
+            ]
         print()
         print(
             harness.markdown(
-                ["pair", "client CPU ratio", "p50 ratio"], [[n, f"{a:.2f}x", f"{b:.2f}x"] for n, a, b in ratios]
+                ["pair", "client CPU ratio", "server time ratio", "p50 ratio"],
+                [[n, f"{a:.2f}x", f"{b:.2f}x", f"{c:.2f}x"] for n, a, b, c in ratios],
             )
         )
         client.close()
+        for c in admins:
+            c.close()
     harness.save(args, env, results=results.record(), ratios=[list(r) for r in ratios])
     print("\nmedians over interleaved rounds; ratios are medians of per-round paired ratios", file=sys.stderr)
     return 0

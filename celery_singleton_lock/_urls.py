@@ -41,7 +41,15 @@ import redis.connection
 
 from .errors import ConfigurationError
 
-__all__ = ["NodeURL", "credentials_for", "parse_node_url", "redact_url", "use_credentials", "validate_url"]
+__all__ = [
+    "NodeURL",
+    "credentials_for",
+    "credentials_version",
+    "parse_node_url",
+    "redact_url",
+    "use_credentials",
+    "validate_url",
+]
 
 # Schemes naming several hosts: a Sentinel set (its master is the node) or a Redis Cluster (one logical node).
 _MULTI: Final = ("redis+sentinel://", "rediss+sentinel://", "redis+cluster://", "rediss+cluster://")
@@ -433,13 +441,23 @@ def validate_url(url: object) -> str:
 #: (nodes.py and aio.py), so every NodeSet and AsyncNodes built from that URL (settings, pre-skip, async producers)
 #: uses it; redis-py asks the provider on every new connection, so a rotated secret needs no restart.
 _providers: dict[str, object] = {}
+#: Bumped whenever a URL's provider changes: NodeSets cached per URL list (nodes.py) are keyed by it, so a provider
+#: set after a NodeSet was built from that URL is used by the next one.
+_providers_version = 0
 
 
 def use_credentials(urls: Sequence[object], provider: object) -> None:
     """Authenticate every new connection to the nodes ``urls`` (the URL strings among them) with ``provider``."""
+    global _providers_version  # noqa: PLW0603 - one counter per process, read on NodeSet's hot path
     for url in urls:
-        if isinstance(url, str):
+        if isinstance(url, str) and _providers.get(url) is not provider:
             _providers[url] = provider
+            _providers_version += 1
+
+
+def credentials_version() -> int:
+    """A number that changes whenever a URL's credential provider does (see ``nodes.NodeSet``'s cache)."""
+    return _providers_version
 
 
 def credentials_for(url: str) -> object | None:

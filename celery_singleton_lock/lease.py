@@ -42,7 +42,6 @@ counters) where fencing tokens must never go back.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import secrets
 from collections import Counter
@@ -53,7 +52,7 @@ from typing import Any, ClassVar, Protocol
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import ConfigurationError, LockError, LockNotAcquiredError, LockUnavailableError
-from .nodes import NodeError, Steps
+from .nodes import NodeError, Steps, current_pid
 from .record import _brief, _merged, _prefixed, done_key_for, record_of, slot_keys
 from .scripts import (
     ACQUIRE,
@@ -96,7 +95,7 @@ class _Lease:
     renewable: bool = True  # False once handed over (transfer): the marker is never extended
     fields: tuple[str, ...] = ()  # the record's fields (field, value, ...) besides owner and fence, for a refill
     key: str = ""  # the key the record lives under: the name, or with a limit the slot taken
-    pid: int = field(default_factory=os.getpid)  # the process that took it: a forked child never renews or frees it
+    pid: int = field(default_factory=current_pid)  # the process that took it: a forked child never renews or frees it
 
 
 #: One node's findings of an acquire's answers, parsed (see :func:`_tally`).
@@ -330,7 +329,7 @@ class _LeaseSpec:
     @property
     def validity(self) -> float:
         """Seconds the lease is still ours by the local clock (0 when not held)."""
-        if self._lease is None or self._lease.pid != os.getpid():
+        if self._lease is None or self._lease.pid != current_pid():
             return 0.0
         return max(0.0, self._lease.deadline - self._clock())
 
@@ -339,7 +338,7 @@ class _LeaseSpec:
         the parent's, still held and renewed there; a child that released or extended it would free the parent's lock
         for a second holder (or wait forever on a mutex a parent's thread held at the fork)."""
         lease = self._lease
-        if lease is not None and lease.pid != os.getpid():
+        if lease is not None and lease.pid != current_pid():
             self._lease = None
             return True
         return False

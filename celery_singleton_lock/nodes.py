@@ -36,12 +36,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from . import _resp
-from ._urls import NodeURL, credentials_for, parse_node_url, redact_url, validate_url
+from ._urls import NodeURL, credentials_for, credentials_version, parse_node_url, redact_url, validate_url
 from .errors import ConfigurationError
 from .record import _key_slot, fence_key_in_slot
 from .scripts import Script
 
-__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Request", "Steps", "Undo"]
+__all__ = ["IDLE_MAX", "NodeError", "NodeSet", "Request", "Steps", "Undo", "current_pid"]
 
 _T = TypeVar("_T")
 
@@ -71,8 +71,34 @@ _NO_SETINFO: dict[str, Any] = (
 # redis-py functions without type annotations, called through Any (mypy --strict refuses untyped calls).
 _untyped: Any = SimpleNamespace(parse_url=redis.connection.parse_url, Sentinel=Sentinel, ClusterNode=ClusterNode)
 
-_clients: dict[tuple[str, float, float, int], redis.Redis | _Cluster] = {}
+
+class _Key(tuple[object, ...]):
+    """A cache key holding URLs: a plain tuple to the dict, whose repr shows every URL redacted (no password)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"_Key({_redacted(tuple(self))!r})"
+
+
+def _redacted(value: object) -> object:
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, tuple):
+        return tuple(_redacted(v) for v in value)
+    return value
+
+
+_clients: dict[_Key, redis.Redis | _Cluster] = {}
 _clients_lock = threading.Lock()
+
+# What a NodeSet built from URL strings holds (its instance dict), per (URLs, socket_timeout, connect_timeout,
+# credential providers' version): parsing and validating a URL list costs ~10-50 µs, more than a lock call's client
+# Python, and ``with Redlock(url, ...)`` builds one per use. Only immutable things are cached (the process-wide
+# clients of _client_for, names, flags); a forked child keeps them as it keeps the clients (redis-py's pool and
+# _take start afresh on a new pid). Bounded: a process building NodeSets of ever new URL lists drops the oldest.
+_built: dict[_Key, dict[str, Any]] = {}
+_BUILT_MAX = 256
 
 
 def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redis.Redis | _Cluster:
@@ -83,7 +109,7 @@ def _client_for(url: str, socket_timeout: float, connect_timeout: float) -> redi
     starts is a node that does not answer yet, not an error.
     """
     provider = credentials_for(url)  # singleton_lock_credential_provider: asked on every new connection
-    cache_key = (url, socket_timeout, connect_timeout, id(provider))
+    cache_key = _Key((url, socket_timeout, connect_timeout, id(provider)))
     with _clients_lock:
         client = _clients.get(cache_key)
         if client is None:
@@ -269,13 +295,33 @@ _idle: dict[ConnectionPool, tuple[int, deque[Any]]] = {}
 
 
 _idle_lock = threading.Lock()
+
+# os.getpid() is a system call (glibc no longer caches it), and a lock cycle asked it six times (the checkouts, the
+# lease's owner process): the pid is kept here, renewed in a forked child (os.fork's hook; billiard and
+# multiprocessing fork through it), as _run's worker id is.
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid  # noqa: PLW0603 - one per process
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def current_pid() -> int:
+    """This process's id, without a system call (renewed after a fork)."""
+    return _pid
+
+
 IDLE_MAX = 64  # idle connections kept per node and process; more (a burst of threads) are closed when returned
 
 
 def _take(pool: ConnectionPool) -> tuple[Any, bool]:
     """An idle connection of ours to the pool's node (reused: True), or a new one (not yet connected)."""
     entry = _idle.get(pool)
-    pid = os.getpid()
+    pid = _pid
     if entry is None or entry[0] != pid:
         with _idle_lock:
             entry = _idle.get(pool)
@@ -299,7 +345,7 @@ def _fast(conn: Any) -> bool:
 
 def _give(pool: ConnectionPool, conn: Any) -> None:
     entry = _idle.get(pool)
-    if entry is not None and entry[0] == os.getpid() and len(entry[1]) < IDLE_MAX:
+    if entry is not None and entry[0] == _pid and len(entry[1]) < IDLE_MAX:
         entry[1].append(conn)
     else:
         conn.disconnect()
@@ -366,6 +412,29 @@ class NodeSet:
     ) -> None:
         if socket_timeout <= 0:
             raise ConfigurationError(f"socket_timeout must be > 0 seconds, got {socket_timeout!r}")
+        key: _Key | None = None
+        if type(urls) is str:
+            key = _Key(((urls,), socket_timeout, connect_timeout, credentials_version()))
+        elif isinstance(urls, list | tuple) and all(type(u) is str for u in urls):
+            key = _Key((tuple(urls), socket_timeout, connect_timeout, credentials_version()))
+        if key is not None:
+            state = _built.get(key)
+            if state is not None:  # this URL list was parsed and validated before, in this process
+                self.__dict__.update(state)
+                return
+        self._build(urls, socket_timeout, connect_timeout)
+        if key is not None:
+            if len(_built) >= _BUILT_MAX:
+                with contextlib.suppress(KeyError, StopIteration, RuntimeError):  # another thread dropped it first
+                    del _built[next(iter(_built))]
+            _built[key] = dict(self.__dict__)
+
+    def _build(
+        self,
+        urls: str | redis.Redis | RedisCluster | Sequence[str | redis.Redis | RedisCluster],
+        socket_timeout: float,
+        connect_timeout: float | None,
+    ) -> None:
         items: list[str | redis.Redis | RedisCluster]
         items = [urls] if isinstance(urls, str | redis.Redis | RedisCluster) else list(urls)
         if not items:

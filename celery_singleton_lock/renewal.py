@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics
 from ._heartbeat import write_heartbeat
+from .nodes import current_pid
 
 if TYPE_CHECKING:
     from .nodes import NodeSet
@@ -330,10 +331,10 @@ def watchdog() -> Watchdog:
     """This process's watchdog (a new one after ``fork()``: threads do not survive it)."""
     global _watchdog  # noqa: PLW0603 - one per process, by design
     current = _watchdog
-    if current is not None and current._pid == os.getpid():  # noqa: SLF001
+    if current is not None and current._pid == current_pid():  # noqa: SLF001
         return current
     with _watchdog_lock:
-        if _watchdog is None or _watchdog._pid != os.getpid():  # noqa: SLF001
+        if _watchdog is None or _watchdog._pid != current_pid():  # noqa: SLF001
             _watchdog = Watchdog()
         return _watchdog
 
@@ -341,5 +342,5 @@ def watchdog() -> Watchdog:
 def flush_stats() -> None:
     """Flush this process's counters now, if it has a watchdog (a pool child about to exit: they would be lost)."""
     current = _watchdog
-    if current is not None and current._pid == os.getpid():  # noqa: SLF001
+    if current is not None and current._pid == current_pid():  # noqa: SLF001
         current.flush_stats()

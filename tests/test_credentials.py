@@ -120,6 +120,20 @@ def test_a_rotated_password_is_used_by_new_connections_without_a_restart(
     assert "credential_provider=<Rotating>" in repr(settings)
 
 
+def test_a_lock_built_per_use_from_the_url_uses_a_provider_set_after_an_earlier_one(
+    acl_node: redis.Redis, fresh_node: RedisServer
+) -> None:
+    """``Redlock(url, ...)`` built per use: one built before the app's provider is set cannot log in; one built from
+    the same URL string after it (the URL list's parse is cached per process) authenticates with the provider."""
+    before = Redlock(fresh_node.url, "per-use:k", ttl=5)
+    assert not before.acquire(blocking=False)
+    assert before.node_errors
+    settings = settings_for(app_on(fresh_node.url, Rotating("locker", FIRST)))
+    after = Redlock(fresh_node.url, f"{settings.prefix}k", ttl=5)
+    assert after.acquire(blocking=False), after.node_errors
+    assert after.release()
+
+
 def test_async_locks_use_the_provider_too(acl_node: redis.Redis, fresh_node: RedisServer) -> None:
     """AsyncRedlock on the app's node URLs authenticates through the same provider: new connections use the rotated
     password, and a stale one is refused."""

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
+from celery_singleton_lock import nodes as nodes_module
 from celery_singleton_lock.errors import (
     ConfigurationError,
     LockError,
@@ -632,6 +633,25 @@ def test_duplicate_nodes_are_refused(redis_node: RedisServer, name: str) -> None
     _assert_no_secret(str(info.value))
     with pytest.raises(ConfigurationError, match="at least one Redis node"):
         Redlock([], name)
+
+
+def test_a_url_list_is_parsed_once_per_process_and_its_cache_shows_no_password(fresh_node: RedisServer) -> None:
+    """NodeSets built from one URL list share one parse (same clients, names and flags, each its own object), an
+    invalid URL is refused every time, and no cache key's repr shows the URL's password."""
+    fresh_node.client().config_set("requirepass", "s3cret")
+    url = f"redis://:s3cret@127.0.0.1:{fresh_node.port}/0"
+    first, second = NodeSet(url), NodeSet([url])
+    assert first is not second
+    assert first.clients == second.clients  # built once: the same client objects
+    assert (first.names, first.peers, first.quorum) == (second.names, second.peers, second.quorum)
+    assert NodeSet(url, socket_timeout=0.25).socket_timeout == 0.25  # the options are part of the key
+    for _ in range(2):
+        with pytest.raises(ConfigurationError, match="Port"):
+            NodeSet(f"redis://:s3cret@127.0.0.1:{fresh_node.port}0000/0")
+    lock = Redlock(url, "cache:k", ttl=5, socket_timeout=SOCKET_TIMEOUT)
+    assert lock.acquire(blocking=False), lock.node_errors
+    assert lock.release()
+    _assert_no_secret(repr(list(nodes_module._built)), repr(list(nodes_module._clients)))
 
 
 def test_redact_url_never_raises_and_hides_the_password() -> None:

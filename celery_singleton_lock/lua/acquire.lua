@@ -28,12 +28,11 @@
 --         {DONE} when the done marker exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
-local n, m = string.match(ARGV[6], '^(%d+)/(%d+)$')
-if n then
+local n = tonumber(ARGV[6])
+local m = n
+if not n then  -- 'n/m' (a pattern match only then: a plain lock's hot path skips it)
+  n, m = string.match(ARGV[6], '^(%d+)/(%d+)$')
   n, m = tonumber(n), tonumber(m)
-else
-  n = tonumber(ARGV[6])
-  m = n
 end
 if #KEYS > m + 1 and redis.call('EXISTS', KEYS[m + 2]) == 1 then
   return {2}

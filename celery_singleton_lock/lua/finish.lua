@@ -9,9 +9,10 @@
 -- ARGV[5] - owner token of the cooldown record
 -- returns 1 when the record was ours (now deleted or cooling down), 0 when it was not (left alone); the done
 --   marker is set either way: the job did finish
-local mine = redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
+local record = redis.call('HMGET', KEYS[1], 'owner', 'waiting')  -- one read for both fields
+local mine = record[1] == ARGV[1]
 local ms = ARGV[3]
-if mine and not redis.call('HGET', KEYS[1], 'waiting') then
+if mine and not record[2] then
   ms = ARGV[2]
 end
 redis.call('SET', KEYS[2], '1', 'PX', ms)

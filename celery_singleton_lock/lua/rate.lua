@@ -18,8 +18,42 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local n, window = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
+local count = redis.call('ZCARD', KEYS[1])
+if ARGV[5] ~= '1' then
+  -- The common case, no per-slot detail: read only what the answer needs.
+  if count >= n then
+    -- Full (or fuller, after the rate was lowered): a start fits once all but n - 1 of these left the window; the
+    -- log is ordered by start, so that is the entry at index count - n.
+    local oldest = redis.call('ZRANGE', KEYS[1], count - n, count - n, 'WITHSCORES')
+    return {0, tonumber(oldest[2]) + window - now, 0}
+  end
+  local slot = tonumber(ARGV[4])
+  if not slot or slot >= n then
+    slot = 0
+  end
+  if count > 0 then
+    -- The slots of the starts in the window (members only: their times are not needed to take a free one).
+    local taken = {}
+    for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+      local s = tonumber(string.match(member, '^(%d+):'))
+      if s then
+        taken[s] = true
+      end
+    end
+    if taken[slot] then
+      for s = 0, n - 1 do
+        if not taken[s] then
+          slot = s
+          break
+        end
+      end
+    end
+  end
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now), slot .. ':' .. ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+  return {1, slot, now}
+end
 local log = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-local count = #log / 2
 local taken = {}
 for i = 1, #log, 2 do
   local slot = tonumber(string.match(log[i], '^(%d+):'))
@@ -29,10 +63,8 @@ for i = 1, #log, 2 do
   end
 end
 local function detail(answer, floor)
-  if ARGV[5] == '1' then
-    for s = 0, n - 1 do
-      answer[#answer + 1] = math.max(floor, taken[s] or 0)
-    end
+  for s = 0, n - 1 do
+    answer[#answer + 1] = math.max(floor, taken[s] or 0)
   end
   return answer
 end
