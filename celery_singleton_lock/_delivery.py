@@ -98,7 +98,9 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         if not gates or after_lock(ctx, run, lock, args, kwargs):
             hold(ctx, run, lock, options, request)
         return
-    facts = dataclasses.replace(gather(ctx, lock, acquired, task_id, redelivered, options), reserved=reserved)
+    facts = gather(ctx, lock, acquired, task_id, redelivered, options)
+    if reserved:  # rare (a queue-scope job's first delivery): a copy of the facts costs more than gathering them
+        facts = dataclasses.replace(facts, reserved=True)
     for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
         decision = decide(facts)
         act = decision.act
