@@ -84,14 +84,18 @@ class Cancel(Replace):
         super().act(duplicate, decision)
 
 
-def ask(nodes: NodeSet, key: str, holder: str, by: str) -> bool:
+def ask(nodes: NodeSet, key: str, holder: str, by: str, done_for: float) -> bool:
     """Ask job ``holder``, running under ``key``, to stop for task ``by``: True when a node marked its record.
+
+    The job's done marker says so for ``done_for`` s (unless it is set): a copy of it that comes back (redelivered
+    after its pool child died before it saw the request, or its body's retry) is dropped, never run after ``by``.
 
     Written on every node that answers (a request, not a vote: the holder acts on one node's word); a node that does
     not answer loses nothing but speed (the others carry it). Never raises: a request that reached no node leaves
     the newer call waiting for the holder's end, as "replace" would."""
     try:
-        answers = nodes.run(CANCEL, (key,), (holder, by))
+        mark = f"{DURABLE}a newer call, task {by}"
+        answers = nodes.run(CANCEL, (key, done_key_for(key, holder)), (holder, by, mark, max(1, int(done_for * 1000))))
     except Exception:
         logger.debug("asking %s to stop failed", holder, exc_info=True)
         return False
