@@ -372,3 +372,39 @@ def test_a_cancelled_copy_meeting_the_skip_before_the_pool_ends_revoked_naming_t
     assert reason.startswith("cancelled (by task.cancel at "), reason
     assert running.get(timeout=WAIT) == 1
     assert [r[1] for r in starts(c, k)] == [running.id], starts(c, k)
+
+
+def test_a_newer_call_s_cancel_with_a_lock_node_restarted_empty_meanwhile(c: Cluster, workers: dict[str, Any]) -> None:
+    """A lock node restarted empty while a newer call's cancel is under way: the running body still stops (REVOKED
+    naming the newer call), and the newer call runs once after it, never beside it."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild.apply_async((k, 2, 0.2), queue=QUEUES["prefork"])
+    c.stop_locks(1)
+    c.start_locks()
+    assert newer.get(timeout=WAIT) == 2
+    stopped, ran = sorted(wait_spans(c, k, 2), key=lambda s: s[3])
+    assert (stopped[1], stopped[7], ran[1], ran[7]) == (first.id, "cancelled", newer.id, "ran"), (stopped, ran)
+    assert ran[3] >= stopped[4], f"the newer call started before the stopped body ended: {stopped} {ran}"
+    assert newer.id in revoked_reason(c, first.id)
+
+
+def test_a_newer_call_during_a_retry_s_hand_over_runs_once_never_beside_it(c: Cluster, workers: dict[str, Any]) -> None:
+    """A newer call while the key's job waits for its retry (the hand-over: not running, so not asked to stop): the
+    retry runs, then the newer call once, never beside it."""
+    mod = c.app_module()
+    k = new_key()
+    mod.rebuild_retry_first.apply_async((k, 1, 2.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild_retry_first.apply_async((k, 2, 0.0), queue=QUEUES["prefork"])
+    assert newer.get(timeout=WAIT) == 2
+    for _ in polling(3.0, 0.2):
+        pass
+    found = spans(c, k)
+    ran = [s for s in found if s[1] == newer.id]
+    assert len(ran) == 1, found
+    for s in found:
+        if s[1] != newer.id:
+            assert s[4] <= ran[0][3] or s[3] >= ran[0][4], f"ran beside the newer call: {found}"
