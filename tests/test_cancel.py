@@ -328,6 +328,7 @@ def test_a_job_cancelled_by_a_newer_call_then_sigkilled_does_not_come_back(c: Cl
         pass
     os.kill(pid, signal.SIGKILL)
     assert newer.get(timeout=WAIT) == 2
+    assert f"cancelled by a newer call, task {newer.id}" in revoked_reason(c, first.id)
     for _ in polling(4.0, 0.2):
         pass
     st = starts(c, k)
