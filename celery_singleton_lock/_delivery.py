@@ -538,7 +538,8 @@ class _Duplicate:
     def stop_holder(self) -> None:
         holder = self.holder_id
         if holder is not None and holder != self.run.task_id:
-            cancel.ask(self.ctx.options.settings.nodes, self.run.key, holder, self.run.task_id)
+            options = self.ctx.options
+            cancel.ask(options.settings.nodes, self.run.key, holder, self.run.task_id, options.done_window)
 
     def back_in_line(self) -> None:
         run = self.run

@@ -10,6 +10,8 @@ store that refuses a write older than the newest fencing token it saw.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -239,3 +241,171 @@ def test_a_cancelled_run_is_a_task_revoked_event_naming_the_newer_call_and_count
     assert json.loads(out.output)["tasks"]["locked_app.rebuild"]["cancelled"] >= 1, out.output
     table = locks_cli(c, "stats").output
     assert "CANCELLED" in table, table
+
+
+# -- attacks (issue 32 review): cancel x retry, x redelivery after SIGKILL, x a lost lease -----------------------------
+
+
+def starts(c: Cluster, key: str) -> list[list[Any]]:
+    return [r for r in c.records("started") if r[0] == key]
+
+
+def test_a_durably_cancelled_body_that_retries_does_not_come_back(c: Cluster, workers: dict[str, Any]) -> None:
+    """A body that answers the durable cancel's stop with self.retry: its retry is dropped (REVOKED naming the
+    cancel), never run again."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build_retrying.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    assert mod.build_retrying.cancel(k, 1, 30.0).outcome == "running"
+    assert revoked_reason(c, running.id).startswith("cancelled (by task.cancel at ")
+    for _ in polling(3.0, 0.2):  # the retry (countdown 0.3 s) would have started by now
+        pass
+    assert len(starts(c, k)) == 1, starts(c, k)
+
+
+def test_a_retry_s_hand_over_cancelled_durably_is_dropped(c: Cluster, workers: dict[str, Any]) -> None:
+    """A job waiting for its retry (countdown 3 s), cancelled by task id: the hand-over is freed and the retry's
+    copy is dropped when it arrives (REVOKED naming the cancel), its body not run again."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.flaky.apply_async((k, 1, 3.0), queue=QUEUES["prefork"])
+    c.wait_runs(k, 1, timeout=WAIT)
+    report = mod.flaky.cancel_task_id(first.id, (k, 1, 3.0))
+    assert report.outcome in ("freed", "pending"), str(report)
+    assert revoked_reason(c, first.id).startswith("cancelled (by task.cancel at ")
+    for _ in polling(2.0, 0.2):
+        pass
+    assert len(c.runs(k)) == 1, c.runs(k)
+
+
+def test_a_newer_call_runs_once_when_the_cancelled_body_retries(c: Cluster, workers: dict[str, Any]) -> None:
+    """A body stopped by a newer call that answers with self.retry: the newer call runs once, and the stopped job's
+    retry never runs (neither beside nor after it: newest wins)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_retrying.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild_retrying.apply_async((k, 2, 0.5), queue=QUEUES["prefork"])
+    assert newer.get(timeout=WAIT) == 2
+    for _ in polling(3.0, 0.2):
+        pass
+    found = spans(c, k)
+    ran = [s for s in found if s[1] == newer.id]
+    assert len(ran) == 1, found
+    for s in found:
+        if s[1] != newer.id:
+            assert s[4] <= ran[0][3] or s[3] >= ran[0][4], f"ran beside the newer call: {found}"
+    assert [r[1] for r in starts(c, k)].count(first.id) == 1, starts(c, k)
+
+
+def test_the_redelivered_copy_of_a_cancelled_job_after_a_sigkill_does_not_run(
+    c: Cluster, workers: dict[str, Any]
+) -> None:
+    """A running job cancelled durably whose pool child is SIGKILLed at once: its redelivered copy is dropped
+    (REVOKED naming the cancel), never run again."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    pid = c.wait_started(k, 1, timeout=WAIT)[0][2]
+    mod.build.cancel_task_id(running.id, (k, 1, 30.0))
+    os.kill(pid, signal.SIGKILL)
+    assert revoked_reason(c, running.id).startswith("cancelled (by task.cancel at ")
+    for _ in polling(4.0, 0.2):
+        pass
+    assert len(starts(c, k)) == 1, starts(c, k)
+
+
+def test_a_job_cancelled_by_a_newer_call_then_sigkilled_does_not_come_back(c: Cluster, workers: dict[str, Any]) -> None:
+    """The newer call's cancel, then the stopped job's pool child SIGKILLed: its redelivered copy never runs, and
+    the newer call runs exactly once."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    pid = c.wait_started(k, 1, timeout=WAIT)[0][2]
+    newer = mod.rebuild.apply_async((k, 2, 0.5), queue=QUEUES["prefork"])
+    for _ in polling(0.3, 0.05):  # the newer call's delivery asks the cancel meanwhile (either order must hold)
+        pass
+    os.kill(pid, signal.SIGKILL)
+    assert newer.get(timeout=WAIT) == 2
+    assert f"cancelled by a newer call, task {newer.id}" in revoked_reason(c, first.id)
+    for _ in polling(4.0, 0.2):
+        pass
+    st = starts(c, k)
+    assert [r[1] for r in st].count(first.id) == 1, st
+    assert [r[1] for r in st].count(newer.id) == 1, st
+
+
+def test_a_cancel_survives_a_lock_node_restart_during_it(c: Cluster, workers: dict[str, Any]) -> None:
+    """A running job cancelled durably while one lock node is restarted: it still ends REVOKED naming the cancel,
+    its body stopped, and the key is free for a new call."""
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    c.stop_locks(1)
+    try:
+        report = mod.build.cancel(k, 1, 30.0)
+        assert report.durable, str(report)
+    finally:
+        c.start_locks()
+    assert revoked_reason(c, running.id).startswith("cancelled (by task.cancel at ")
+    after = mod.build.apply_async((k, 2, 0.1), queue=QUEUES["prefork"])
+    assert after.get(timeout=WAIT) == 2
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_a_cancelled_copy_meeting_the_skip_before_the_pool_ends_revoked_naming_the_cancel(
+    c: Cluster, workers: dict[str, Any], pool: str
+) -> None:
+    """A job cancelled by task id before its message is sent, a duplicate of a running call (the pre-pool check's
+    case): it ends REVOKED naming the cancel, not as a skipped duplicate, and its body never runs."""
+    from uuid import uuid4  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    running = mod.build.apply_async((k, 1, 6.0), queue=QUEUES[pool])
+    c.wait_started(k, 1, timeout=WAIT)
+    later = str(uuid4())
+    assert mod.build.cancel_task_id(later, (k, 1, 6.0)).outcome == "pending"
+    mod.build.apply_async((k, 1, 6.0), queue=QUEUES[pool], task_id=later)
+    reason = revoked_reason(c, later)
+    assert reason.startswith("cancelled (by task.cancel at "), reason
+    assert running.get(timeout=WAIT) == 1
+    assert [r[1] for r in starts(c, k)] == [running.id], starts(c, k)
+
+
+def test_a_newer_call_s_cancel_with_a_lock_node_restarted_empty_meanwhile(c: Cluster, workers: dict[str, Any]) -> None:
+    """A lock node restarted empty while a newer call's cancel is under way: the running body still stops (REVOKED
+    naming the newer call), and the newer call runs once after it, never beside it."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild.apply_async((k, 1, 30.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild.apply_async((k, 2, 0.2), queue=QUEUES["prefork"])
+    c.stop_locks(1)
+    c.start_locks()
+    assert newer.get(timeout=WAIT) == 2
+    stopped, ran = sorted(wait_spans(c, k, 2), key=lambda s: s[3])
+    assert (stopped[1], stopped[7], ran[1], ran[7]) == (first.id, "cancelled", newer.id, "ran"), (stopped, ran)
+    assert ran[3] >= stopped[4], f"the newer call started before the stopped body ended: {stopped} {ran}"
+    assert newer.id in revoked_reason(c, first.id)
+
+
+def test_a_newer_call_during_a_retry_s_hand_over_runs_once_never_beside_it(c: Cluster, workers: dict[str, Any]) -> None:
+    """A newer call while the key's job waits for its retry (the hand-over: not running, so not asked to stop): the
+    retry runs, then the newer call once, never beside it."""
+    mod = c.app_module()
+    k = new_key()
+    mod.rebuild_retry_first.apply_async((k, 1, 2.0), queue=QUEUES["prefork"])
+    c.wait_started(k, 1, timeout=WAIT)
+    newer = mod.rebuild_retry_first.apply_async((k, 2, 0.0), queue=QUEUES["prefork"])
+    assert newer.get(timeout=WAIT) == 2
+    for _ in polling(3.0, 0.2):
+        pass
+    found = spans(c, k)
+    ran = [s for s in found if s[1] == newer.id]
+    assert len(ran) == 1, found
+    for s in found:
+        if s[1] != newer.id:
+            assert s[4] <= ran[0][3] or s[3] >= ran[0][4], f"ran beside the newer call: {found}"

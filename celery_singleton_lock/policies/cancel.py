@@ -66,6 +66,8 @@ __all__ = ["DURABLE", "Cancel", "CancelReport", "ask", "cancel_job", "describe",
 DURABLE = "cancel:"
 #: A durable cancel's default lifetime (s): how long a queued copy of the job is still dropped when it arrives.
 DEFAULT_TTL = 86400.0
+#: The done marker a newer call's request leaves on the job it stops (after DURABLE, before the newer call's id).
+NEWER = "a newer call, task "
 
 #: cancel_job.lua's answers per node.
 ENDED, RUNNING, FREED, PENDING = 0, 1, 2, 3
@@ -84,14 +86,18 @@ class Cancel(Replace):
         super().act(duplicate, decision)
 
 
-def ask(nodes: NodeSet, key: str, holder: str, by: str) -> bool:
+def ask(nodes: NodeSet, key: str, holder: str, by: str, done_for: float) -> bool:
     """Ask job ``holder``, running under ``key``, to stop for task ``by``: True when a node marked its record.
+
+    The job's done marker says so for ``done_for`` s (unless it is set): a copy of it that comes back (redelivered
+    after its pool child died before it saw the request, or its body's retry) is dropped, never run after ``by``.
 
     Written on every node that answers (a request, not a vote: the holder acts on one node's word); a node that does
     not answer loses nothing but speed (the others carry it). Never raises: a request that reached no node leaves
     the newer call waiting for the holder's end, as "replace" would."""
     try:
-        answers = nodes.run(CANCEL, (key,), (holder, by))
+        mark = f"{DURABLE}{NEWER}{by}"
+        answers = nodes.run(CANCEL, (key, done_key_for(key, holder)), (holder, by, mark, max(1, int(done_for * 1000))))
     except Exception:
         logger.debug("asking %s to stop failed", holder, exc_info=True)
         return False
@@ -100,7 +106,9 @@ def ask(nodes: NodeSet, key: str, holder: str, by: str) -> bool:
 
 def describe(by: str) -> str:
     """Who stopped a run, for its REVOKED reason: a durable cancel's ``cancel:<who> at <when>`` or a newer call's id."""
-    if by.startswith(DURABLE):
+    if by.startswith(DURABLE + NEWER):  # a copy of a job a newer call stopped (cancel.lua's done marker)
+        by = by[len(DURABLE + NEWER) :]
+    elif by.startswith(DURABLE):
         return f"cancelled (by {by[len(DURABLE) :]})"
     return f"cancelled by a newer call, task {by}"
 

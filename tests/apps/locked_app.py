@@ -691,3 +691,49 @@ def rebuild_stubborn(self: Any, key: str, n: int, duration: float = 0.0) -> int:
 def build(self: Any, key: str, n: int, duration: float = 0.0) -> int:
     """A plain LockedTask (skip): cancelled durably by ``build.cancel`` / ``locks cancel`` (records its span)."""
     return _cancellable(self, key, n, duration, stubborn=False)
+
+
+def _retrying(task: Any, key: str, n: int, duration: float) -> int:
+    from celery_singleton_lock import JobCancelledError  # noqa: PLC0415
+
+    try:
+        return _cancellable(task, key, n, duration, stubborn=False)
+    except JobCancelledError:
+        raise task.retry(countdown=0.3) from None
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5, max_retries=2)
+def build_retrying(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """A plain LockedTask whose body answers the stop with self.retry: a cancelled job must not come back."""
+    return _retrying(self, key, n, duration)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="cancel",
+    lock_ttl=1.5,
+    max_retries=2,
+)
+def rebuild_retrying(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """rebuild whose body answers the stop with self.retry: the newer call still runs once, never beside it."""
+    return _retrying(self, key, n, duration)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="cancel",
+    lock_ttl=1.5,
+    max_retries=1,
+)
+def rebuild_retry_first(self: Any, key: str, n: int, countdown: float = 2.0) -> int:
+    """rebuild whose first try retries (``countdown`` s, the hand-over holding the key), then runs for 0.3 s."""
+    if self.request.retries == 0 and countdown:
+        record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
+        raise self.retry(countdown=countdown)
+    return _cancellable(self, key, n, 0.3, stubborn=False)
