@@ -110,19 +110,19 @@ def test_a_body_that_ignores_the_stop_lets_the_newer_call_run_at_its_lease_s_end
 
 
 def test_a_burst_of_newer_calls_during_one_cancel_runs_the_last_one_once(c: Cluster, workers: dict[str, Any]) -> None:
-    """Twenty newer calls while one runs: the running one is stopped, the last call runs once after it with its
-    own arguments, and every call in between is superseded (REVOKED), never run."""
+    """Fifty newer calls while one runs (the issue's burst): the running one is stopped, the last call runs once
+    after it with its own arguments, and every call in between is superseded (REVOKED), never run."""
     mod = c.app_module()
     k = new_key()
     first = mod.rebuild.apply_async((k, 0, 30.0), queue=QUEUES["prefork"])
     c.wait_started(k, 1, timeout=WAIT)
-    calls = [mod.rebuild.apply_async((k, n, 0.1), queue=QUEUES["prefork"]) for n in range(1, 21)]
-    assert calls[-1].get(timeout=WAIT) == 20
+    calls = [mod.rebuild.apply_async((k, n, 0.1), queue=QUEUES["prefork"]) for n in range(1, 51)]
+    assert calls[-1].get(timeout=WAIT) == 50
     for _ in polling(TTL * 4, 0.2):  # fallback copies of the superseded calls come back and must not run
         pass
     found = spans(c, k)
     assert sorted((s[1], s[5], s[7]) for s in found) == sorted(
-        [(first.id, 0, "cancelled"), (calls[-1].id, 20, "ran")]
+        [(first.id, 0, "cancelled"), (calls[-1].id, 50, "ran")]
     ), found
     states = c.states([r.id for r in calls[:-1]])
     assert set(states.values()) == {"REVOKED"}, states
