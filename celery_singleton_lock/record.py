@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from binascii import crc_hqx
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from redis.crc import key_slot
 
@@ -167,6 +167,55 @@ def cancels_key_for(prefix: str) -> str:
     ``[lock key, task id, by]`` scored by the cancel's expiry (Unix ms): what ``locks list`` shows (a listing only:
     the done marker of the job is the cancel itself)."""
     return f"{prefix}cancels"
+
+
+#: A done marker holding a durable cancel starts with this (``cancel:<who> at <when>``); a finished job's holds "1".
+#: A marker's value, not a state or a field of the holder record (docs/protocol.md, the done marker).
+DURABLE: Final = "cancel:"
+
+
+def durable_marker(clients: Sequence[Any], key: str, task_id: str) -> str | None:
+    """The durable cancel (``cancel:...``) the done marker of ``task_id`` holds on one of ``clients``, else None
+    (the job finished, or nothing answers). A client that errs says nothing: the others answer."""
+    marker = done_key_for(key, task_id)
+    for client in clients:
+        try:
+            value = client.get(marker)
+        except Exception:  # noqa: S112 - the others answer
+            continue
+        text = value.decode() if isinstance(value, bytes) else value
+        if isinstance(text, str) and text.startswith(DURABLE):
+            return text
+    return None
+
+
+def pending_cancels(clients: Sequence[Any], prefix: str) -> list[tuple[str, str, str, float]]:
+    """The durable cancels still pending, read from ``clients`` (the nodes to ask: the page leaves out the ones that
+    did not answer its scan): ``(lock key, task id, by, expires at Unix s)``, whose job's done marker still holds the
+    cancel on some node (one that ended since, or expired, is dropped from the listing)."""
+    import json  # noqa: PLC0415 - a listing's only
+    import time  # noqa: PLC0415
+
+    now = int(time.time() * 1000)
+    found: dict[tuple[str, str], tuple[str, float]] = {}
+    for client in clients:
+        try:
+            client.zremrangebyscore(cancels_key_for(prefix), "-inf", now)
+            rows = client.zrange(cancels_key_for(prefix), 0, -1, withscores=True)
+        except Exception:  # noqa: S112 - the others answer
+            continue
+        for raw, score in rows:
+            try:
+                key, task_id, mark = json.loads(raw)
+            except (ValueError, TypeError):
+                continue
+            if (key, task_id) not in found or found[(key, task_id)][1] < score:
+                found[(key, task_id)] = (mark, score / 1000.0)
+    out = []
+    for (key, task_id), (mark, expires) in sorted(found.items()):
+        if durable_marker(clients, key, task_id) is not None:
+            out.append((key, task_id, mark[len(DURABLE) :], expires))
+    return out
 
 
 def limits_key_for(prefix: str, space: str) -> str:

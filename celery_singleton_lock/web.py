@@ -63,7 +63,7 @@ from .inventory import (
 )
 from .metrics import OUTCOMES, WAIT_MS, WAITS, MetricsReport, read_metrics, read_minutes
 from .nodes import NodeError
-from .record import burst_key_for
+from .record import burst_key_for, pending_cancels
 from .scripts import BRIEF as _BRIEF
 
 __all__ = [
@@ -284,7 +284,7 @@ class Snapshot:
     answered: int
     total: int
     quorum: int
-    #: the durable cancels still pending (``locks list``'s source, policies.cancel.pending): (key, task id, by,
+    #: the durable cancels still pending (``locks list``'s source, record.pending_cancels): (key, task id, by,
     #: expires at Unix s)
     cancels: list[tuple[str, str, str, float]] = field(default_factory=list)
 
@@ -321,9 +321,8 @@ def snapshot(settings: LockSettings, page: int = 1, search: str = "") -> Snapsho
         x for x in read.errors + lines.errors + found.errors if x.node not in {e.node for e in scanned.errors}
     )
     answered = len(settings.nodes) - len({x.node for x in scanned.errors + read.errors + briefs.errors})
-    from .policies.cancel import pending as pending_cancels  # noqa: PLC0415
-
-    cancels = [c for c in pending_cancels(settings.nodes, settings.prefix) if not search or search in c[0]]
+    answering = [c for i, c in enumerate(settings.nodes.clients) if i not in down]  # a stalled node: asked once
+    cancels = [c for c in pending_cancels(answering, settings.prefix) if not search or search in c[0]]
     return Snapshot(
         time.time(),
         briefs.value,

@@ -47,10 +47,10 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import JobCancelledError
-from ..record import cancels_key_for, done_key_for, slot_keys
+from ..record import DURABLE, cancels_key_for, done_key_for, durable_marker, pending_cancels, slot_keys
 from ..scripts import CANCEL, CANCEL_JOB
 from .replace import Replace
 
@@ -63,7 +63,6 @@ __all__ = ["DURABLE", "Cancel", "CancelReport", "ask", "cancel_job", "describe",
 
 #: A durable cancel's mark (the done marker's value, the record's ``cancel`` field): 'cancel:<who> at <when>'. A
 #: newer call's request (``lock_on_duplicate="cancel"``) is its task id, never starting so.
-DURABLE = "cancel:"
 #: A durable cancel's default lifetime (s): how long a queued copy of the job is still dropped when it arrives.
 DEFAULT_TTL = 86400.0
 #: The done marker a newer call's request leaves on the job it stops (after DURABLE, before the newer call's id).
@@ -188,43 +187,12 @@ def cancel_job(
 def read_marker(nodes: NodeSet, key: str, task_id: str) -> str | None:
     """A DONE answer's reason: the durable cancel (``cancel:...``) a node's done marker of the job holds, else None
     (the job finished). Read only on the DONE path; a node that errs says nothing."""
-    marker = done_key_for(key, task_id)
-    for client in nodes.clients:
-        try:
-            value = client.get(marker)
-        except Exception:  # the others answer
-            logger.debug("could not read the done marker of %s", task_id, exc_info=True)
-            continue
-        text = value.decode() if isinstance(value, bytes) else value
-        if isinstance(text, str) and text.startswith(DURABLE):
-            return text
-    return None
+    return durable_marker(nodes.clients, key, task_id)
 
 
 def pending(nodes: NodeSet, prefix: str) -> list[tuple[str, str, str, float]]:
-    """The durable cancels still pending: ``(lock key, task id, by, expires at Unix s)``, whose job's done marker
-    still holds the cancel on some node (one that ended since, or expired, is dropped from the listing)."""
-    now = int(time.time() * 1000)
-    found: dict[tuple[str, str], tuple[str, float]] = {}
-    for client in nodes.clients:
-        try:
-            client.zremrangebyscore(cancels_key_for(prefix), "-inf", now)
-            rows = cast("list[tuple[bytes, float]]", client.zrange(cancels_key_for(prefix), 0, -1, withscores=True))
-        except Exception:
-            logger.debug("could not read the pending cancels", exc_info=True)
-            continue
-        for raw, score in rows:
-            try:
-                key, task_id, mark = json.loads(raw)
-            except (ValueError, TypeError):
-                continue
-            if (key, task_id) not in found or found[(key, task_id)][1] < score:
-                found[(key, task_id)] = (mark, score / 1000.0)
-    out = []
-    for (key, task_id), (mark, expires) in sorted(found.items()):
-        if read_marker(nodes, key, task_id) is not None:
-            out.append((key, task_id, mark[len(DURABLE) :], expires))
-    return out
+    """The durable cancels still pending (see :func:`celery_singleton_lock.record.pending_cancels`)."""
+    return pending_cancels(nodes.clients, prefix)
 
 
 def error_for(key: str, by: str, task_name: str) -> JobCancelledError:
