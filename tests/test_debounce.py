@@ -718,7 +718,11 @@ def test_a_claim_that_misses_the_node_holding_the_newest_version_asks_again_rath
 
 def test_a_burst_s_job_that_fails_for_no_quorum_ends_its_burst(c: Cluster) -> None:
     """lock_on_unavailable='fail': two lock nodes paused when the burst's job reaches the worker, so its run fails
-    (LockUnavailableError); once they resume, the next call starts a new burst (not the FAILED job's) and runs."""
+    (LockUnavailableError) and its burst is dropped on every node (the paused ones when they resume: the drop is
+    sent after the FAILURE is stored, so the test waits for it, bounded); the next call then starts a new burst (not
+    the FAILED job's) and runs."""
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+
     mod = c.app_module()
     task = mod.debounced_failing
     k = new_key()
@@ -734,6 +738,16 @@ def test_a_burst_s_job_that_fails_for_no_quorum_ends_its_burst(c: Cluster) -> No
         c.locks[1].resume()
     assert first.state == "FAILURE", first.state
     assert "LockUnavailable" in repr(first.result)
+    burst = burst_key_for(task.lock_key_for(k))
+    clients = [c.lock_client(node) for node in c.locks]
+    try:
+        for _ in polling(15, 0.05):
+            if not any(client.exists(burst) for client in clients):
+                break
+        assert not any(client.exists(burst) for client in clients), "the failed job's burst was not dropped"
+    finally:
+        for client in clients:
+            client.close()
     fresh = task.delay(k, 2)
     assert fresh.id != first.id, "the next call joined the burst whose job failed"
     assert fresh.get(timeout=30) == [k, 2]
