@@ -49,7 +49,7 @@ from ._run import (
     try_of,
 )
 from .config import UnavailablePolicy
-from .decision import COOLDOWN, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
+from .decision import COOLDOWN, HANDED, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
 from .errors import DuplicateTaskError, LockUnavailableError
 from .interrupt import Target
 from .policies import cancel, policy_for
@@ -78,6 +78,10 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
         newer = line.superseded_by(ctx, key, task_id, options)
         if newer is not None:
+            if options.policy.hands_on and getattr(request, WOKEN_HEADER, None):
+                # "cancel": a stopped run may have handed its lock to this call (its woken copy follows every such
+                # hand-over): the lock goes on to the newest waiting call, never free in between.
+                pass_on(ctx, run, options)
             line.replaced(ctx, run, task_id, newer)
             return
     run.limit = ctx.limit_for(args, kwargs)
@@ -101,10 +105,13 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
     facts = gather(ctx, lock, acquired, task_id, redelivered, options)
     if reserved:  # rare (a queue-scope job's first delivery): a copy of the facts costs more than gathering them
         facts = dataclasses.replace(facts, reserved=True)
+    handed = False  # took over the lock a stopped run handed to this waiting call ("cancel", hand_on.lua)
     for _ in range(2 * SPLIT_RETRIES + 4):  # each act below changes the facts; a few steps always settle
         decision = decide(facts)
         act = decision.act
         if act is Act.RUN:
+            if handed and superseded_meanwhile(ctx, run, lock, options):
+                return
             if not gates or after_lock(ctx, run, lock, args, kwargs):
                 hold(ctx, run, lock, options, request)
             return
@@ -124,6 +131,7 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
             # Our own retry's hand-over, or our queue-scope reservation: take it over atomically (a fresh owner
             # token, like every attempt). A reservation marked sent by its client in between has a new owner
             # token: take that over (a few times at most).
+            handed = facts.holder_state == HANDED
             for _ in range(3):
                 holder_owner = lock.held_by
                 lock = ctx.new_lock(key, task_id, retries, run.limit, scan)
@@ -468,6 +476,38 @@ def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) 
     ctx.arm(run, target)  # last: the body runs next, in this thread or greenlet
 
 
+def superseded_meanwhile(ctx: Context, run: Run, lock: Redlock, options: Options) -> bool:
+    """This call took over the lock a stopped run handed to it ("cancel"): a newer call that parked since (between the
+    hand-over and the take-over) superseded it. Then the lock goes on to the newest waiting call, and this one ends
+    REVOKED as superseded (True); False: it runs."""
+    newer = line.superseded_by(ctx, run.key, run.task_id, options)
+    if newer is None:
+        return False
+    if not line.hand_to_newest(ctx, run, lock, options):
+        give_back(ctx, run, lock, options)
+    line.replaced(ctx, run, run.task_id, newer)
+    return True
+
+
+def pass_on(ctx: Context, run: Run, options: Options) -> None:
+    """A woken copy of a superseded call ("cancel"): a lock handed to it (``handed``, its task id) is taken over and
+    handed on to the newest waiting call, or freed and the line woken when nobody waits. Anything else is left alone."""
+    lock = ctx.new_lock(run.key, run.task_id, int(ctx.request.retries or 0), 1, 0)
+    try:
+        if not lock.acquire(blocking=False):
+            record = lock.holder_record or {}
+            if not (lock.contended and record.get("job") == run.task_id and record.get("state") == HANDED):
+                return
+            lock.replaces = lock.held_by
+            if not lock.acquire(blocking=False):
+                return
+    except Exception:  # the hand-over expires by itself; the waiters' fallback copies run then
+        logger.debug("could not pass lock %s on from %s", run.key, run.task_id, exc_info=True)
+        return
+    if not line.hand_to_newest(ctx, run, lock, options):
+        give_back(ctx, run, lock, options)
+
+
 def already_ended(ctx: Context, task_id: str) -> bool:
     """The result backend holds a final state for ``task_id``: success, failure or revoke, its job ran to an end
     (a copy of it never runs it again, whichever end it was)."""
@@ -637,6 +677,16 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
     if lock is None:
         return
     options = ctx.options
+    if (
+        done
+        and run.cancelled_by is not None
+        and options.policy.hands_on
+        and line.hand_to_newest(ctx, run, lock, options)
+    ):
+        # Stopped for a newer call ("cancel"): the lock went to the newest waiting call, never free in between.
+        ctx.count("released")
+        signals.lock_released.send(sender=ctx.task, key=run.key, task_id=run.task_id, held=True)
+        return
     try:
         if done:
             # A feature may keep the lock held a while after the job's end (cooldown, after a success).

@@ -9,7 +9,8 @@ lost line costs time, never a job.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from kombu.utils import json as kombu_json
 
@@ -27,13 +28,27 @@ from ._run import (
     since,
     text,
 )
+from .policies.cancel import hand_over_for
 from .policies.waiting import WAITING
-from .record import sibling_key
+from .record import HANDED, sibling_key
 from .scripts import PARK_CAPPED_CODE as _PARK_CAPPED
 from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
 from .scripts import POP_WAITER_CODE as _POP_WAITER
 
-__all__ = ["WAITERS_TTL", "full", "park", "replaced", "superseded_by", "unpark", "waiters", "wake_next"]
+__all__ = [
+    "WAITERS_TTL",
+    "full",
+    "hand_to_newest",
+    "park",
+    "replaced",
+    "superseded_by",
+    "unpark",
+    "waiters",
+    "wake_next",
+]
+
+if TYPE_CHECKING:
+    from .redlock import Redlock
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -189,3 +204,41 @@ def wake_next(ctx: Context, key: str, options: Options) -> None:
         logger.warning("could not wake the next waiter of lock %s", key, exc_info=True)
         return
     logger.debug("woke %s[%s], waiting for lock %s", woken.task, woken.id, key)
+
+
+def hand_to_newest(ctx: Context, run: Run, lock: Redlock, options: Options) -> bool:
+    """lock_on_duplicate="cancel": hand ``lock`` (held by this run, which a newer call stopped, or by a waiting call
+    that was superseded meanwhile) to the newest call waiting in the key's line, and wake it; True when handed.
+
+    The lock is never free in between (hand_on.lua, on a quorum of the nodes, in place of the release), so a call
+    that reaches a worker meanwhile meets it held by that waiter (state ``handed``): a duplicate, which parks in the
+    line as with "replace" (older than the waiter: superseded by it; newer: the waiter is superseded, and its copy
+    hands the lock on again). The waiter stays in the line until its copy takes the lock over. False (nothing
+    changed: the caller releases and wakes the line as before) when nobody waits, or the line's node does not answer;
+    also when the hand-over reached fewer than a quorum of the nodes (then undone: the lock is free).
+    """
+    try:
+        client, line, messages = waiters(run.key, options)
+        newest = [text(x) for x in client.zrange(line, -1, -1)]
+        message = client.hget(messages, newest[0]) if newest and newest[0] != run.task_id else None
+    except Exception:  # the line's node is down: the release frees the lock, the waiters' fallback copies run
+        logger.warning("cannot hand lock %s to its newest waiter (line unreachable): released", run.key, exc_info=True)
+        return False
+    if message is None:
+        return False
+    waiter = newest[0]
+    record = {"state": HANDED, "job": waiter, "open": "1", "at": str(int(time.time() * 1000))}
+    try:
+        if not lock.hand_on(hand_over_for(options.ttl), record, done_for=options.done_window):
+            return False
+        woken = ctx.task.app.signature(kombu_json.loads(message))  # type: ignore[no-untyped-call]
+        woken.apply_async(countdown=None)
+    except Exception:  # its message not sent: the hand-over is cancelled (the caller wakes the line)
+        logger.warning("could not hand lock %s to %s: released", run.key, waiter, exc_info=True)
+        try:
+            lock.release()
+        except Exception:  # it expires within its lease
+            logger.debug("cancelling the hand-over of %s failed", run.key, exc_info=True)
+        return False
+    logger.debug("handed lock %s to %s[%s], the newest waiting call", run.key, ctx.name, waiter)
+    return True

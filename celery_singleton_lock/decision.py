@@ -18,6 +18,7 @@ no quorum answered              policy: DEFER with back-off (retry), FAIL_UNAVAI
 held by this task id, queued    TAKE_OVER the reservation ``lock_scope="queue"`` made at ``apply_async`` (a first try;
   or sending                    also while the client is still marking it sent)
 held by this task id, retry     TAKE_OVER the hand-over of our own ``self.retry()`` (once; only by a later try)
+held by this task id, handed    TAKE_OVER the lock a run stopped for a newer call handed to this waiting call (once)
 held by this task id, cooldown  DONE: it finished and is cooling down
 held by this id's earlier try   the attempt that sent this retry is ending: RETRY_NOW a few times, then DEFER ~1 s
 held by this task id, other     a redelivery beside a live twin: LOOK UP; DONE if final, else DEFER until the
@@ -37,11 +38,12 @@ from .facts import Act, Decision, Facts, Outcome, defer
 from .policies import policy_for
 
 # The holder record's states (defined with the record; imported here too, so ``decision.RUNNING`` etc. keep working).
-from .record import COOLDOWN, ENDING, HANDOVER, QUEUED, RUNNING, SENDING
+from .record import COOLDOWN, ENDING, HANDED, HANDOVER, QUEUED, RUNNING, SENDING
 
 __all__ = [
     "COOLDOWN",
     "ENDING",
+    "HANDED",
     "HANDOVER",
     "QUEUED",
     "RUNNING",
@@ -91,6 +93,10 @@ def decide(f: Facts) -> Decision:
     # Held.
     remaining = f.holder_remaining if f.holder_remaining is not None and f.holder_remaining > 0 else f.ttl
     if f.holder_job == f.task_id:
+        if f.holder_state == HANDED and not f.took_over:
+            # lock_on_duplicate="cancel": the run a newer call stopped handed its lock to this call, the newest
+            # waiting one (hand_on.lua); whichever copy of it comes first (woken, or its fallback) takes it over.
+            return Decision(Act.TAKE_OVER)
         if f.holder_state in (QUEUED, SENDING) and not f.took_over and f.retries == 0:
             # The reservation apply_async made for this very message (lock_scope="queue"): this delivery is the job.
             return Decision(Act.TAKE_OVER)

@@ -62,6 +62,7 @@ from .scripts import (
     EXTENDED,
     FENCE,
     FINISH,
+    HAND_ON,
     LOST,
     REFILL,
     RELEASE,
@@ -516,6 +517,43 @@ class _LeaseSpec:
             else None
         )
         return held
+
+    def _hand_on_steps(self, ttl: float, record: Mapping[str, str], done_for: float) -> Steps[bool]:
+        """Hand the lease on as ``_transfer_steps`` does, marking ``job`` done on every node in the same step; on fewer
+        than a quorum it is undone everywhere (both tokens released): the lock is free, never held by a minority."""
+        assert self.job is not None
+        lease = self._lease
+        if lease is None:
+            return False
+        start = self._clock()
+        token = self._new_token()
+        changes = [x for kv in record.items() for x in kv]
+        answers = yield (
+            HAND_ON,
+            (lease.key, done_key_for(self.name, self.job)),
+            (lease.token, token, int(ttl * 1000), max(1, int(done_for * 1000)), *changes),
+            None,
+            None,
+            None,
+        )
+        lease.renewable = False  # handed on: a renewal waiting for its turn must not take it for a loss
+        if answers.count(1) >= self.nodes.quorum and lease.deadline > self._clock():
+            current = dict(zip(lease.fields[::2], lease.fields[1::2], strict=True)) | dict(record)
+            # The instance keeps the handed-on token, so release() can still cancel the hand-over.
+            self._lease = _Lease(
+                token,
+                int(ttl * 1000),
+                lease.fence,
+                start + ttl - self._drift(),
+                renewable=False,
+                fields=tuple(x for kv in current.items() for x in kv),
+                key=lease.key,
+            )
+            return True
+        self._lease = None
+        yield (RELEASE, (lease.key,), (token,), None, None, None)
+        yield (RELEASE, (lease.key,), (lease.token,), None, None, None)
+        return False
 
     def _owned_steps(self) -> Steps[bool]:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""

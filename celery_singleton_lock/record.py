@@ -38,6 +38,7 @@ __all__ = [
     "F_TRY",
     "F_WAITING",
     "F_WORKER",
+    "HANDED",
     "HANDOVER",
     "QUEUED",
     "RUNNING",
@@ -69,8 +70,11 @@ COOLDOWN = "cooldown"
 QUEUED = "queued"
 #: Queue scope: a reservation whose message is being published (it becomes QUEUED once it was sent).
 SENDING = "sending"
+#: ``lock_on_duplicate="cancel"``: handed by a run a newer call stopped to the newest call waiting in the key's line,
+#: whose woken copy (that task id) takes it over.
+HANDED = "handed"
 #: Every state a holder record's ``state`` field may hold (a record without one: beat's claims, your own locks).
-STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING)
+STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING, HANDED)
 
 # -- fields ------------------------------------------------------------------------------------------------------
 F_OWNER = "owner"  #: the holder's random token: only a script given it extends, hands over or releases the record

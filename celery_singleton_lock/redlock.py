@@ -239,6 +239,18 @@ class Redlock(_LeaseSpec):
         with self._mutex:
             return self.nodes.drive(self._transfer_steps(ttl, record, renewable))
 
+    def hand_on(self, ttl: float, record: Mapping[str, str], *, done_for: float) -> bool:
+        """Hand the lease on to another job, as :meth:`transfer`, and mark this lock's ``job`` done (``done_for`` s,
+        unless its marker exists) in the same step on each node (``hand_on.lua``). On fewer than a quorum nothing
+        stays handed: both tokens are released (the lock is free). LockedTask uses it for ``lock_on_duplicate=
+        "cancel"``: a stopped run's lock goes to the newest waiting call (``state: handed``, ``job``: its task id)."""
+        if self.job is None:
+            raise LockError(f"lock {self.name!r} has no job to mark done", key=self.name)
+        if self._forked():
+            return False
+        with self._mutex:
+            return self.nodes.drive(self._hand_on_steps(ttl, record, done_for))
+
     def owned(self) -> bool:
         """True when the lease is valid by our clock and a quorum of nodes still holds our token."""
         return self.nodes.drive(self._owned_steps())

@@ -36,6 +36,8 @@ __all__ = [
     "FINISH_SCRIPT",
     "FORCE_RELEASE",
     "FORCE_RELEASE_SCRIPT",
+    "HAND_ON",
+    "HAND_ON_SCRIPT",
     "HELD",
     "LOST",
     "PARK_CAPPED",
@@ -82,6 +84,7 @@ UNDO_SCRIPT = _load("undo")
 REFILL_SCRIPT = _load("refill")
 FENCE_SCRIPT = _load("fence")
 TRANSFER_SCRIPT = _load("transfer")
+HAND_ON_SCRIPT = _load("hand_on")  # lock_on_duplicate="cancel": a stopped run's lock handed to the newest waiter
 RELEASE_SCRIPT = _load("release")
 FINISH_SCRIPT = _load("finish")
 EXTEND_SCRIPT = _load("extend")
@@ -147,6 +150,7 @@ COUNT = Script(COUNT_SCRIPT)
 FENCE = Script(FENCE_SCRIPT)
 RELEASE = Script(RELEASE_SCRIPT)
 TRANSFER = Script(TRANSFER_SCRIPT)
+HAND_ON = Script(HAND_ON_SCRIPT)
 EXTEND = Script(EXTEND_SCRIPT, batch=(2, 3), partial=True)
 STATUS = Script(STATUS_SCRIPT)
 FINISH = Script(FINISH_SCRIPT)
@@ -173,6 +177,7 @@ SCRIPTS: dict[str, Script] = {
     "refill": REFILL,
     "fence": FENCE,
     "transfer": TRANSFER,
+    "hand_on": HAND_ON,
     "release": RELEASE,
     "finish": FINISH,
     "extend": EXTEND,

@@ -15,6 +15,7 @@ from celery_singleton_lock.config import DuplicatePolicy, UnavailablePolicy
 from celery_singleton_lock.decision import (
     COOLDOWN,
     ENDING,
+    HANDED,
     HANDOVER,
     QUEUED,
     RUNNING,
@@ -28,7 +29,7 @@ from celery_singleton_lock.decision import (
 )
 
 ME, OTHER = "task-1", "task-2"
-STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING, None)
+STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING, HANDED, None)
 HOLDERS = (ME, OTHER, None)
 
 
@@ -120,7 +121,8 @@ def check(f: Facts, d: Decision) -> None:
         assert f.retries == 0 and f.ended is None
     # The attempt that sent this retry is never waited for a whole ttl.
     if f.outcome == "held" and f.holder_job == ME and f.holder_try is not None and f.holder_try < f.retries:
-        if f.holder_state != COOLDOWN and (f.holder_state != HANDOVER or f.took_over):
+        # (A HANDED record names no try: hand_on.lua drops the stopped run's; it is this waiting call's to take.)
+        if f.holder_state not in (COOLDOWN, HANDED) and (f.holder_state != HANDOVER or f.took_over):
             assert act in (Act.RETRY_NOW, Act.DEFER)
             assert d.countdown <= 1.25
     # Every re-send waits a bounded, positive time within the broker's cap.
@@ -159,6 +161,8 @@ def check(f: Facts, d: Decision) -> None:
         assert f.holder_job == ME
         if f.holder_state in (QUEUED, SENDING):  # the queue-scope reservation of this message: its first attempt
             assert f.retries == 0
+        elif f.holder_state == HANDED:  # a stopped run's lock handed to this waiting call: whichever try it is
+            pass
         else:  # only a later attempt takes a hand-over
             assert f.holder_state == HANDOVER
             assert f.holder_try is None or f.retries > f.holder_try
@@ -212,6 +216,10 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("held", ME, holder_job=ME, holder_state=HANDOVER, took_over=True), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=ME, holder_state=COOLDOWN), Act.DONE, "already ran"),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=HANDED), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=HANDED, retries=2, holder_try=5), Act.TAKE_OVER, ""),
+        (Facts("held", ME, holder_job=ME, holder_state=HANDED, took_over=True), Act.LOOK_UP, ""),
+        (Facts("held", ME, holder_job=OTHER, holder_state=HANDED, on_duplicate="cancel"), Act.DEFER, "duplicate"),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED, redelivered=True), Act.TAKE_OVER, ""),
         (Facts("held", ME, holder_job=ME, holder_state=QUEUED, took_over=True), Act.LOOK_UP, ""),
         (Facts("held", ME, holder_job=OTHER, holder_state=QUEUED), Act.SKIP, ""),

@@ -85,6 +85,8 @@ class Policy(Protocol):
     waits_in_line: ClassVar[bool]
     #: A newer waiting call takes an older one's place in the line (keep-latest).
     replaces: ClassVar[bool]
+    #: A run stopped for a newer call hands its lock to the newest waiting call, never freeing it (``cancel``).
+    hands_on: ClassVar[bool]
     #: A duplicate raises DuplicateTaskError (at ``delay()`` in queue scope, else FAILURE at the worker).
     raises: ClassVar[bool]
 

@@ -13,7 +13,13 @@ The whole of it, in the order it happens::
       |                     ``lock_on_lost="interrupt"`` does (prefork and solo: a signal to the main thread;
       |                     gevent: thrown into the body's greenlet)
     A's body ends           ``stopped``: REVOKED, "cancelled by a newer call, task <id>"; counted ``cancelled``; A's
-      |                     release frees the lock and wakes the line: the newer call runs, with its own arguments
+      |                     release HANDS the lock to the newest waiting call W (hand_on.lua: ``state`` handed,
+      |                     ``job`` W, on a quorum; A's done marker in the same step) and wakes it: W's copy takes
+      |                     it over and runs, with its own arguments. The lock is never free in between: a call
+      |                     reaching a worker meanwhile meets it held by W, a duplicate, and parks as with
+      |                     "replace" (older than W: superseded by W; newer: W is superseded, and W's copy, taking
+      |                     the lock over, hands it on to the newest waiter in turn, and so on). Nobody waiting, the
+      |                     line's node down, or fewer than a quorum reached: the release frees the lock as before
     a body that goes on     (C code, a swallowed exception) one renewal interval of grace, then its lease is no
                             longer renewed: it ends by itself, and the newer call runs then, with a greater fencing
                             token than A's (a store that checks tokens refuses A's late writes)
@@ -59,7 +65,18 @@ if TYPE_CHECKING:
     from ..nodes import NodeSet
     from . import Duplicate
 
-__all__ = ["DURABLE", "Cancel", "CancelReport", "ask", "cancel_job", "describe", "error_for", "pending", "read_marker"]
+__all__ = [
+    "DURABLE",
+    "Cancel",
+    "CancelReport",
+    "ask",
+    "cancel_job",
+    "describe",
+    "error_for",
+    "hand_over_for",
+    "pending",
+    "read_marker",
+]
 
 #: A durable cancel's mark (the done marker's value, the record's ``cancel`` field): 'cancel:<who> at <when>'. A
 #: newer call's request (``lock_on_duplicate="cancel"``) is its task id, never starting so.
@@ -67,6 +84,11 @@ __all__ = ["DURABLE", "Cancel", "CancelReport", "ask", "cancel_job", "describe",
 DEFAULT_TTL = 86400.0
 #: The done marker a newer call's request leaves on the job it stops (after DURABLE, before the newer call's id).
 NEWER = "a newer call, task "
+
+#: The shortest a stopped run's lock stays handed to the newest waiting call (s): its woken copy may wait behind a
+#: queue's backlog (a longer lock_ttl gives 3 ttl). A copy that never comes (its messages lost) holds the key that
+#: long at most; any copy of it (woken, or its fallback) takes it over.
+HAND_OVER_MIN = 30.0
 
 #: cancel_job.lua's answers per node.
 ENDED, RUNNING, FREED, PENDING = 0, 1, 2, 3
@@ -77,12 +99,18 @@ logger = logging.getLogger("celery_singleton_lock.task")
 
 class Cancel(Replace):
     name: ClassVar[str] = "cancel"
+    hands_on: ClassVar[bool] = True
 
     def act(self, duplicate: Duplicate, decision: Decision) -> None:
         if not duplicate.woken:
             # A woken copy found another job (the newest waiting one's) already running: nothing to ask of it.
             duplicate.stop_holder()
         super().act(duplicate, decision)
+
+
+def hand_over_for(ttl: float) -> float:
+    """How long a stopped run's lock stays handed to the newest waiting call (hand_on.lua) for a ``ttl`` s lease."""
+    return max(3 * ttl, HAND_OVER_MIN)
 
 
 def ask(nodes: NodeSet, key: str, holder: str, by: str, done_for: float) -> bool:

@@ -17,6 +17,7 @@ class Fail:
     name: ClassVar[str] = "fail"
     waits_in_line: ClassVar[bool] = False
     replaces: ClassVar[bool] = False
+    hands_on: ClassVar[bool] = False
     raises: ClassVar[bool] = True
 
     def decide(self, f: Facts, remaining: float) -> Decision:

@@ -24,6 +24,7 @@ class Reschedule:
     name: ClassVar[str] = "reschedule"
     waits_in_line: ClassVar[bool] = True
     replaces: ClassVar[bool] = False
+    hands_on: ClassVar[bool] = False
     raises: ClassVar[bool] = False
 
     def decide(self, f: Facts, remaining: float) -> Decision:

@@ -17,6 +17,7 @@ class Skip:
     name: ClassVar[str] = "skip"
     waits_in_line: ClassVar[bool] = False
     replaces: ClassVar[bool] = False
+    hands_on: ClassVar[bool] = False
     raises: ClassVar[bool] = False
 
     def decide(self, f: Facts, remaining: float) -> Decision:
