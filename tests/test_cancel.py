@@ -474,3 +474,23 @@ def test_a_newer_call_during_a_retry_s_hand_over_runs_once_never_beside_it(c: Cl
     for s in found:
         if s[1] != newer.id:
             assert s[4] <= ran[0][3] or s[3] >= ran[0][4], f"ran beside the newer call: {found}"
+
+
+def test_the_holder_read_counts_a_durable_cancel_s_done_marker_as_set(c: Cluster) -> None:
+    """status.lua (the skip before the pool reads a copy's done marker as its counter): a durable cancel's marker,
+    'cancel:<who> at <when>', is no number and counts as 1 (set), on every node; a plain marker '1' too; none is 0.
+    A marker read as a number only (tonumber) would drop the answer's third element (Lua's nil ends the array)."""
+    from celery_singleton_lock.record import done_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import STATUS  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    key = mod.build.lock_key_for(k, 1, 0.1)
+    nodes = mod.build.lock_context().options.settings.nodes
+    cancelled, finished, unknown = done_key_for(key, "t-cancelled"), done_key_for(key, "t-ran"), done_key_for(key, "t")
+    for client in nodes.clients:
+        client.set(cancelled, "cancel:locks cancel by alice@host at 2025-01-01 00:00:00 UTC", px=60_000)
+        client.set(finished, "1", px=60_000)
+    for marker, expected in ((cancelled, 1), (finished, 1), (unknown, 0)):
+        answers = nodes.run(STATUS, (key, marker), ())
+        assert [a[2] for a in answers] == [expected] * len(nodes.clients), (marker, answers)
