@@ -87,6 +87,8 @@ STATES: dict[str, str] = {
     "cooldown": "the run finished; the lock is kept for the task's lock_cooldown",
     "queued": "reserved at delay() (lock_scope='queue'): its message is sent and waits for a worker",
     "sending": "reserved at delay() (lock_scope='queue'): its message is being published",
+    "handed": "a run stopped for a newer call (lock_on_duplicate='cancel') handed it to the newest waiting call, "
+    "kept until that call takes it over",
     "held": "a plain Redlock or a beat claim holds it",
     "partial": "some nodes hold it, but no owner has a quorum",
     "foreign": "not a holder record of celery_singleton_lock",

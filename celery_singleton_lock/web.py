@@ -120,7 +120,7 @@ COLOURS = {
     "renew-failed": "#ff7043",
     "unavailable": "#000000",
 }
-HELD_STATES = ("running", "retry-wait", "ending", "held", "partial")
+HELD_STATES = ("running", "retry-wait", "handed", "ending", "held", "partial")
 
 
 def e(value: object) -> str:
