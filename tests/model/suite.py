@@ -147,7 +147,7 @@ class Deployment:
 
 def _draw_opts(rng: random.Random) -> dict[str, Any]:
     o: dict[str, Any] = {"lock_ttl": TTL}
-    o["lock_on_duplicate"] = rng.choice(["skip", "fail", "reschedule", "replace"])
+    o["lock_on_duplicate"] = rng.choice(["skip", "fail", "reschedule", "replace", "cancel"])
     if rng.random() < 0.25:
         o["lock_scope"] = "queue"
     if rng.random() < 0.3:
@@ -168,6 +168,9 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
         o["lock_cooldown"] = 1.5
     if rng.random() < 0.15:
         o["lock_enqueue_check"] = True
+    if o.get("lock_on_duplicate") == "cancel":  # refused beside these (docs/options.md): drop them, keep the draw
+        for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on", "lock_enqueue_check"):
+            o.pop(name, None)
     return o
 
 
