@@ -169,8 +169,9 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.15:
         o["lock_enqueue_check"] = True
     if o.get("lock_on_duplicate") == "cancel":  # refused beside these (docs/options.md): drop them, keep the draw
-        for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on", "lock_enqueue_check"):
+        for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on"):
             o.pop(name, None)
+        o.pop("lock_enqueue_check", None)
     return o
 
 
