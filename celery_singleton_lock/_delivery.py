@@ -353,8 +353,15 @@ class _Delivery:
     def attempt(self) -> int:
         return int(getattr(self.ctx.request, ATTEMPT_HEADER, 0) or 0)
 
+    @property
+    def woken(self) -> bool:
+        return bool(getattr(self.ctx.request, WOKEN_HEADER, None))
+
     def give_back(self) -> None:
         give_back(self.ctx, self.run, self.lock, self.ctx.options)
+
+    def wait_turn(self, *, wake: bool) -> bool:
+        return wait_turn(self.ctx, self.run, self.lock, self.ctx.options, wake=wake)
 
     def wait_out(self, countdown: float, reason: str, headers: dict[str, Any], detail: str = "") -> None:
         wait_out(self.ctx, self.run, self.lock, self.ctx.options, countdown, reason, headers, detail)
@@ -385,6 +392,29 @@ def give_back(ctx: Context, run: Run, lock: Redlock | None, options: Options) ->
         line.unpark(ctx, run.key, run.task_id, options)
     if options.waits_in_line:
         line.wake_next(ctx, run.key, options)
+
+
+def wait_turn(ctx: Context, run: Run, lock: Redlock | None, options: Options, *, wake: bool) -> bool:
+    """lock_fair_on: this delivery took a free slot, but it is not its turn. It waits in the key's line (parked at
+    its value's turn, or keeping its place), gives the slot back, wakes the head when ``wake`` (no woken call is on
+    its way for the slot), and its fallback copy is re-sent for when a holder's lease would end. False when it
+    could not park because the line is full (lock_max_waiting): it runs on the slot it holds."""
+    parked = line.park(ctx, run, run.task_id, options) or run.parked
+    if run.line_full is not None:
+        run.line_full = None
+        return False
+    run.parked = parked
+    if lock is not None:
+        try:
+            lock.release()
+        except Exception:  # it expires within its ttl
+            logger.debug("releasing lock %s for the line's turn failed", run.key, exc_info=True)
+    if wake:
+        line.wake_next(ctx, run.key, options)
+    headers: dict[str, Any] = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if parked else {}
+    countdown = options.ttl + 0.05 + 0.2 * random.random()  # noqa: S311 - jitter
+    resend.defer(ctx, run, countdown, "duplicate", headers, f"lock {run.key}: waiting for its fair turn")
+    return True
 
 
 def wait_out(

@@ -29,11 +29,14 @@ from ._run import (
     text,
 )
 from .policies.cancel import hand_over_for
+from .policies.fair import FAIR
 from .policies.waiting import WAITING
 from .record import HANDED, sibling_key
 from .scripts import PARK_CAPPED_CODE as _PARK_CAPPED
+from .scripts import PARK_FAIR_CODE as _PARK_FAIR
 from .scripts import PARK_REPLACING_CODE as _PARK_REPLACING
 from .scripts import POP_WAITER_CODE as _POP_WAITER
+from .scripts import UNPARK_FAIR_CODE as _UNPARK_FAIR
 
 __all__ = [
     "WAITERS_TTL",
@@ -98,11 +101,33 @@ def park(ctx: Context, run: Run, task_id: str, options: Options) -> bool:
             superseded(ctx, run, task_id, [text(x) for x in answer or ()])
             return True
         cap = options.max_waiting
+        # A call's own re-sent copies (every one carries SINCE_HEADER, see _resend.copy) and the broker's redelivery
+        # of a job that was received before are that call again: never new (lock_max_waiting counts new ones).
+        new = not (getattr(request, SINCE_HEADER, None) or run.redelivered or request.chord)
+        value = FAIR.value(options, request.args, request.kwargs)
+        if value is not None:
+            # lock_fair_on: the job's place is its value's next turn (lua/park_fair.lua), its cap the whole line's.
+            parked, length = client.eval(
+                _PARK_FAIR,
+                4,
+                line,
+                messages,
+                *FAIR.keys(run.key),
+                task_id,
+                message,
+                expire_ms,
+                value,
+                "" if cap is None else cap,
+                "1" if new else "0",
+            )
+            if not int(parked):
+                run.line_full = int(length)
+                return False
+            return True
         if cap is not None:
             # lock_max_waiting: a new duplicate that finds the line full is not parked (the caller skips it). A
             # call's own re-sent copies (every one carries SINCE_HEADER, see _resend.copy) and the broker's
             # redelivery of a job that was received before are that call again: never new.
-            new = not (getattr(request, SINCE_HEADER, None) or run.redelivered or request.chord)
             parked, length = client.eval(
                 _PARK_CAPPED, 2, line, messages, task_id, arrived, message, expire_ms, cap, "1" if new else "0"
             )
@@ -183,6 +208,9 @@ def unpark(ctx: Context, key: str, task_id: str, options: Options) -> None:
     """This job got the lock: take it out of the line (a copy woken for it later would only stop on DONE)."""
     try:
         client, line, messages = waiters(key, options)
+        if FAIR.name in options.conf:  # lock_fair_on: the turns' books too (lua/unpark_fair.lua)
+            client.eval(_UNPARK_FAIR, 4, line, messages, *FAIR.keys(key), task_id)
+            return
         pipe = client.pipeline(transaction=False)
         pipe.zrem(line, task_id)
         pipe.hdel(messages, task_id)
@@ -195,7 +223,14 @@ def wake_next(ctx: Context, key: str, options: Options) -> None:
     """After a release: send the oldest waiter of ``key`` to run now (it takes the lock, or waits again)."""
     try:
         client, line, messages = waiters(key, options)
-        message = client.eval(_POP_WAITER, 2, line, messages)
+        if FAIR.name in options.conf:
+            # lock_fair_on: the head is the lowest turn; the turn served moves up to it, and the woken job is
+            # awaited for a lease (a woken copy always runs on a free slot; see policies/fair.py).
+            deadline = int((time.time() + options.ttl) * 1000)
+            expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+            message = client.eval(_POP_WAITER, 4, line, messages, *FAIR.keys(key), deadline, expire_ms)
+        else:
+            message = client.eval(_POP_WAITER, 2, line, messages)
         if message is None:
             return
         woken = ctx.task.app.signature(kombu_json.loads(message))  # type: ignore[no-untyped-call]

@@ -36,6 +36,12 @@ __all__ = [
     "F_SEQ",
     "F_STATE",
     "F_TRY",
+    "F_TURN_COUNT",
+    "F_TURN_LAST",
+    "F_TURN_NOW",
+    "F_TURN_PARKS",
+    "F_TURN_SCORE",
+    "F_TURN_VALUE",
     "F_WAITING",
     "F_WORKER",
     "HANDED",
@@ -97,7 +103,15 @@ F_ARGS = "args"  #: a burst: its last call's arguments, JSON ``[args, kwargs]``
 F_SENT = "sent"  #: a burst: '0' until its job's message was published, then when it was (last) published (node ms)
 F_EXP = "exp"  #: a burst: its last call's expiry (Unix ms; 0: none): a re-send carrying its arguments expires then
 F_HIST = "hist"  #: a burst: its last 16 versions (calls), JSON ``[[n, call id, args, due, expires], ...]``
-#: Every field a holder record (or a pending burst) may have.
+# A fair line's turns (lock_fair_on: lua/park_fair.lua); a prefix field is followed by a value or a task id.
+F_TURN_NOW = "now"  #: the turn served last
+F_TURN_PARKS = "parks"  #: how many jobs parked (their order within a turn)
+F_TURN_LAST = "last:"  #: + value: the value's last turn
+F_TURN_COUNT = "n:"  #: + value: its jobs parked and not yet run
+F_TURN_SCORE = "s:"  #: + task id: the job's score in the line, until it runs
+F_TURN_VALUE = "v:"  #: + task id: the job's value, until it runs
+
+#: Every field a holder record (or a pending burst, or a fair line's turns) may have.
 FIELDS = (
     F_OWNER,
     F_FENCE,
@@ -114,6 +128,12 @@ FIELDS = (
     F_FIRST,
     F_DUE,
     F_SEQ,
+    F_TURN_NOW,
+    F_TURN_PARKS,
+    F_TURN_LAST,
+    F_TURN_COUNT,
+    F_TURN_SCORE,
+    F_TURN_VALUE,
     F_ARGS,
     F_SENT,
     F_EXP,

@@ -30,6 +30,9 @@ __all__ = [
     "EXTEND",
     "EXTENDED",
     "EXTEND_SCRIPT",
+    "FAIR_TURN",
+    "FAIR_TURN_CODE",
+    "FAIR_TURN_SCRIPT",
     "FENCE",
     "FENCE_SCRIPT",
     "FINISH",
@@ -43,6 +46,9 @@ __all__ = [
     "PARK_CAPPED",
     "PARK_CAPPED_CODE",
     "PARK_CAPPED_SCRIPT",
+    "PARK_FAIR",
+    "PARK_FAIR_CODE",
+    "PARK_FAIR_SCRIPT",
     "PARK_REPLACING",
     "PARK_REPLACING_CODE",
     "PARK_REPLACING_SCRIPT",
@@ -69,6 +75,9 @@ __all__ = [
     "TRANSFER_SCRIPT",
     "UNDO",
     "UNDO_SCRIPT",
+    "UNPARK_FAIR",
+    "UNPARK_FAIR_CODE",
+    "UNPARK_FAIR_SCRIPT",
     "Script",
 ]
 
@@ -93,6 +102,10 @@ STATUS_SCRIPT = _load("status")
 POP_WAITER_SCRIPT = _load("pop_waiter")
 PARK_REPLACING_SCRIPT = _load("park_replacing")
 PARK_CAPPED_SCRIPT = _load("park_capped")
+# The fair line's (lock_fair_on: policies/fair.py).
+PARK_FAIR_SCRIPT = _load("park_fair")
+UNPARK_FAIR_SCRIPT = _load("unpark_fair")
+FAIR_TURN_SCRIPT = _load("fair_turn")
 # The rate's sliding log (lock_rate).
 RATE_SCRIPT = _load("rate")
 RATE_UNDO_SCRIPT = _load("rate_undo")
@@ -111,6 +124,9 @@ def _code(text: str) -> str:
 POP_WAITER_CODE = _code(POP_WAITER_SCRIPT)
 PARK_REPLACING_CODE = _code(PARK_REPLACING_SCRIPT)
 PARK_CAPPED_CODE = _code(PARK_CAPPED_SCRIPT)
+PARK_FAIR_CODE = _code(PARK_FAIR_SCRIPT)
+UNPARK_FAIR_CODE = _code(UNPARK_FAIR_SCRIPT)
+FAIR_TURN_CODE = _code(FAIR_TURN_SCRIPT)
 # Debounce (LockedTask's lock_debounce): a key's pending burst.
 DEBOUNCE_JOIN_SCRIPT = _load("debounce_join")
 DEBOUNCE_CLAIM_SCRIPT = _load("debounce_claim")
@@ -159,6 +175,9 @@ REFILL = Script(REFILL_SCRIPT)
 POP_WAITER = Script(POP_WAITER_SCRIPT)
 PARK_REPLACING = Script(PARK_REPLACING_SCRIPT)
 PARK_CAPPED = Script(PARK_CAPPED_SCRIPT)
+PARK_FAIR = Script(PARK_FAIR_SCRIPT)
+UNPARK_FAIR = Script(UNPARK_FAIR_SCRIPT)
+FAIR_TURN = Script(FAIR_TURN_SCRIPT)
 DEBOUNCE_JOIN = Script(DEBOUNCE_JOIN_SCRIPT)
 DEBOUNCE_CLAIM = Script(DEBOUNCE_CLAIM_SCRIPT)
 RATE = Script(RATE_SCRIPT)
@@ -185,6 +204,9 @@ SCRIPTS: dict[str, Script] = {
     "pop_waiter": POP_WAITER,
     "park_replacing": PARK_REPLACING,
     "park_capped": PARK_CAPPED,
+    "park_fair": PARK_FAIR,
+    "unpark_fair": UNPARK_FAIR,
+    "fair_turn": FAIR_TURN,
     "debounce_join": DEBOUNCE_JOIN,
     "debounce_claim": DEBOUNCE_CLAIM,
     "rate": RATE,

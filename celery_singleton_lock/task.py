@@ -157,6 +157,10 @@ class LockedTask(Task):  # type: ignore[misc]
         with ``"reschedule"``, ``"replace"`` or ``lock_limit``: at most this many duplicates wait in a key's line; a
         new duplicate that finds it full is skipped at once (REVOKED, saying the line of its key is full). A
         waiting call's own re-sends and wake-ups never count as new. Default None: no cap.
+    ``lock_fair_on``
+        with ``"reschedule"`` and a key shared by several values of these arguments (``lock_unique_on`` without
+        them, or a ``lock_group``): the key's waiting line is served round-robin across their values, so one
+        tenant's flood delays another's calls by a bounded number of turns (docs/policies.md, "Fair turns").
     ``lock_debounce`` / ``lock_debounce_max``
         a burst of calls of one job runs once, ``lock_debounce`` s after its last call, with the last call's
         arguments; every call gets the burst's ``AsyncResult``; ``lock_debounce_max`` bounds the delay from the
@@ -178,6 +182,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_limit: ClassVar[int | Callable[..., int] | None] = 1
     lock_on_lost: ClassVar[LostPolicy] = "continue"
     lock_max_waiting: ClassVar[int | None] = None
+    lock_fair_on: ClassVar[Sequence[str] | None] = None
     lock_debounce: ClassVar[float | None] = None
     lock_debounce_max: ClassVar[float | None] = None
     lock_rate: ClassVar[str | tuple[int, float] | None] = None

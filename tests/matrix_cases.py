@@ -29,6 +29,7 @@ FACET_OPTIONS: dict[str, dict[str, Any]] = {
     "rate_on": {"lock_rate_on": ["key"]},
     "debounce": {"lock_debounce": 1},
     "max_waiting": {"lock_max_waiting": 2},
+    "fair": {"lock_fair_on": ["key"]},
     "cooldown": {"lock_cooldown": 5},
     "enqueue_check": {"lock_enqueue_check": True},
     "unique_on": {"lock_unique_on": ["key"]},
@@ -45,6 +46,11 @@ def options_for(facets: tuple[str, ...] | frozenset[str]) -> dict[str, Any]:
     for facet in facets:
         out.update(FACET_OPTIONS[facet])
     needs = set(facets) & set(matrix.REQUIRES)
+    if "fair" in facets and "lock_unique_on" in out:
+        out["lock_unique_on"] = []  # the key the fair values share: without the fair argument
+    if "fair" in needs and "limit:none" not in facets and "lock_unique_on" not in out and "lock_key" not in out:
+        out["lock_unique_on"] = []  # a key its values share
+    needs.discard("fair")
     if needs and "lock_rate" not in out:
         out["lock_rate"] = "5/s"
     return out

@@ -293,6 +293,7 @@ FEATURE_OPTIONS = {
     "debounce": ("policies/debounce.py", ("lock_debounce", "lock_debounce_max")),
     "rate": ("policies/rate.py", ("lock_rate", "lock_rate_on", "lock_on_rate_limit")),
     "max_waiting": ("policies/waiting.py", ("lock_max_waiting",)),
+    "fair": ("policies/fair.py", ("lock_fair_on",)),
     "cooldown": ("policies/cooldown.py", ("lock_cooldown",)),
     "limit": ("policies/limit.py", ("lock_limit",)),
 }

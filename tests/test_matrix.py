@@ -80,7 +80,10 @@ def test_facets_read_a_task_s_options_and_the_settings_defaults() -> None:
         task = _task_class(options_for((facet,)))
         found = matrix.facets(task)
         assert facet in found, (facet, found)
-        assert found <= {facet, "rate:wait", "policy:reschedule"}, (facet, found)
+        assert found <= {facet, "rate:wait", "policy:reschedule", *(["unique_on"] if facet == "fair" else [])}, (
+            facet,
+            found,
+        )
     plain = _task_class({})
     assert matrix.facets(plain) == frozenset()
     assert matrix.facets(plain, settings) == {"policy:fail"}
@@ -127,7 +130,7 @@ def test_a_supported_pair_registers_and_passes_the_start_checks() -> None:
     for a, b in matrix.pairs():
         if isinstance(matrix.verdict(a, b), matrix.Supported):
             options = options_for((a, b))
-            if "policy:" not in a + b and any(f.startswith("max_waiting") for f in (a, b)):
+            if "policy:" not in a + b and any(f in ("max_waiting", "fair") for f in (a, b)):
                 options["lock_on_duplicate"] = "reschedule"  # the settings' default 'skip' waits in no line
             app = _app()
             _register(app, "m.s", options)

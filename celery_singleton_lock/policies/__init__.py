@@ -23,6 +23,7 @@ from .cancel import Cancel
 from .cooldown import COOLDOWN_FEATURE
 from .debounce import DEBOUNCE_FEATURE
 from .fail import Fail
+from .fair import FAIR
 from .limit import LIMIT
 from .port import NOT_ANSWERED, Call, Delivery, Feature, Hooks, conf_of, hooks_of
 from .rate import RATE_FEATURE
@@ -102,7 +103,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (Skip(), Fail(), Reschedule(),
 
 #: The features behind the port (:class:`~celery_singleton_lock.policies.port.Feature`), in the order their option
 #: checks run and their hooks are called (see policies/port.py for the hooks and where the rooms call them).
-FEATURES: tuple[Feature, ...] = (COOLDOWN_FEATURE, LIMIT, WAITING, RATE_FEATURE, DEBOUNCE_FEATURE)
+FEATURES: tuple[Feature, ...] = (COOLDOWN_FEATURE, LIMIT, WAITING, FAIR, RATE_FEATURE, DEBOUNCE_FEATURE)
 #: The features that may answer a call at ``apply_async`` (``at_send``): LockedTask's plain path asks them only.
 SENDING: tuple[Feature, ...] = tuple(f for f in FEATURES if type(f).at_send is not Feature.at_send)
 

@@ -62,6 +62,7 @@ FACETS: Final[tuple[str, ...]] = (
     "rate_on",  # lock_rate_on
     "debounce",  # lock_debounce (and lock_debounce_max)
     "max_waiting",  # lock_max_waiting
+    "fair",  # lock_fair_on
     "cooldown",  # lock_cooldown > 0
     "enqueue_check",  # lock_enqueue_check=True
     "unique_on",  # lock_unique_on
@@ -265,6 +266,31 @@ _refuse(
     "lock_unique_on of {task} is ignored when lock_key is set (the function alone makes the key): remove one of them",
 )
 
+_refuse(
+    "fair",
+    ["policy:skip", "policy:fail", "policy:replace", "policy:cancel", "debounce"],
+    "lock_fair_on of {task} takes turns in a key's waiting line: it needs lock_on_duplicate='reschedule' (skip and "
+    "fail never wait; replace, cancel and debounce keep one call, so there are no turns to share)",
+)
+_refuse(
+    "fair",
+    ["scope:queue", "enqueue_check", "limit:none"],
+    "lock_fair_on of {task} takes turns in a key's waiting line at the worker: it needs lock_scope='run', a lock "
+    "(lock_limit) and no lock_enqueue_check (a call answered at delay() never waits its turn)",
+)
+_refuse(
+    "fair",
+    [*_RATES, "rate_on"],
+    "lock_fair_on of {task} cannot be used with lock_rate yet: a call waiting for its rate window is re-sent on its "
+    "own, outside the line's turns (until booked slots exist, issue 33); remove one of them",
+)
+_refuse(
+    "fair",
+    ["cooldown"],
+    "lock_fair_on of {task} cannot be used with lock_cooldown yet (a turn woken into a cooldown is untested): "
+    "remove one of them",
+)
+
 # Supported pairs whose promise another part of the package keeps on purpose (a test of the pair holds it).
 _support(
     "scope:queue",
@@ -373,6 +399,13 @@ _support(
     ["unavailable:run", "unavailable:fail"],
     "a call that finds no quorum for its burst is sent on its own and leaves nothing in a burst",
 )
+_support("fair", ["policy:reschedule"], "waiting calls are woken round-robin across the lock_fair_on values")
+_support("fair", ["limit:many", "limit:callable"], "a freed slot goes to the next value's turn, not the oldest call")
+_support("fair", ["group"], "the group's tasks take turns in one line (every task names the same lock_fair_on)")
+_support("fair", ["max_waiting"], "the cap counts the whole line, every value; a call with a free slot never waits")
+_support("fair", ["unique_on", "key_fn"], "they make the shared key, without the fair arguments")
+_support("fair", ["lost:interrupt", "unavailable:fail"], _INDEPENDENT)
+_support("fair", ["unavailable:run"], "a call run unguarded (no quorum) takes no turn")
 _support("max_waiting", ["cooldown"], "calls waiting out a cooldown count in the line")
 _support("max_waiting", ["enqueue_check", "unique_on", "key_fn", "lost:interrupt"], _INDEPENDENT)
 _support("max_waiting", ["unavailable:run", "unavailable:fail"], _INDEPENDENT)
@@ -392,6 +425,11 @@ VERDICTS: Final[dict[frozenset[str], Verdict]] = dict(_verdicts)
 REQUIRES: Final[dict[str, tuple[tuple[str, ...], str]]] = {
     "limit:none": (_RATES, "lock_limit=None of {task} means no lock at all: it needs a lock_rate"),
     "rate_on": (_RATES, "lock_rate_on of {task} needs a lock_rate"),
+    "fair": (
+        ("unique_on", "key_fn"),
+        "lock_fair_on of {task} needs a key its values share: set lock_unique_on to the other arguments (or []), or "
+        "a lock_key",
+    ),
 }
 
 
@@ -442,6 +480,8 @@ def facets(task: Any, settings: Any = None) -> frozenset[str]:
         out.add("debounce")
     if cls.lock_max_waiting is not None:
         out.add("max_waiting")
+    if getattr(cls, "lock_fair_on", None) is not None:
+        out.add("fair")
     if cls.lock_cooldown:
         out.add("cooldown")
     if cls.lock_enqueue_check:
@@ -510,6 +550,7 @@ def _terms(task: Any, settings: Any) -> dict[str, Any]:
         "lock_debounce": (cls.lock_debounce, cls.lock_debounce_max) if cls.lock_debounce is not None else None,
         "lock_cooldown": float(cls.lock_cooldown) if isinstance(cls.lock_cooldown, int | float) else cls.lock_cooldown,
         "lock_max_waiting": cls.lock_max_waiting,
+        "lock_fair_on": tuple(sorted(cls.lock_fair_on)) if getattr(cls, "lock_fair_on", None) is not None else None,
         "unique-on arguments": unique_names(cls) if cls.lock_limit is not None else None,
     }
 
@@ -582,6 +623,7 @@ _SHORT: Final = {
     "rate_on": "rate on",
     "debounce": "deb",
     "max_waiting": "max w",
+    "fair": "fair",
     "cooldown": "cool",
     "enqueue_check": "enq",
     "unique_on": "uniq",
@@ -608,6 +650,7 @@ _OPTIONS: Final = {
     "rate_on": "`lock_rate_on`",
     "debounce": "`lock_debounce` (and `lock_debounce_max`)",
     "max_waiting": "`lock_max_waiting`",
+    "fair": "`lock_fair_on`",
     "cooldown": "`lock_cooldown` > 0",
     "enqueue_check": "`lock_enqueue_check=True`",
     "unique_on": "`lock_unique_on`",
@@ -637,8 +680,8 @@ def render_markdown() -> str:
         "",
         "Tasks that share a `lock_group` share its keys (the lock, a key's waiting line, the rate), so they are",
         "checked as a whole: they must agree on `lock_on_duplicate`, `lock_scope`, `lock_limit`, `lock_rate`,",
-        "`lock_on_rate_limit`, `lock_rate_on`, `lock_debounce`, `lock_cooldown`, `lock_max_waiting` and the names",
-        "of the arguments that make the job (`lock_unique_on`, or every parameter), or they are refused.",
+        "`lock_on_rate_limit`, `lock_rate_on`, `lock_debounce`, `lock_cooldown`, `lock_max_waiting`, `lock_fair_on`",
+        "and the names of the arguments that make the job (`lock_unique_on`, or every parameter), or they are refused.",
         "",
         "## Facets",
         "",

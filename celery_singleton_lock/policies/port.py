@@ -95,8 +95,17 @@ class Delivery(Protocol):
     def attempt_header(self) -> str:
         """The header that counts those re-sends (a re-send for want of a quorum carries it, plus one)."""
 
+    @property
+    def woken(self) -> bool:
+        """This delivery is a copy woken from the key's line by a release (it was the line's head then)."""
+
     def give_back(self) -> None:
         """Give the lock back at once (its body does not start), leave the key's line and wake it."""
+
+    def wait_turn(self, *, wake: bool) -> bool:
+        """Not this call's turn (``lock_fair_on``): wait in the key's line (a fallback copy re-sent), give the lock
+        back, and wake the line's head when ``wake``. False when it could not wait (a full line: lock_max_waiting),
+        and the caller runs it on the slot it holds."""
 
     def wait_out(self, countdown: float, reason: str, headers: dict[str, Any], detail: str = "") -> None:
         """Re-send this delivery to ask again in ``countdown`` s, keeping what its call holds meanwhile (its

@@ -737,3 +737,33 @@ def rebuild_retry_first(self: Any, key: str, n: int, countdown: float = 2.0) -> 
         record.rpush("started", json.dumps([key, self.request.id, os.getpid(), time.time()]))
         raise self.retry(countdown=countdown)
     return _cancellable(self, key, n, 0.3, stubborn=False)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_fair_on=["tenant"],
+    lock_limit=2,
+    lock_on_duplicate="reschedule",
+)
+def fair_call(self: Any, key: str, tenant: str, item: int, duration: float = 0.0) -> int:
+    """A call of ``tenant`` sharing ``key``'s two slots with other tenants (lock_fair_on, tests/test_fair.py): records
+    ``[key, tenant, item, task id, when its call first reached a worker (ms; None: this first delivery), start]`` in
+    start order, then runs for ``duration`` s."""
+    arrived = getattr(self.request, "singleton_lock_since", None)
+    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time()]))
+    _run(self, key, duration)
+    return item
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_limit=2, lock_on_duplicate="reschedule"
+)
+def arrival_call(self: Any, key: str, tenant: str, item: int, duration: float = 0.0) -> int:
+    """fair_call without lock_fair_on: the line wakes calls in arrival order (benchmarks/bench_fair.py's "before")."""
+    arrived = getattr(self.request, "singleton_lock_since", None)
+    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time()]))
+    _run(self, key, duration)
+    return item

@@ -1,0 +1,47 @@
+-- park_fair.lua
+-- protocol: park fair (docs/protocol.md, Transitions)
+-- Park a job under lock_fair_on (lock_on_duplicate="reschedule"): its place in the line is its value's next turn,
+-- so the line pops round-robin across the values of the fair arguments. A value with no job waiting starts at the
+-- line's current turn (never owed a backlog); one with jobs waiting gets the turn after its last. Within a turn,
+-- jobs are in the order they parked. A job parked before (a woken copy that lost the race, a fallback copy) keeps
+-- its place; with a cap (lock_max_waiting) a new job that finds the whole line full is not parked.
+-- KEYS[1] - the waiting line of a lock (sorted set: task id -> turn * 1e6 + order of parking within the turn)
+-- KEYS[2] - the line's messages (hash: task id -> the message that wakes it, JSON)
+-- KEYS[3] - the line's turns (hash: 'now' -> the turn served last, 'parks' -> parks counted, 'last:'..value ->
+--           the value's last turn, 'n:'..value -> its jobs parked and not yet run, 's:'..id / 'v:'..id -> a
+--           job's score and value until it runs)
+-- KEYS[4] - the woken jobs on their way (sorted set: task id -> when it is no longer awaited, ms)
+-- ARGV[1] - this job's task id
+-- ARGV[2] - the message that wakes this job
+-- ARGV[3] - expiry of the line, its messages and turns (ms)
+-- ARGV[4] - this job's value of the fair arguments
+-- ARGV[5] - the cap: lock_max_waiting ('' for none)
+-- ARGV[6] - '1': a new job (counted against the cap); '0': a waiting job's own copy
+-- returns {1, length} when parked (length: the line's, this job included), {0, length} when the line is full
+local id, value = ARGV[1], ARGV[4]
+local length = redis.call('ZCARD', KEYS[1])
+redis.call('ZREM', KEYS[4], id)
+if not redis.call('ZSCORE', KEYS[1], id) then
+  if ARGV[5] ~= '' and ARGV[6] == '1' and length >= tonumber(ARGV[5]) then
+    return {0, length}
+  end
+  length = length + 1
+  local score = redis.call('HGET', KEYS[3], 's:' .. id)
+  if not score then
+    local now = tonumber(redis.call('HGET', KEYS[3], 'now') or '0')
+    local turn = now
+    if tonumber(redis.call('HGET', KEYS[3], 'n:' .. value) or '0') > 0 then
+      turn = math.max(now, tonumber(redis.call('HGET', KEYS[3], 'last:' .. value) or '-1') + 1)
+    end
+    local order = redis.call('HINCRBY', KEYS[3], 'parks', 1) % 1000000
+    score = tostring(turn * 1000000 + order)
+    redis.call('HSET', KEYS[3], 'last:' .. value, turn, 's:' .. id, score, 'v:' .. id, value)
+    redis.call('HINCRBY', KEYS[3], 'n:' .. value, 1)
+  end
+  redis.call('ZADD', KEYS[1], score, id)
+end
+redis.call('HSET', KEYS[2], id, ARGV[2])
+for i = 1, 4 do
+  redis.call('PEXPIRE', KEYS[i], ARGV[3])
+end
+return {1, length}
