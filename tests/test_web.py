@@ -567,9 +567,9 @@ def test_attack_release_is_limited_to_keys_under_the_prefix(site: Site) -> None:
     try:
         seen = [c.lock_client(s).hget("another-app:job-1", "owner") for s in c.locks]
         owner = seen[0].decode() if seen[0] else ""
-        from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+        from celery_singleton_lock.web.release import owner_digest  # noqa: PLC0415
 
-        status, _ = site.post("/release", {"key": "another-app:job-1", "owner": _owner_digest(owner), "secret": SECRET})
+        status, _ = site.post("/release", {"key": "another-app:job-1", "owner": owner_digest(owner), "secret": SECRET})
         assert status == 400
         assert other.owned()
     finally:
@@ -813,7 +813,7 @@ def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks
     from celery_singleton_lock import Redlock  # noqa: PLC0415
     from celery_singleton_lock.cli import locks  # noqa: PLC0415
     from celery_singleton_lock.record import burst_key_for, sibling_key  # noqa: PLC0415
-    from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+    from celery_singleton_lock.web.release import owner_digest  # noqa: PLC0415
 
     c = site.c
     mine, theirs = _two_apps(c)
@@ -859,7 +859,7 @@ def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks
                 assert all((e["lock_key"] or e["key"]).startswith(own) for e in json.loads(text)["locks"])
                 victim = owned[foreign]
                 owner = c.lock_client(c.locks[0]).hget(victim, "owner").decode()
-                status, _ = page.post("/release", {"key": victim, "owner": _owner_digest(owner), "secret": SECRET})
+                status, _ = page.post("/release", {"key": victim, "owner": owner_digest(owner), "secret": SECRET})
                 assert status == 400
             refused = cli(app, "release", owned[foreign], "--yes")
             assert refused.exit_code == 1 and "not under this app's prefix" in refused.stderr
@@ -927,7 +927,7 @@ def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) ->
     a limit of 0, negative, huge or not a number, and a cursor that is not one are 400; a cursor forged from any
     key only moves the start, never past the prefix (a key after every key of the app gives an empty page)."""
     from celery_singleton_lock import Redlock  # noqa: PLC0415
-    from celery_singleton_lock.web import _cursor_of  # noqa: PLC0415
+    from celery_singleton_lock.web.listing import cursor_of  # noqa: PLC0415
 
     c = site.c
     app = _own_app(c, "paged")
@@ -955,9 +955,9 @@ def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) ->
             for query in ("limit=0", "limit=-1", "limit=99999999999", "limit=abc", "limit=", "cursor=%%%", "cursor=_w"):
                 status, text = page.get(f"/locks.json?{query}")
                 assert status == 400 and "limit" in json.loads(text)["error"], query
-            status, text = page.get(f"/locks.json?cursor={_cursor_of(prefix + '~')}")
+            status, text = page.get(f"/locks.json?cursor={cursor_of(prefix + '~')}")
             assert status == 200 and json.loads(text)["locks"] == []
-            status, text = page.get(f"/locks.json?limit=5&cursor={_cursor_of('a')}")
+            status, text = page.get(f"/locks.json?limit=5&cursor={cursor_of('a')}")
             assert [e["key"] for e in json.loads(text)["locks"]] == sorted(lock.name for lock in held)[:5]
     finally:
         for lock in held:
