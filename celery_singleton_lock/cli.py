@@ -26,7 +26,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
@@ -280,10 +280,57 @@ def list_command(ctx: click.Context, *, as_json: bool, match: str, done: bool) -
     _finish(ctx, report)
 
 
-def key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> str:
-    """The lock key a call ``task_name(*args, **kwargs)`` takes (``args``/``kwargs``: JSON, as ``celery call``
-    takes them); a one-line :class:`click.ClickException` for an unknown task, a task that is no LockedTask, or
-    arguments that are not JSON or do not fit the task's key."""
+def _json_arg(value: str, option: str, kind: type) -> Any:
+    """``value`` parsed as a JSON array (``kind`` list) or object (dict); a one-line usage error naming ``option``."""
+    example = "'[1, \"x\"]'" if kind is list else "'{\"a\": 1}'"
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc.msg}): e.g. {example}", param_hint=option) from None
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(
+            f"must be a JSON {'array' if kind is list else 'object'}, e.g. {example}", param_hint=option
+        )
+    return parsed
+
+
+def call_options(*, task: Literal["option", "argument"]) -> Callable[[F], F]:
+    """A call named as ``celery call`` takes it, for every command that names one (show, cancel, explain): the
+    task's name (``--task NAME``, or the ``TASK`` argument), ``-a/--args`` a JSON array and ``-k/--kwargs`` a JSON
+    object, parsed here (the command gets ``task_name``, ``call_args`` a list, ``call_kwargs`` a dict; arguments
+    that are not JSON are a one-line usage error naming the option)."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "-k",
+            "--kwargs",
+            "call_kwargs",
+            default="{}",
+            show_default=True,
+            callback=lambda _ctx, _param, value: _json_arg(value, "--kwargs", dict),
+            help="The call's keyword arguments, a JSON object: '{\"a\": 1}'.",
+        )(command)
+        command = click.option(
+            "-a",
+            "--args",
+            "call_args",
+            default="[]",
+            show_default=True,
+            callback=lambda _ctx, _param, value: _json_arg(value, "--args", list),
+            help="The call's positional arguments, a JSON array: '[1, \"x\"]'.",
+        )(command)
+        if task == "argument":
+            return click.argument("task_name", metavar="TASK")(command)
+        help_text = "Instead of KEY: the task of a call, e.g. shop.charge."
+        return click.option("--task", "task_name", default=None, help=help_text)(command)
+
+    return decorate
+
+
+def key_of_call(app: Any, task_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The lock key a call ``task_name(*args, **kwargs)`` takes (the arguments as :func:`call_options` parsed
+    them); a one-line :class:`click.ClickException` for an unknown task, a task that is no LockedTask, or arguments
+    that do not fit the task's key."""
     import difflib  # noqa: PLC0415
 
     tasks = app.tasks
@@ -295,27 +342,24 @@ def key_of_call(app: Any, task_name: str, args: str, kwargs: str) -> str:
     if not callable(getattr(task, "lock_key_for", None)):
         raise click.ClickException(f"--task: {task_name} is not a LockedTask: it takes no lock")
     try:
-        call_args = json.loads(args)
-        call_kwargs = json.loads(kwargs)
-    except ValueError as exc:
-        raise click.ClickException(f"--args/--kwargs must be JSON (e.g. --args '[7]' --kwargs '{{}}'): {exc}") from None
-    if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
-        raise click.ClickException("--args must be a JSON list and --kwargs a JSON object, e.g. '[7]' and '{}'")
-    try:
-        return str(task.lock_key_for(*call_args, **call_kwargs))
+        return str(task.lock_key_for(*args, **kwargs))
     except (TypeError, ValueError, ConfigurationError) as exc:
         raise click.ClickException(f"--task {task_name}: these arguments give no lock key: {exc}") from None
 
 
 @locks.command(name="show", cls=CeleryCommand)
 @click.argument("key", required=False)
-@click.option("--task", "task_name", default=None, help="Instead of KEY: the task of a call, e.g. shop.charge.")
-@click.option("--args", "call_args", default="[]", show_default=True, help="With --task: the call's args (JSON).")
-@click.option("--kwargs", "call_kwargs", default="{}", show_default=True, help="With --task: its kwargs (JSON).")
+@call_options(task="option")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 @click.pass_context
 def show_command(
-    ctx: click.Context, key: str | None, *, task_name: str | None, call_args: str, call_kwargs: str, as_json: bool
+    ctx: click.Context,
+    key: str | None,
+    *,
+    task_name: str | None,
+    call_args: list[Any],
+    call_kwargs: dict[str, Any],
+    as_json: bool,
 ) -> None:
     """One KEY's holder and its state on each node; or the key a call takes (--task NAME --args '[7]').
 
@@ -327,7 +371,7 @@ def show_command(
     if task_name is not None:
         key = key_of_call(ctx.obj.app, task_name, call_args, call_kwargs)
         if not as_json:
-            ctx.obj.echo(f"{task_name}(*{call_args}, **{call_kwargs}) locks {key}")
+            ctx.obj.echo(f"{task_name}(*{json.dumps(call_args)}, **{json.dumps(call_kwargs)}) locks {key}")
     assert key is not None
     report = show_lock(settings, key)
     info, states = report.value
@@ -364,9 +408,7 @@ def show_command(
 
 @locks.command(name="cancel", cls=CeleryCommand)
 @click.argument("key", required=False)
-@click.option("--task", "task_name", default=None, help="Instead of KEY: the task of a call, e.g. shop.charge.")
-@click.option("--args", "call_args", default="[]", show_default=True, help="With --task: the call's args (JSON).")
-@click.option("--kwargs", "call_kwargs", default="{}", show_default=True, help="With --task: its kwargs (JSON).")
+@call_options(task="option")
 @click.option("--id", "task_id", default=None, help="The job's task id (alone: looked up among the locks held).")
 @click.option(
     "--ttl",
@@ -381,8 +423,8 @@ def cancel_command(
     key: str | None,
     *,
     task_name: str | None,
-    call_args: str,
-    call_kwargs: str,
+    call_args: list[Any],
+    call_kwargs: dict[str, Any],
     task_id: str | None,
     ttl: float,
 ) -> None:
@@ -422,8 +464,8 @@ def cancel_command(
     limit = 1
     if task is not None and callable(getattr(task, "lock_context", None)):  # a LockedTask: the slots to look at
         limit = LIMIT.static(task)
-        if task_name is not None and call_args is not None:
-            limit = task.lock_context().limit_for(tuple(json.loads(call_args)), json.loads(call_kwargs)) or 1
+        if task_name is not None:
+            limit = task.lock_context().limit_for(tuple(call_args), call_kwargs) or 1
     try:
         ended = app.backend.get_state(task_id) in READY_STATES
     except Exception:  # no usable result backend: the done marker alone tells
@@ -607,26 +649,13 @@ def health_command(ctx: click.Context, *, probe: str, path: str | None, grace: f
 # --- locks explain (the reading lives in celery_singleton_lock.explain) ---------------------------------------------
 
 
-def _json_arg(value: str, option: str, kind: type) -> Any:
-    example = "'[1, \"x\"]'" if kind is list else "'{\"a\": 1}'"
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON ({exc.msg}): e.g. {example}", param_hint=option) from None
-    if not isinstance(parsed, kind):
-        raise click.BadParameter(
-            f"must be a JSON {'array' if kind is list else 'object'}, e.g. {example}", param_hint=option
-        )
-    return parsed
-
-
 @locks.command(name="explain", cls=CeleryCommand)
-@click.argument("task_name", metavar="TASK")
-@click.option("-a", "--args", "args_json", default="[]", help="Positional arguments, a JSON array: '[1, \"x\"]'.")
-@click.option("-k", "--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object: '{\"a\": 1}'.")
+@call_options(task="argument")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object (for scripts).")
 @click.pass_context
-def explain_command(ctx: click.Context, task_name: str, *, args_json: str, kwargs_json: str, as_json: bool) -> None:
+def explain_command(
+    ctx: click.Context, task_name: str, *, call_args: list[Any], call_kwargs: dict[str, Any], as_json: bool
+) -> None:
     """What would happen to TASK called with these arguments now, and why (Celery's `call` convention).
 
     Its key; who holds it (task id, worker, since when, fencing token); the waiting line and its cap; the rate
@@ -635,10 +664,8 @@ def explain_command(ctx: click.Context, task_name: str, *, args_json: str, kwarg
     """
     from .explain import explain, format_explanation  # noqa: PLC0415 - only this command needs it
 
-    args = _json_arg(args_json, "--args", list)
-    kwargs = _json_arg(kwargs_json, "--kwargs", dict)
     try:
-        found = explain(ctx.obj.app, task_name, args, kwargs)
+        found = explain(ctx.obj.app, task_name, call_args, call_kwargs)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
     except TypeError as exc:  # the arguments do not fit the task's signature

@@ -25,7 +25,9 @@ from worker_cluster import Cluster, cluster, new_key, polling
 
 from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
-from celery_singleton_lock.renewal import STATS_FLUSH_INTERVAL, flush_stats
+from celery_singleton_lock.faults import FaultProxy
+from celery_singleton_lock.renewal import STATS_FLUSH_INTERVAL, Watchdog, flush_stats
+from celery_singleton_lock.testing import RedisServer, wait_for
 
 APPS = Path(__file__).parent / "apps"
 
@@ -321,3 +323,71 @@ def test_a_renewal_without_a_quorum_counts_renew_failed_and_the_run_goes_on(c: C
     assert got.get("renew-failed", 0) >= 1, got
     assert got.get("lost", 0) == 0, got
     assert got.get("released") == 1, got
+
+
+def test_a_flush_that_timed_out_on_a_paused_node_is_not_counted_twice(fresh_node: RedisServer) -> None:
+    """A node paused (SIGSTOP) during a flush still runs what it was sent once it resumes: the watchdog must not
+    both send the batch and keep it to write again (10 outcomes read 15 before the fix). Now the PING before the
+    batch times out, nothing of the batch is sent, and it is written once, when the node answers (the watchdog's
+    own tick, or the flush below)."""
+    settings = settings_for(_app_on([fresh_node.url], "flushtwice"))
+    nodes, prefix = settings.nodes, settings.prefix
+    watchdog = Watchdog()
+
+    def acquired() -> int:
+        return metrics.read_metrics(nodes, prefix).tasks.get("t", {}).get("acquired", 0)
+
+    watchdog.count(nodes, prefix, "acquired", "t", 5)
+    watchdog.flush_stats()  # (or the watchdog's own thread, started by count(), already is flushing)
+    assert wait_for(lambda: acquired() >= 5, timeout=15, interval=0.05)
+    watchdog.count(nodes, prefix, "acquired", "t", 5)
+    fresh_node.pause()
+    try:
+        watchdog.flush_stats()  # the PING times out after socket_timeout: the batch is kept
+    finally:
+        fresh_node.resume()
+    watchdog.flush_stats()
+    assert wait_for(lambda: acquired() >= 10, timeout=15, interval=0.05)
+    watchdog.flush_stats()
+    assert acquired() == 10
+
+
+def test_counts_flushed_while_the_first_node_is_stalled_land_on_the_next_node(fresh_node: RedisServer) -> None:
+    """A first node that accepts connections but answers nothing (stalled, or blackholed) must not swallow every
+    flush: a batch not yet sent goes to the next node that answers; only a batch sent and then timed out counts
+    as written (the node may still run it)."""
+    behind = RedisServer().start()
+    try:
+        with FaultProxy(behind.port) as proxy:
+            settings = settings_for(_app_on([proxy.url, fresh_node.url], "stalledfirst"))
+            proxy.hold()
+            watchdog = Watchdog()
+            watchdog.count(settings.nodes, settings.prefix, "acquired", "t", 5)
+            watchdog.flush_stats()  # (or the watchdog's own thread, started by count(), already is flushing)
+            client, total = fresh_node.client(), metrics.total_key(settings.prefix)
+            assert wait_for(lambda: client.hgetall(total) != {}, timeout=15, interval=0.05)
+            assert client.hgetall(total) == {f"t{metrics.SEP}acquired".encode(): b"5"}
+    finally:
+        behind.close()
+
+
+def test_a_worker_stopped_right_after_a_storm_has_flushed_the_skips_its_main_process_counted(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Duplicates skipped before the pool are counted in the worker's main process, whose watchdog flushes every
+    5 s; only pool children flushed at exit. A worker stopped (warm) right after a storm lost those skips (2 of 20
+    counted): the main process flushes at worker shutdown too. Counts equal the real outcomes."""
+    with cluster(tmp_path_factory.mktemp("storm"), ttl=5.0) as c:
+        worker = c.worker("storm", concurrency=2)
+        mod = c.app_module()
+        k = new_key()
+        first = mod.work.delay(k, 3.0)
+        c.wait_started(k)
+        dupes = [mod.work.delay(k, 0.0) for _ in range(20)]
+        for d in [first, *dupes]:
+            d.get(timeout=60, propagate=False)
+        runs = len(c.runs(k))
+        worker.stop()
+        settings = settings_for(mod.app)
+        counted = metrics.read_metrics(settings.nodes, settings.prefix).tasks.get(mod.work.name, {})
+        assert (counted.get("acquired"), counted.get("skipped", 0), counted.get("released")) == (runs, 21 - runs, runs)

@@ -20,7 +20,9 @@ import rabbitmq
 from celery import chord
 from worker_cluster import APPS, Cluster, cluster, new_key, overlapping, polling
 
-from celery_singleton_lock.testing import CeleryWorker, EventLog, assert_skipped_duplicate
+from celery_singleton_lock import _preskip as preskip
+from celery_singleton_lock.config import LockSettings
+from celery_singleton_lock.testing import CeleryWorker, EventLog, RedisServer, assert_skipped_duplicate
 
 pytestmark = pytest.mark.slow
 
@@ -271,3 +273,64 @@ def test_a_copy_of_a_finished_job_is_left_to_the_child(pc: Cluster) -> None:
         assert holder.get(timeout=20) == key
         assert pc.states([first.id]) == {first.id: "SUCCESS"}
         assert len(pc.runs(key)) == 2  # the first run and the holder's, not the copy
+
+
+#: The pre-check's default per pool, as the worker's start line says it (docs/benchmarks.md: gevent measured).
+DEFAULT_PER_POOL = {
+    "prefork": "on (prefork with putlocks)",
+    "threads": "off: the thread pool asks before a slot is free",
+    "gevent": "off: the gevent pool asks before a slot is free",
+}
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_copy_waiting_for_a_busy_pool_is_decided_when_it_starts(pc: Cluster, pool: str) -> None:
+    """A copy prefetched by a one-slot worker while that slot runs its job starts only after the job ended: it runs,
+    as without the pre-check (which must not decide it at receipt: the threads pool queues it there, unlike prefork's
+    putlocks semaphore, which asks revoked() only once a process is free). The worker's start line says the
+    pre-check's default for its pool."""
+    mod = pc.app_module()
+    name = f"busy-{pool}-{uuid.uuid4().hex[:6]}"
+    with worker(pc, name, extra=("-P", pool, "-c", "1", "--prefetch-multiplier", "4")) as w:
+        assert f"duplicates skipped before the pool: {DEFAULT_PER_POOL[pool]}" in w.log()
+        key = new_key()
+        q = w.queue  # type: ignore[attr-defined]
+        # --prefetch-multiplier 4: the worker receives the copy at once, while its one slot runs the holder.
+        holder = mod.work.apply_async((key, 3.0), queue=q)
+        pc.wait_started(key)
+        copy = mod.work.apply_async((key, 3.0), queue=q)  # the holder's own call: seen, so the pre-check looks
+        assert holder.get(timeout=30) == key
+        assert copy.get(timeout=30) == key
+        assert len(pc.wait_runs(key, 2, 10)) == 2
+
+
+def test_on_gevent_the_pool_decides(pc: Cluster) -> None:
+    """gevent: the pre-check stays off (it would save CPU there, docs/benchmarks.md, but the gevent pool asks
+    revoked() before its spawn waits for a free greenlet, so a copy would be decided before a slot is free, as in
+    the threads pool); the worker's start line says so."""
+    pytest.importorskip("gevent")
+    mod = pc.app_module()
+    name = f"gevent-{uuid.uuid4().hex[:6]}"
+    with worker(pc, name, extra=("-P", "gevent", "-c", "1", "--prefetch-multiplier", "4")) as w:
+        assert f"duplicates skipped before the pool: {DEFAULT_PER_POOL['gevent']}" in w.log()
+        # As above: a copy received while the one greenlet runs the holder is decided when it starts, so it runs.
+        key = new_key()
+        q = w.queue  # type: ignore[attr-defined]
+        holder = mod.work.apply_async((key, 3.0), queue=q)
+        pc.wait_started(key)
+        copy = mod.work.apply_async((key, 3.0), queue=q)
+        assert holder.get(timeout=30) == key
+        assert copy.get(timeout=30) == key
+        assert len(pc.wait_runs(key, 2, 10)) == 2
+
+
+def test_a_url_connect_timeout_does_not_stretch_the_pre_checks_deadline(redis_node: RedisServer) -> None:
+    """A node URL naming its own socket_connect_timeout (redis-py lets the URL win over our options) does not give
+    the main process's pre-check a longer connect wait than its own deadline: it stays off for such nodes or keeps
+    its deadline (a node down behind a dropped SYN would otherwise hold the worker's event loop that long)."""
+    settings = LockSettings(urls=[f"{redis_node.url}?socket_connect_timeout=5"])
+    nodes = preskip._fast_nodes(settings)
+    if nodes is not None:
+        for client in nodes.clients:
+            kwargs = client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+            assert kwargs["socket_connect_timeout"] <= preskip.TIMEOUT

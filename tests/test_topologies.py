@@ -20,18 +20,20 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from celery.exceptions import TaskRevokedError
 from click.testing import CliRunner
+from kombu.utils import json as kombu_json
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 from test_secrets import assert_no_secret
 from topologies import Cluster, SentinelSet, Server, TLSFiles, make_certs, tls_binary
 
 from celery_singleton_lock import LockedTask, LockUnavailableError, Redlock
+from celery_singleton_lock._line import wake_next
 from celery_singleton_lock.cli import list_locks, locks, read_stats, release_lock, show_lock
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.nodes import NodeSet
-from celery_singleton_lock.record import _key_slot, done_key_for
+from celery_singleton_lock.record import _key_slot, done_key_for, sibling_key
 from celery_singleton_lock.renewal import Watchdog, watchdog
-from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port, wait_for
+from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port, redis_servers, wait_for
 
 MASTER_PW = "Mst9rPwQz"
 SENTINEL_PW = "Sn7lPwXq"
@@ -139,6 +141,24 @@ def test_failover_that_loses_the_write_grants_the_lock_twice() -> None:
         assert not first.extend()
         assert not first.owned()
         assert second.release()
+
+
+@pytest.mark.timeout(40)
+def test_a_wrong_sentinel_password_is_a_short_clear_error() -> None:
+    """A wrong (or missing) sentinel_password is a short node error naming sentinel_password, without either
+    password, not redis-py's whole Sentinel client repr (~600 characters, the reason buried at its end)."""
+    with SentinelSet(service="locks", sentinel_password="Sn10PwQx") as sentinels:
+        url = sentinels.url().replace("sentinel_password=Sn10PwQx", "sentinel_password=wrong10")
+        lock = Redlock(url, f"sp10:{uuid.uuid4().hex}", ttl=5.0)
+        assert not lock.acquire(blocking=False)  # refused by the Sentinels (bounded by the test's 40 s timeout)
+        (error,) = lock.node_errors
+        message = str(error)
+        assert "Sn10PwQx" not in message and "wrong10" not in message
+        assert "AuthenticationError" in message
+        # Not a repr of redis-py's client (pool, connection, every option): a short line.
+        assert "<redis.client.Redis(" not in message, message
+        assert len(message) < 300, len(message)
+        assert "sentinel_password" in message, message  # it says which password to fix
 
 
 # --- Cluster ---------------------------------------------------------------------------------------------------------
@@ -494,6 +514,53 @@ def test_prefork_worker_on_a_cluster_a_sentinel_master_and_a_plain_master(
         client.close()
 
 
+@pytest.mark.timeout(40)
+def test_survivors_locks_still_renew_after_the_cluster_marks_a_master_failed() -> None:
+    """With ``cluster-require-full-coverage no`` (docs/nodes.md, "Moved slots and failed masters", tells users to set
+    it), the locks on the surviving masters renew after the others mark a dead master FAIL. (With Redis' default,
+    yes, the survivors answer CLUSTERDOWN for every slot: a documented limit.)"""
+    with Cluster(3) as topology:
+        for master in topology.masters:  # what docs/nodes.md tells users to set for a cluster used for locks
+            master.client().config_set("cluster-require-full-coverage", "no")
+        nodes = NodeSet(topology.url())
+        names = [f"down10:{i}" for i in range(24)]
+        held = [Redlock(nodes, n, ttl=30.0) for n in names]
+        assert all(lock.acquire(blocking=False) for lock in held)
+        dead = topology.masters[2]
+        dead.kill()
+        survivor = topology.masters[0].client(socket_timeout=1.0, decode_responses=True)
+
+        def marked_failed() -> bool:  # the survivors flagged the dead master FAIL (not just PFAIL)
+            lines = str(survivor.execute_command("CLUSTER", "NODES")).splitlines()
+            line = next(x for x in lines if f":{dead.port}@" in x)
+            return "fail" in line.split()[2].split(",")
+
+        assert wait_for(marked_failed, 15.0, 0.1)
+        answers = Redlock.nodes_extend(held)
+        on_survivors = [a for n, a in zip(names, answers, strict=True) if topology.master_of(_key_slot(n)) is not dead]
+        assert on_survivors, "no lock on a surviving master"
+        # With Redis' default (yes) every survivor's answer would be None (CLUSTERDOWN), not True.
+        assert on_survivors == [True] * len(on_survivors)
+
+
+def test_removing_the_cluster_node_restarts_tokens_as_documented(cluster: Cluster) -> None:
+    """With a Cluster node in the list, the prefix's fencing counter is kept per slot on every node, plain ones
+    included; taking the Cluster node out switches every node back to the plain ``<prefix>fence``, which those runs
+    never raised: the next token may go back although no node lost anything, as docs/nodes.md says (a documented
+    limit)."""
+    prefix = f"rm10{uuid.uuid4().hex[:6]}:"
+    with redis_servers(2) as plain:
+        mixed = _fenced_task(_app([cluster.url(), plain[0].url, plain[1].url], prefix))
+        tokens = [mixed.apply(args=(7,), task_id=f"m-{i}").get()[0] for i in range(3)]
+        assert tokens == sorted(set(tokens))
+        # The cluster is retired: the two plain nodes (which lost nothing) and a new one.
+        with redis_servers(1) as extra:
+            after = _fenced_task(_app([plain[0].url, plain[1].url, extra[0].url], prefix))
+            token = after.apply(args=(7,), task_id="p-1").get()[0]
+        # Documented (docs/nodes.md, Sentinel section): the counters' names change, tokens start again.
+        assert token <= tokens[-1], (tokens, token)
+
+
 # --- TLS -------------------------------------------------------------------------------------------------------------
 
 
@@ -636,6 +703,27 @@ def test_acl_user_with_the_minimum_command_set(fresh_node: RedisServer) -> None:
     assert "NoPermissionError" in str(refused.node_errors[0])  # the done marker {key}:done:id is not under ~prefix*
     # A lock whose every key is under the prefix (no job, the prefix's counter, as LockedTask's) is allowed.
     assert Redlock(narrow, f"{prefix}job", ttl=5.0, fence_key=f"{prefix}fence").acquire(blocking=False)
+
+
+def test_the_documented_acl_set_can_wake_a_waiting_duplicate(fresh_node: RedisServer) -> None:
+    """The documented user may run the waiting line (reschedule/replace): ZADD, ZREM, ZRANGE(BYSCORE) and ZPOPMIN
+    are in the set, so a holder's release wakes its waiter (without them every park and wake was refused, NOPERM,
+    and swallowed: waiters were never woken by the release)."""
+    prefix = "acl10:"
+    admin = fresh_node.client()
+    app = _app(_acl_user(fresh_node, "locker10", "Acl10PwZ", f"~{prefix}* ~{{{prefix}*"), prefix)
+
+    @app.task(base=LockedTask, bind=True, name="atk10.waits", lock_ttl=10, lock_on_duplicate="reschedule")
+    def waits(self: Any, n: int) -> int:
+        return n
+
+    key = waits.lock_key_for(1)
+    line, messages = sibling_key(key, ":waiters"), sibling_key(key, ":parked")
+    admin.zadd(line, {"w-1": 1})
+    admin.hset(messages, "w-1", kombu_json.dumps(dict(waits.signature((1,), task_id="w-1"))))
+    wake_next(waits.lock_context(), key, waits.lock_options())  # what the holder's release does
+    # The documented user may ZPOPMIN: the waiter left the line (it was sent), rather than staying on a NOPERM.
+    assert admin.zcard(line) == 0
 
 
 def test_acl_rule_is_documented() -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import html
+import io
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -35,8 +37,9 @@ from worker_cluster import APPS, Cluster, cluster, new_key, polling
 from celery_singleton_lock import metrics
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.faults import FaultProxy
-from celery_singleton_lock.testing import free_port
-from celery_singleton_lock.web import make_app, metrics_app, serve
+from celery_singleton_lock.redlock import Redlock
+from celery_singleton_lock.testing import RedisServer, free_port
+from celery_singleton_lock.web import PAGE_SIZE, exposition, make_app, metrics_app, serve
 
 pytestmark = pytest.mark.slow
 
@@ -567,9 +570,9 @@ def test_attack_release_is_limited_to_keys_under_the_prefix(site: Site) -> None:
     try:
         seen = [c.lock_client(s).hget("another-app:job-1", "owner") for s in c.locks]
         owner = seen[0].decode() if seen[0] else ""
-        from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+        from celery_singleton_lock.web.release import owner_digest  # noqa: PLC0415
 
-        status, _ = site.post("/release", {"key": "another-app:job-1", "owner": _owner_digest(owner), "secret": SECRET})
+        status, _ = site.post("/release", {"key": "another-app:job-1", "owner": owner_digest(owner), "secret": SECRET})
         assert status == 400
         assert other.owned()
     finally:
@@ -813,7 +816,7 @@ def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks
     from celery_singleton_lock import Redlock  # noqa: PLC0415
     from celery_singleton_lock.cli import locks  # noqa: PLC0415
     from celery_singleton_lock.record import burst_key_for, sibling_key  # noqa: PLC0415
-    from celery_singleton_lock.web import _owner_digest  # noqa: PLC0415
+    from celery_singleton_lock.web.release import owner_digest  # noqa: PLC0415
 
     c = site.c
     mine, theirs = _two_apps(c)
@@ -859,7 +862,7 @@ def test_attack_two_apps_on_one_node_neither_lists_nor_releases_the_others_locks
                 assert all((e["lock_key"] or e["key"]).startswith(own) for e in json.loads(text)["locks"])
                 victim = owned[foreign]
                 owner = c.lock_client(c.locks[0]).hget(victim, "owner").decode()
-                status, _ = page.post("/release", {"key": victim, "owner": _owner_digest(owner), "secret": SECRET})
+                status, _ = page.post("/release", {"key": victim, "owner": owner_digest(owner), "secret": SECRET})
                 assert status == 400
             refused = cli(app, "release", owned[foreign], "--yes")
             assert refused.exit_code == 1 and "not under this app's prefix" in refused.stderr
@@ -927,7 +930,7 @@ def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) ->
     a limit of 0, negative, huge or not a number, and a cursor that is not one are 400; a cursor forged from any
     key only moves the start, never past the prefix (a key after every key of the app gives an empty page)."""
     from celery_singleton_lock import Redlock  # noqa: PLC0415
-    from celery_singleton_lock.web import _cursor_of  # noqa: PLC0415
+    from celery_singleton_lock.web.listing import cursor_of  # noqa: PLC0415
 
     c = site.c
     app = _own_app(c, "paged")
@@ -955,9 +958,9 @@ def test_locks_json_is_paged_and_its_cursor_and_limit_are_checked(site: Site) ->
             for query in ("limit=0", "limit=-1", "limit=99999999999", "limit=abc", "limit=", "cursor=%%%", "cursor=_w"):
                 status, text = page.get(f"/locks.json?{query}")
                 assert status == 400 and "limit" in json.loads(text)["error"], query
-            status, text = page.get(f"/locks.json?cursor={_cursor_of(prefix + '~')}")
+            status, text = page.get(f"/locks.json?cursor={cursor_of(prefix + '~')}")
             assert status == 200 and json.loads(text)["locks"] == []
-            status, text = page.get(f"/locks.json?limit=5&cursor={_cursor_of('a')}")
+            status, text = page.get(f"/locks.json?limit=5&cursor={cursor_of('a')}")
             assert [e["key"] for e in json.loads(text)["locks"]] == sorted(lock.name for lock in held)[:5]
     finally:
         for lock in held:
@@ -1215,3 +1218,139 @@ def test_explain_of_a_slot_key_reads_every_slot_of_its_lock(site: Site) -> None:
     finally:
         for r in runs:
             r.revoke()
+
+
+# -- the page and /metrics on a node of the test's own (in this process: no worker) ---------------------------------
+
+
+def app_on(node: RedisServer, name: str) -> Any:
+    """A Celery app of this test's own (memory broker) locking on ``node`` alone under the prefix ``name:``."""
+    app = Celery(name, broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_urls = [node.url]
+    app.conf.singleton_lock_prefix = f"{name}:"
+    return app
+
+
+def hold(app: Any, name: str) -> str:
+    """A lock held now by a real acquire (as a worker's run takes it), for a minute; its key."""
+    settings = settings_for(app)
+    lock = Redlock(settings.nodes, f"{settings.prefix}{name}:v2:{uuid.uuid4().hex}", ttl=60.0)
+    assert lock.acquire(blocking=False)
+    return lock.name
+
+
+def test_the_page_shown_after_a_release_refreshes_to_the_page_not_to_the_form(
+    fresh_node: RedisServer, browser: Browser
+) -> None:
+    """After a release (a POST), the page's refresh loads the page again: it must not re-send the form (a reload of
+    a POST's answer does), which repeated the release every few seconds, each a forced release or a refusal logged."""
+    app = app_on(fresh_node, "reposted")
+    key = hold(app, "app.task")
+    posts: list[str] = []
+    page = make_app(app, secret="s" * 20, refresh=1, doctor=False)
+
+    def counting(environ: dict[str, Any], start: Any) -> Any:
+        if environ.get("REQUEST_METHOD") == "POST":
+            posts.append(environ.get("PATH_INFO", ""))
+        return page(environ, start)
+
+    with served(counting) as url:
+        browser.open(url + "/")
+        clicked = browser.evaluate(
+            "(() => { const f = [...document.querySelectorAll('form.release')].find("
+            f"f => f.key.value === {json.dumps(key)}); if (!f) return false;"
+            f" f.secret.value = {json.dumps('s' * 20)}; f.querySelector('button').click(); return true; }})()"
+        )
+        assert clicked
+        said = browser.wait_for("document.getElementById('message') && document.getElementById('message').innerText")
+        assert "released" in str(said)
+        browser.evaluate("document.activeElement && document.activeElement.blur()")
+        back = browser.wait_for("location.pathname === '/' && document.readyState === 'complete'", 15)
+    assert back
+    assert posts == ["/release"]
+
+
+def test_a_counter_never_goes_down_while_a_node_holding_some_of_its_counts_is_down(fresh_node: RedisServer) -> None:
+    """Counts are written to the first node that answers and read summed over the nodes: with a node down, the
+    sum is short. A counter must not then be exposed lower than before (Prometheus reads a decrease as a reset and
+    counts the whole total again when the node is back): each count stays at least what a scrape showed."""
+    other = RedisServer().start()
+    try:
+        app = Celery("countdown", broker="memory://", set_as_current=False)
+        app.conf.singleton_lock_urls = [fresh_node.url, other.url]
+        app.conf.singleton_lock_prefix = "countdown:"
+        settings = settings_for(app)
+        for client, n in ((fresh_node.client(), 3), (other.client(), 4)):  # flushes that went to either node
+            pipe = client.pipeline(transaction=False)
+            metrics.write(pipe, settings.prefix, {("app.t", "acquired"): n})
+            pipe.execute()
+
+        def scraped() -> list[float]:
+            text = exposition(settings)
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            return [s.value for s in families["celery_lock_events"].samples if s.labels.get("task") == "app.t"]
+
+        assert scraped() == [7.0]
+        other.stop()
+        assert scraped() == [7.0]
+        pipe = fresh_node.client().pipeline(transaction=False)
+        metrics.write(pipe, settings.prefix, {("app.t", "acquired"): 5})  # more runs meanwhile, on the node up
+        pipe.execute()
+        assert scraped() == [8.0]  # 3 + 5 read, never less than what was shown
+        other.start()  # a fresh, empty server on the same port: the 4 it held are lost (no persistence here)
+        assert scraped() == [8.0]
+        fresh_node.client().delete(metrics.total_key(settings.prefix))  # every node answers: a real reset shows
+        assert scraped() == []
+    finally:
+        other.close()
+
+
+def test_a_stalled_node_costs_one_socket_timeout_per_request_not_one_per_read(fresh_node: RedisServer) -> None:
+    """A node that holds every command (a stalled node, in front: it holds the lines) is found out once per page
+    and per scrape: the reads that follow skip it instead of each waiting its socket timeout again (the page read
+    it 3 times, /metrics 3 times: 1.5 s each with the default 0.5 s, 15 s with a 5 s timeout). Counted as the
+    connections the stalled node was sent (each timeout drops its connection), not timed."""
+    with FaultProxy(fresh_node.port) as proxy:
+        app = Celery("stalled", broker="memory://", set_as_current=False)
+        app.conf.singleton_lock_urls = [proxy.url, fresh_node.url]
+        app.conf.singleton_lock_prefix = "stalled:"
+        hold(app, "app.task")  # before the stall: a lock for the page to show
+        page = make_app(app, refresh=0, doctor=False)
+        proxy.hold()
+        for path in ("/", "/metrics"):
+            before = proxy.accepted
+            statuses: list[str] = []
+            environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "wsgi.input": io.BytesIO(), "QUERY_STRING": ""}
+            body = b"".join(page(environ, lambda status, _h, out=statuses: out.append(status))).decode()
+            assert statuses == ["200 OK"], path
+            assert ("did not answer" in body) if path == "/" else ("celery_lock_nodes_up 1" in body)
+            assert proxy.accepted - before <= 1, path
+        proxy.clear()
+
+
+def test_the_page_links_of_a_release_answer_lead_to_the_page_not_to_the_release_url(fresh_node: RedisServer) -> None:
+    """The answer to a release (a POST to /release) is the page, paged: its 'next' link was the relative
+    ``?page=2``, which from /release is ``GET /release?page=2`` (405, POST only). Links name the page's own path."""
+    from urllib.parse import urljoin, urlsplit  # noqa: PLC0415
+
+    app = app_on(fresh_node, "navlinks")
+    for _ in range(PAGE_SIZE + 1):
+        hold(app, "app.task")
+    page = make_app(app, secret="s" * 20, refresh=0, doctor=False)
+    body_bytes = b"key=x&owner=y&secret=wrong"
+    environ = {
+        "PATH_INFO": "/release",
+        "SCRIPT_NAME": "/locks",
+        "REQUEST_METHOD": "POST",
+        "wsgi.input": io.BytesIO(body_bytes),
+        "CONTENT_LENGTH": str(len(body_bytes)),
+        "QUERY_STRING": "",
+    }
+    statuses: list[str] = []
+    body = b"".join(page(environ, lambda status, _h, out=statuses: out.append(status))).decode()
+    assert statuses == ["403 Forbidden"]
+    links = re.findall(r'<a href="([^"]*page=[^"]*)"', body)
+    assert links
+    for link in links:
+        target = urlsplit(urljoin("http://127.0.0.1/locks/release", html.unescape(link)))
+        assert (target.path, target.query) == ("/locks/", "page=2"), link

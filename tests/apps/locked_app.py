@@ -483,7 +483,7 @@ def limited_skip(self: Any, key: str, duration: float = 0.0) -> str:
     return key
 
 
-# -- issue 19's findings (tests/test_findings.py) ----------------------------------------------------------------
+# -- one job however many messages of it exist (tests/test_copies.py) --------------------------------------------------
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")

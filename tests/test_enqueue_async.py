@@ -1,6 +1,6 @@
-"""Adversarial review of the async producers (aapply_async / adelay, _enqueue.asend/areserve) and of the sync
-queue-scope path's refactor (_plan, _Pacing): mixed sync/async callers, slow publishes, cancelled callers, a
-loop closed while the background publish runs. One worker set for the module; every wait bounded."""
+"""Queue scope from an event loop (aapply_async / adelay, _enqueue.asend/areserve) beside sync callers: one job
+under mixed sync/async callers, slow publishes, cancelled callers, a loop closed while the background publish runs,
+a lock node paused, a refusal short of a quorum. One worker set for the module; every wait bounded."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[wc.Cluster]:
-    with wc.cluster(tmp_path_factory.mktemp("review-aprod"), ttl=3.0) as c:
+    with wc.cluster(tmp_path_factory.mktemp("enqueue-async"), ttl=3.0) as c:
         c.worker("w1")
         c.app_module()
         yield c
