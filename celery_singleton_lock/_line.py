@@ -84,66 +84,71 @@ def park(ctx: Context, run: Run, task_id: str, options: Options) -> bool:
         arrived = since(request)
         woken = dict(resend.copy(ctx, {PARKED_HEADER: 1, WOKEN_HEADER: 1, REDELIVERY_HEADER: 1, SINCE_HEADER: arrived}))
         message = kombu_json.dumps(woken)  # type: ignore[no-untyped-call]
-        client, line, messages = waiters(run.key, options)
-        expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
-        if replace:
-            answer = client.eval(
-                _PARK_REPLACING,
-                2,
-                line,
-                messages,
-                task_id,
-                arrived,
-                message,
-                expire_ms,
-                sibling_key(run.key, ":superseded:"),
-            )
-            superseded(ctx, run, task_id, [text(x) for x in answer or ()])
-            return True
-        cap = options.max_waiting
-        # A call's own re-sent copies (every one carries SINCE_HEADER, see _resend.copy) and the broker's redelivery
-        # of a job that was received before are that call again: never new (lock_max_waiting counts new ones).
-        new = not (getattr(request, SINCE_HEADER, None) or run.redelivered or request.chord)
-        value = FAIR.value(options, request.args, request.kwargs)
-        if value is not None:
-            # lock_fair_on: the job's place is its value's next turn (lua/park_fair.lua), its cap the whole line's.
-            parked, length = client.eval(
-                _PARK_FAIR,
-                4,
-                line,
-                messages,
-                *FAIR.keys(run.key),
-                task_id,
-                message,
-                expire_ms,
-                value,
-                "" if cap is None else cap,
-                "1" if new else "0",
-            )
-            if not int(parked):
-                run.line_full = int(length)
-                return False
-            return True
-        if cap is not None:
-            # lock_max_waiting: a new duplicate that finds the line full is not parked (the caller skips it). A
-            # call's own re-sent copies (every one carries SINCE_HEADER, see _resend.copy) and the broker's
-            # redelivery of a job that was received before are that call again: never new.
-            parked, length = client.eval(
-                _PARK_CAPPED, 2, line, messages, task_id, arrived, message, expire_ms, cap, "1" if new else "0"
-            )
-            if not int(parked):
-                run.line_full = int(length)
-                return False
-            return True
-        pipe = client.pipeline(transaction=False)
-        pipe.zadd(line, {task_id: arrived}, nx=True)  # a job re-parked keeps its place
-        pipe.hset(messages, task_id, message)
-        pipe.pexpire(line, expire_ms)
-        pipe.pexpire(messages, expire_ms)
-        pipe.execute()
+        return _enter(ctx, run, task_id, options, arrived, message)
     except Exception:  # the fallback copy still wakes it
         logger.debug("could not park %s[%s] in line for %s", ctx.name, task_id, run.key, exc_info=True)
         return False
+
+
+def _enter(ctx: Context, run: Run, task_id: str, options: Options, arrived: int, message: str) -> bool:
+    """Write the job in its key's line (replacing, fair, capped or plain); False: full (``run.line_full``)."""
+    request = ctx.request
+    replace = options.policy.replaces
+    client, line, messages = waiters(run.key, options)
+    expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+    if replace:
+        answer = client.eval(
+            _PARK_REPLACING,
+            2,
+            line,
+            messages,
+            task_id,
+            arrived,
+            message,
+            expire_ms,
+            sibling_key(run.key, ":superseded:"),
+        )
+        superseded(ctx, run, task_id, [text(x) for x in answer or ()])
+        return True
+    cap = options.max_waiting
+    # A call's own re-sent copies (every one carries SINCE_HEADER, see _resend.copy) and the broker's redelivery
+    # of a job that was received before are that call again: never new (lock_max_waiting counts new ones).
+    new = not (getattr(request, SINCE_HEADER, None) or run.redelivered or request.chord)
+    value = FAIR.value(options, request.args, request.kwargs)
+    if value is not None:
+        # lock_fair_on: the job's place is its value's next turn (lua/park_fair.lua), its cap the whole line's.
+        parked, length = client.eval(
+            _PARK_FAIR,
+            4,
+            line,
+            messages,
+            *FAIR.keys(run.key),
+            task_id,
+            message,
+            expire_ms,
+            value,
+            "" if cap is None else cap,
+            "1" if new else "0",
+        )
+        if not int(parked):
+            run.line_full = int(length)
+            return False
+        return True
+    if cap is not None:
+        # lock_max_waiting: a new duplicate that finds the line full is not parked (the caller skips it).
+        parked, length = client.eval(
+            _PARK_CAPPED, 2, line, messages, task_id, arrived, message, expire_ms, cap, "1" if new else "0"
+        )
+        if not int(parked):
+            run.line_full = int(length)
+            return False
+        return True
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(line, {task_id: arrived}, nx=True)  # a job re-parked keeps its place
+    pipe.hset(messages, task_id, message)
+    pipe.pexpire(line, expire_ms)
+    pipe.pexpire(messages, expire_ms)
+    pipe.execute()
     return True
 
 
