@@ -22,8 +22,8 @@ lock node out at a time (paused, or restarted empty):
 
 * every call's arguments run at least once: as its burst's last call (the newest version a quorum of the nodes
   holds, or one holds confirmed: a call that joined on a quorum but not on every node confirms its version there,
-  so two nodes restarted empty one after the other lose no call), or on its own when no quorum agreed on a burst at its call (it then takes its version back from every
-  node: the burst never runs it too);
+  so two nodes restarted empty one after the other lose no call), or on its own when no quorum agreed on a burst
+  at its call (it then takes its version back from every node: the burst never runs it too);
 * no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
 * a run carries only a call whose caller was given its task id;
 * older versions never run after a newer one: a delivery about to run whose version is older than the key's newest
