@@ -9,8 +9,10 @@ The burst lives on the lock nodes, never only in a process (docs/protocol.md, "D
   call; its arguments become this call's; nothing is published, and the call gets the burst's ``AsyncResult``);
 * at the worker: the job's message takes the key's lock as any run does (a run of the previous burst still
   running holds it: the job waits in the key's line, as ``reschedule``), then claims its burst
-  (``lua/debounce_claim``): not due yet, it gives the lock back and is re-sent for the due time, carrying the newest
-  arguments; due, the burst ends and the job runs with its last call's arguments. A call from then on starts a new
+  (``lua/debounce_claim``) in two steps: ``check`` (not due yet on a quorum: it gives the lock back and is re-sent
+  for the due time, carrying the newest arguments), then ``claim`` (due on a quorum: the burst ends on every node
+  and the job runs with its last call's arguments). A node alone, due early or running a check late (paused), ends
+  nothing. A call from then on starts a new
   burst, which runs after this run (never beside it: the lock). A job refused by its rate (``lock_on_rate_limit``
   skip or fail) or revoked or expired ends its burst too: every way a burst's run ends, a call from then on starts
   a new burst.
@@ -19,8 +21,9 @@ Each call is a *version* of its burst (named by its own task id, kept on each no
 lock node out at a time (paused, or restarted empty):
 
 * every call's arguments run at least once: as its burst's last call (the newest version a quorum of the nodes
-  holds), or on its own when no quorum agreed on a burst at its call (it then takes its version back from every
-  node: the burst never runs it too);
+  holds, or one holds confirmed: a call that joined on a quorum but not on every node confirms its version there,
+  so two nodes restarted empty one after the other lose no call), or on its own when no quorum agreed on a burst
+  at its call (it then takes its version back from every node: the burst never runs it too);
 * no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
 * a run carries only a call whose caller was given its task id;
 * older versions never run after a newer one: a delivery about to run whose version is older than the key's newest
@@ -81,6 +84,7 @@ __all__ = [
     "check_debounce",
     "choose",
     "claim",
+    "confirm",
     "drop",
     "majority",
     "newest",
@@ -142,8 +146,9 @@ def majority(answers: Sequence[Any], quorum: int, key: Any) -> tuple[Any, list[A
 
 class Version(NamedTuple):
     """One call of a burst as a node keeps it: its number on that node, its task id (the version's name), its
-    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms), its expiry (Unix ms, 0: none) and
-    its stamp (when the node took the call, its clock's µs; 0: unknown, a version written before stamps)."""
+    arguments (JSON ``[args, kwargs]``), the burst's due time after it (node ms), its expiry (Unix ms, 0: none), its
+    stamp (when the node took the call, its clock's µs; 0: unknown, a version written before stamps) and whether its
+    call confirmed it (it joined the burst on a quorum of the nodes: its caller was given the burst's job)."""
 
     n: int
     call: str
@@ -151,16 +156,23 @@ class Version(NamedTuple):
     due: int
     expires: int
     at: int = 0
+    confirmed: bool = False
 
 
 def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version | None:
-    """The newest version that at least ``quorum`` of the nodes hold (one list per node that answered); None when
-    none does. Newest: the highest number any node gave it (calls that raced may be numbered differently on two
-    nodes: the tie goes to the larger task id, the same on every reader). Its stamp: the earliest a node that
-    answered took it (see :func:`stamp`)."""
+    """The newest version that at least ``quorum`` of the nodes hold, or that one of them holds confirmed (its
+    call joined the burst on a quorum: the nodes that agreed may have lost it since, restarted empty one after the
+    other), one list per node that answered; None when there is none. A version a minority alone holds unconfirmed
+    may be a call that found no quorum and runs on its own (its take-back missed that node): never chosen.
+
+    Newest: the latest stamp (the earliest a node that answered took it, see :func:`stamp`: a node that was paused
+    takes the calls it held when it resumes, in any order, so its numbers can say older for newer, its stamps
+    are later but never the earliest of a version a quorum took); then the highest number any node gave it; then
+    the larger task id (calls that raced), the same on every reader. Its stamp is that earliest one."""
     held: Counter[str] = Counter()
     best: dict[str, Version] = {}
     first: dict[str, int] = {}
+    confirmed: set[str] = set()
     for versions in nodes_versions:
         for v in {v.call: v for v in versions}.values():
             held[v.call] += 1
@@ -168,11 +180,13 @@ def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version 
                 best[v.call] = v
             if v.at > 0:
                 first[v.call] = min(first.get(v.call, v.at), v.at)
-    agreed = [best[c] for c, count in held.items() if count >= quorum]
+            if v.confirmed:
+                confirmed.add(v.call)
+    agreed = [best[c] for c, count in held.items() if count >= quorum or c in confirmed]
     if not agreed:
         return None
-    chosen = max(agreed, key=lambda v: (v.n, v.call))
-    return chosen._replace(at=first.get(chosen.call, 0))
+    chosen = max(agreed, key=lambda v: (first.get(v.call, 0), v.n, v.call))
+    return chosen._replace(at=first.get(chosen.call, 0), confirmed=chosen.call in confirmed)
 
 
 def stamp(times: Sequence[int]) -> int:
@@ -295,6 +309,12 @@ def send(call: Call) -> Any:
         return mark_joined(sent, None)
     ctx.signal("duplicate_skipped", key=key, task_id=task_id, holder_task_id=job, policy="debounce")
     ctx.count("debounced")
+    holders = [i for i, a in enumerate(answers) if not isinstance(a, BaseException) and a and _text(a[1]) == job]
+    if len(holders) < len(answers):
+        # A node missed this join (out, or on a burst of its own): this version is on just a quorum, and a node of
+        # it restarted empty later would leave it on a minority, which a claim ignores. Confirmed on the nodes that
+        # agreed, it counts on any one of them (only a call that saw a quorum confirms).
+        confirm(ctx, key, job, task_id, holders)
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
         # this call publishes a copy of the job (its task id, marked as a copy): whichever arrives runs it, once.
@@ -329,6 +349,15 @@ def drop(ctx: Any, key: str, job: str) -> bool:
         logger.warning("could not drop the burst of %s[%s] on lock %s", ctx.name, job, key, exc_info=True)
         return False
     return bool(sum(1 for a in answers if not isinstance(a, BaseException) and a == 1) >= nodes.quorum)
+
+
+def confirm(ctx: Any, key: str, job: str, call: str, on: Sequence[int]) -> None:
+    """Mark ``call``'s version of ``job``'s burst confirmed on the nodes ``on`` (it joined there, on a quorum)."""
+    nodes = ctx.options.settings.nodes
+    try:
+        nodes.run(DEBOUNCE_CLAIM, [burst_key_for(key), claimed_key_for(key, job)], ["confirm", job, call], nodes=on)
+    except Exception:  # the version is on a quorum still: only a later restart would make the mark count
+        logger.debug("could not confirm the call %s[%s] in the burst of %s", ctx.name, call, key, exc_info=True)
 
 
 def undo(ctx: Any, key: str, call: str) -> None:
@@ -375,31 +404,41 @@ def claim(delivery: Delivery, *, runs: bool = True) -> bool:
         nodes = options.settings.nodes
         keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id), newest_run_key_for(run.key)]
         try:
+            # First ask (nothing changes): a node that alone finds the burst due (it missed the later calls), or
+            # that runs the question late (paused, it runs what its socket held when it resumes), must not end a
+            # burst a quorum keeps, or the later calls of the burst miss it (a burst of their own there).
             answers = nodes.run(
                 DEBOUNCE_CLAIM,
                 keys,
-                ["claim", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
+                ["check", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
             )
+            ok = [a for a in answers if not isinstance(a, BaseException) and a]
+            later = [a for a in ok if int(a[0]) == CLAIM_LATER]
+            started = [a for a in ok if int(a[0]) == CLAIM_START]
+            if later and len(started) < nodes.quorum:
+                due = max(int(a[1]) for a in later) / 1000.0
+                seq = max(int(a[2]) for a in later)
+                versions = [_versions(ctx, a[3]) for a in later] + [_versions(ctx, a[2]) for a in started]
+                wait(delivery, due, seq, choose(versions, nodes.quorum))
+                return False
+            if started:
+                # Due on a quorum (or nowhere kept later): the burst ends on every node, a minority where it is
+                # still pending included (a call joined it there just before, or a node answered late): left, it
+                # would split the next bursts' quorum until it expires. The versions read are those it ended with.
+                answers = nodes.run(
+                    DEBOUNCE_CLAIM,
+                    keys,
+                    ["claim", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
+                )
         except Exception:  # the lock is ours: run with the message's arguments (at least once beats lost)
             logger.warning("could not claim the burst of %s[%s]; running", ctx.name, run.task_id, exc_info=True)
             return True
         ok = [a for a in answers if not isinstance(a, BaseException) and a]
-        later = [a for a in ok if int(a[0]) == CLAIM_LATER]
         started = [a for a in ok if int(a[0]) == CLAIM_START]
-        if later and len(started) < nodes.quorum:
-            due = max(int(a[1]) for a in later) / 1000.0
-            seq = max(int(a[2]) for a in later)
-            versions = [_versions(ctx, a[3]) for a in later] + [_versions(ctx, a[2]) for a in started]
-            wait(delivery, due, seq, choose(versions, nodes.quorum))
-            return False
         if started:
-            if later:
-                # A quorum claimed the burst, but on a minority it is still pending (a call joined it there just
-                # before the claim, or a node answered late): end it there too, or it would split the next bursts'
-                # quorum until it expires (each call then sent on its own once a node is down).
-                drop(ctx, run.key, run.task_id)
-            # Only a version a quorum of the nodes holds runs: one a minority alone holds may be a call that found
-            # no quorum and runs on its own (its take-back missed that node). No quorum for any (nodes out): the
+            # Only a version a quorum of the nodes holds, or one holds confirmed, runs: one a minority alone holds
+            # unconfirmed may be a call that found no quorum and runs on its own (its take-back missed that node).
+            # None (nodes out): the
             # message's own arguments, which a quorum agreed on when it was sent (its starter's, or its last
             # re-send's), with the message's stamp.
             chosen = choose([_versions(ctx, a[2]) for a in started], nodes.quorum)
@@ -508,7 +547,15 @@ def _versions(ctx: Any, raw: Any) -> list[Version]:
     if len(loaded) == 2 and isinstance(loaded[1], dict):  # [args, kwargs]: claimed before versions existed
         return [Version(0, "", _text(raw), 0, 0)]
     return [
-        Version(int(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4] or 0), int(v[5]) if len(v) > 5 else 0)
+        Version(
+            int(v[0]),
+            str(v[1]),
+            str(v[2]),
+            int(v[3]),
+            int(v[4] or 0),
+            int(v[5]) if len(v) > 5 else 0,
+            bool(len(v) > 6 and v[6]),
+        )
         for v in loaded
     ]
 

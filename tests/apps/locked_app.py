@@ -511,7 +511,13 @@ def latest_slow(self: Any, key: str, value: str, duration: float = 0.0) -> str:
     return value
 
 
-_HANDLED = {"locked_app.later_or_fail", "locked_app.latest_or_fail", "locked_app.latest_slow", "locked_app.q_work"}
+_HANDLED = {
+    "locked_app.later_or_fail",
+    "locked_app.latest_or_fail",
+    "locked_app.latest_slow",
+    "locked_app.q_work",
+    "locked_app.debounced",
+}
 
 
 @task_postrun.connect
