@@ -6,11 +6,13 @@ Part 1, one acquire + release cycle, one client, no contention, on loopback, int
 * ``ours AsyncRedlock 1-node`` / ``3-node``: ``AsyncRedlock(url(s), name, ttl=10)``, ``await acquire(blocking=False)``
   then ``await release()``, one instance reused, measured inside one event loop (no ``run_until_complete`` per
   cycle);
+* ``ours AsyncRedlock 3-node, sequential``: the same, its nodes asked one after the other (a reference for what
+  the concurrent fan-out gains);
 * ``redis-py async Lock``: ``redis.asyncio.Redis(...).lock(name, timeout=10, blocking=False)``, one node, reused;
 * ``ours Redlock 1-node`` / ``3-node``: the sync lock, ``acquire(blocking=False)`` + ``release()``.
 
 Ratios are medians of per-round paired ratios: AsyncRedlock 1-node against redis-py's async Lock and against the
-sync Redlock 1-node, AsyncRedlock 3-node against the sync Redlock 3-node.
+sync Redlock 1-node, AsyncRedlock 3-node against the sync Redlock 3-node and against its sequential self.
 
 Part 2, throughput under contention: 1,000 coroutines in one loop, each looping ``async with`` on one of 100 names
 (``i % 100``, so 10 per name), the critical section one ``await asyncio.sleep(0)``, for ``--seconds``: completed
@@ -37,14 +39,28 @@ import _floors  # benchmarks/_floors.py
 import harness  # benchmarks/harness.py: run as `python benchmarks/<script>.py`
 import redis.asyncio as aioredis
 
-from celery_singleton_lock.aio import AsyncRedlock, aclose
+from celery_singleton_lock.aio import AsyncNodes, AsyncRedlock, aclose
 from celery_singleton_lock.redlock import Redlock
 from celery_singleton_lock.testing import redis_servers
 
 TTL_S = 10
 A1, A3 = "ours AsyncRedlock 1-node", "ours AsyncRedlock 3-node"
+A3S = "ours AsyncRedlock 3-node, sequential"
 RP = "redis-py async Lock 1-node"
 S1, S3 = "ours Redlock 1-node", "ours Redlock 3-node"
+
+
+class SequentialNodes(AsyncNodes):
+    """AsyncNodes asking its nodes one after the other (each call awaited before the next is sent): the reference
+    that tells what the concurrent fan-out (``asyncio.gather``) gains."""
+
+    async def run(self, script, keys, args, nodes=None, undo_on_timeout=None):  # type: ignore[no-untyped-def]
+        clients = self.clients()
+        indices = range(len(clients)) if nodes is None else list(nodes)
+        results: list[Any] = [None] * len(clients)
+        for i in indices:
+            results[i] = await self._call(clients[i], script, keys, args, undo_on_timeout)
+        return results
 
 
 async def atimed(cycle: Callable[[], Awaitable[None]], seconds: float, max_ops: int) -> harness.Sample:
@@ -129,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         async_cycles = {
             A1: ours_cycle(AsyncRedlock(urls[0], f"bench:a1:{sfx}", ttl=TTL_S)),
             A3: ours_cycle(AsyncRedlock(urls, f"bench:a3:{sfx}", ttl=TTL_S)),
+            A3S: ours_cycle(AsyncRedlock(SequentialNodes(urls), f"bench:a3s:{sfx}", ttl=TTL_S)),
             RP: redis_py_cycle(rp_client.lock(f"bench:rp:{sfx}", timeout=TTL_S, blocking=False)),
         }
         sync_cycles = {
@@ -159,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             (f"{A1} / {RP}", results.paired(A1, RP, "ops_per_s"), results.paired(A1, RP, "p50_us")),
             (f"{A1} / {S1}", results.paired(A1, S1, "ops_per_s"), results.paired(A1, S1, "p50_us")),
             (f"{A3} / {S3}", results.paired(A3, S3, "ops_per_s"), results.paired(A3, S3, "p50_us")),
+            (f"{A3} / {A3S}", results.paired(A3, A3S, "ops_per_s"), results.paired(A3, A3S, "p50_us")),
         ]
         print()
         print(

@@ -6,10 +6,14 @@ the client makes ``--calls`` calls ``apply_async((key, 0, version))`` of one key
 ``version`` = 0..calls-1) in a tight loop, then waits for every result. Counted:
 
 * ``published``     messages the client published (Celery's ``before_task_publish`` signal in the client);
+* ``delivered``     messages of the key the worker received (Celery's ``task_received`` in the worker): what the
+                    broker carried, a job's re-sent copies included (a debounced job arriving before its burst's due
+                    time, more than ``HOLD_MAX`` early, is re-sent for it);
 * ``runs``          bodies that ran;
 * ``last version``  the version the (last) run carried: debounce runs the burst's last call, queue scope its first;
 * ``usable``        calls whose ``AsyncResult.get()`` gave a run's value;
-* ``client CPU``    the client's CPU time per call (``time.process_time``), over the burst.
+* ``client CPU``    the client's CPU time per call (``time.process_time``), over the burst;
+* ``burst ms``      how long the burst's calls took (wall).
 
 Contenders are interleaved (order rotating each round); the table shows medians over rounds.
 
@@ -51,9 +55,9 @@ def burst(mod: Any, record: redis.Redis, name: str, calls: int) -> dict[str, Any
     signals.before_task_publish.connect(count, weak=False)
     try:
         clock = time.process_time
-        start = clock()
+        start, wall = clock(), time.monotonic()
         out = [task.apply_async((key, 0.0, version), queue="debounce") for version in range(calls)]
-        cpu = clock() - start
+        cpu, wall = clock() - start, time.monotonic() - wall
     finally:
         signals.before_task_publish.disconnect(count)
     by_id = {r.id: r for r in out}
@@ -63,10 +67,12 @@ def burst(mod: Any, record: redis.Redis, name: str, calls: int) -> dict[str, Any
         time.sleep(0.05)
     return {
         "published": len(published),
+        "delivered": int(record.get(f"burst:delivered:{key}") or 0),
         "runs": record.llen(f"burst:runs:{key}"),
         "last_version": max(v for v in values.values() if isinstance(v, int)),
         "usable": sum(1 for r in out if isinstance(values.get(r.id), int)),
         "client_cpu_us": cpu / calls * 1e6,
+        "burst_ms": wall * 1000,
     }
 
 
@@ -108,21 +114,22 @@ def main(argv: list[str] | None = None) -> int:
             )
         finally:
             worker.stop()
-    fields = ("published", "runs", "last_version", "usable", "client_cpu_us")
+    fields = ("published", "delivered", "runs", "last_version", "usable", "client_cpu_us", "burst_ms")
     rows = [{"contender": c.name, **{f: results.median(c.name, f) for f in fields}} for c in contenders]
     queue_cpu = rows[0]["client_cpu_us"]
     print(f"\n{args.calls} calls of one key, median of {args.rounds} rounds ({env['date_utc']}, {env['nproc']} cores, "
           f"{env['cpu_model']})")  # fmt: skip
     print(
         harness.markdown(
-            ["contender", "published", "runs", "version run", "usable results", "client CPU per call (µs)",
-             "vs queue scope"],
+            ["contender", "published", "delivered", "runs", "version run", "usable results",
+             "client CPU per call (µs)", "vs queue scope", "burst ms"],
             [
-                [r["contender"], f"{r['published']:.0f}", f"{r['runs']:.0f}", f"{r['last_version']:.0f}",
-                 f"{r['usable']:.0f}", f"{r['client_cpu_us']:.0f}", f"{r['client_cpu_us'] / queue_cpu:.2f}x"]
+                [r["contender"], f"{r['published']:.0f}", f"{r['delivered']:.0f}", f"{r['runs']:.0f}",
+                 f"{r['last_version']:.0f}", f"{r['usable']:.0f}", f"{r['client_cpu_us']:.0f}",
+                 f"{r['client_cpu_us'] / queue_cpu:.2f}x", f"{r['burst_ms']:.0f}"]
                 for r in rows
             ],
-            align="lrrrrrr",
+            align="lrrrrrrrr",
         )
     )  # fmt: skip
     harness.save(args, env, rows=rows, samples=results.record())

@@ -60,6 +60,14 @@ def contenders(rl, aio, urls1, urls3):
 
         return run
 
+    def fresh_url(url, tag):
+        def run():
+            lock = rl.Redlock(url, tag, ttl=10)
+            assert lock.acquire(blocking=False)
+            assert lock.release()
+
+        return run
+
     def skip(held, ns):
         def run():
             assert not rl.Redlock(ns, held.name, ttl=10).acquire(blocking=False)
@@ -84,6 +92,7 @@ def contenders(rl, aio, urls1, urls3):
         "cycle 3n reused": cycle(reused3),
         "cycle 1n fresh+job": fresh(ns1, "ab:f1:" + secrets.token_hex(4)),
         "cycle 3n fresh+job": fresh(ns3, "ab:f3:" + secrets.token_hex(4)),
+        "cycle 1n fresh-url": fresh_url(urls1[0], "ab:u1:" + secrets.token_hex(4)),
         "skip 1n": skip(held1, ns1),
         "skip 3n": skip(held3, ns3),
         "extend 3n": extend(ext3),

@@ -248,13 +248,14 @@ class Bench:
     def leftover_locks(self) -> list[bytes]:
         """Lock keys still held after a run: LockedTask's holder records (hashes) and the peers' lock strings.
 
-        Fencing counters, the stats hash and the done markers a successful LockedTask run leaves
-        (``{key}:done:<task id>``, a few minutes) are meant to stay and do not count.
+        Fencing counters, the stats counters (``singleton_lock:stats...``: totals, per-minute buckets and their
+        batch markers) and the done markers a successful LockedTask run leaves (``{key}:done:<task id>``, a few
+        minutes) are meant to stay and do not count.
         """
         keys = []
         for c in self.lock_clients:
             for k in c.keys("*"):
-                if k.endswith((b":fence", b"stats", b"fence")) or b":done:" in k:
+                if k.endswith((b":fence", b"stats", b"fence")) or b":done:" in k or b"singleton_lock:stats" in k:
                     continue
                 keys.append(k)
         return keys

@@ -11,7 +11,7 @@ import os
 import time
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from celery_singleton_lock import LockedTask
 
@@ -23,6 +23,16 @@ app.conf.update(
     result_expires=3600,
 )
 record = redis.Redis.from_url(os.environ["BURST_RECORD"])
+
+
+@signals.task_received.connect
+def _delivered(request: object = None, **_: object) -> None:
+    """In the worker: every message of a burst task it receives (the broker's deliveries, re-sent copies included),
+    counted per key under ``burst:delivered:<key>``."""
+    if str(getattr(request, "name", "")).startswith("burst."):
+        args = getattr(request, "args", None) or ()
+        if args:
+            record.incr(f"burst:delivered:{args[0]}")
 
 
 def _body(key: str, version: int) -> int:

@@ -87,7 +87,7 @@ class Fanout(Protocol):
         ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Lease:
     token: str
     ttl_ms: int
@@ -252,18 +252,28 @@ class _LeaseSpec:
         self.timeout = timeout
         self.job = job
         self._label = f"{token}:" if token else ""
-        fields = dict(record) if record else {}
-        if job is not None:
-            fields["job"] = job
-        self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
+        if record:
+            fields = dict(record)
+            if job is not None:
+                fields["job"] = job
+            self._fields: tuple[str, ...] = tuple(itertools.chain.from_iterable(fields.items()))
+        else:  # the common cases, built without a dict
+            self._fields = () if job is None else ("job", job)
         self.limit = limit
-        self._slots = slot_keys(name, max(limit, scan))
-        self._keys: tuple[str, ...] = (
-            (name, fence_key, *self._slots[1:])
-            if job is None
-            else (name, fence_key, *self._slots[1:], done_key_for(name, job))
-        )
-        self._limit_arg = f"{limit}/{scan}" if scan > limit else str(limit)
+        if limit == 1 and scan <= 1:  # a plain lock (the hot path: a lock built per use)
+            self._slots: tuple[str, ...] = (name,)
+            self._keys: tuple[str, ...] = (
+                (name, fence_key) if job is None else (name, fence_key, done_key_for(name, job))
+            )
+            self._limit_arg = "1"
+        else:
+            self._slots = slot_keys(name, max(limit, scan))
+            self._keys = (
+                (name, fence_key, *self._slots[1:])
+                if job is None
+                else (name, fence_key, *self._slots[1:], done_key_for(name, job))
+            )
+            self._limit_arg = f"{limit}/{scan}" if scan > limit else str(limit)
         self._fencing = "1" if fencing else "0"
         self._clock = clock
         self._lease: _Lease | None = None
@@ -421,7 +431,9 @@ class _LeaseSpec:
             fence = _granted_alike(answers)
             deadline = start + self.ttl - self._drift()
             if fence is not None and deadline > self._clock():
-                return self._won(_Lease(token, ttl_ms, fence, deadline, fields=self._fields, key=self._slots[0]))
+                # Positional, the pid passed (no default factory called): a lease per cycle of a lock built per use.
+                lease = _Lease(token, ttl_ms, fence, deadline, True, self._fields, self._slots[0], current_pid())  # noqa: FBT003
+                return self._won(lease)
         fences, slots, holders, slot_owners, failed, done = _tally(answers)
         errors = [nodes.error(i, exc) for i, exc in failed]
         key, granted = _settle(fences, slots, self._slots)

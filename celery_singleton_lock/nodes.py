@@ -272,6 +272,31 @@ class _Cluster:
         return out or [_Call(0, ("EVALSHA", script.sha, 0, *shared), [])]
 
 
+#: The packed ``EVALSHA <sha> <numkeys> <keys...>`` of a script call, per (script, keys): a lock's calls repeat their
+#: keys (every cycle of one name, every lock built per use on it), so only the arguments are packed per call. Bounded:
+#: a process locking ever new names clears it when full (a dict lookup costs less than packing the head again).
+_heads: dict[tuple[Script, tuple[str, ...]], bytes] = {}
+_HEADS_MAX = 4096
+
+
+def _pack_call(script: Script, keys: Sequence[str], args: Sequence[str | int]) -> bytes:
+    """``_pack(("EVALSHA", script.sha, len(keys), *keys, *args))``, the head taken from ``_heads`` when ``keys`` is
+    a tuple, the arguments packed in one pass (one ASCII check for them all: a lock call's arguments nearly always
+    are)."""
+    if type(keys) is not tuple:  # a batch's keys (a list, built per call): nothing to reuse
+        return _pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+    cache_key = (script, keys)
+    head = _heads.get(cache_key)
+    if head is None:
+        if len(_heads) >= _HEADS_MAX:
+            _heads.clear()
+        head = _heads[cache_key] = _pack(("EVALSHA", script.sha, len(keys), *keys)).partition(b"\r\n")[2]
+    text = "".join([f"${len(a)}\r\n{a}\r\n" if type(a) is str else f"${len(str(a))}\r\n{a}\r\n" for a in args])
+    if not text.isascii():
+        return _pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+    return b"*%d\r\n%b%b" % (3 + len(keys) + len(args), head, text.encode())
+
+
 def _pack(command: Sequence[str | int]) -> bytes:
     """The RESP encoding of a command of str/int arguments, built once and sent to every node.
 
@@ -477,6 +502,8 @@ class NodeSet:
             and not isinstance(c.connection_pool, SentinelConnectionPool)
             for item, c in zip(items, clients, strict=True)
         )
+        # Each plain node's pool (a Cluster node's is None): the fan-out reads it per call.
+        self._pools: tuple[Any, ...] = tuple(None if isinstance(c, _Cluster) else c.connection_pool for c in clients)
         self.names: tuple[str, ...] = tuple(names)
         #: NodeSets with equal ``peers`` talk to the same nodes through the same clients (clients built from URLs are
         #: shared per process): the watchdog renews their leases together, one round trip per node.
@@ -505,7 +532,7 @@ class NodeSet:
                 step = steps.send(answers)
                 answers = sleep(step) if isinstance(step, float) else self.run(*step[:5])
         except StopIteration as stop:
-            return cast(_T, stop.value)
+            return stop.value  # type: ignore[no-any-return]
 
     def run(
         self,
@@ -527,8 +554,7 @@ class NodeSet:
         right after the command, in order, whenever it wakes up; nobody waits for it.
         """
         indices = range(len(self.clients)) if nodes is None else list(nodes)
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        packed = [_pack(command)]
+        packed = [_pack_call(script, keys, args)]
         results: list[Any] = [None] * len(self.clients)
         pending: list[tuple[int, ConnectionPool, Any, bool]] = []
         spread: list[tuple[int, _Spread]] = []
@@ -537,7 +563,7 @@ class NodeSet:
             if cluster is not None:
                 spread.append((i, _Spread(cluster, script, keys, args)))
                 continue
-            pool = cast(redis.Redis, self.clients[i]).connection_pool
+            pool = self._pools[i]
             conn: Any = None
             own = self._own[i]
             try:
@@ -566,7 +592,9 @@ class NodeSet:
                 except NoScriptError:
                     # Packed as the EVALSHA was (surrogatepass: a task id may hold a lone surrogate, which redis-py's
                     # own encoder refuses).
-                    conn.send_packed_command([_pack(("EVAL", script.body, *command[2:]))], check_health=False)
+                    conn.send_packed_command(
+                        [_pack(("EVAL", script.body, len(keys), *keys, *args))], check_health=False
+                    )
                     results[i] = self._read(conn, mod_time.monotonic() + self.socket_timeout, own=self._own[i])
             except RedisTimeoutError as exc:
                 if undo_on_timeout is not None:

@@ -168,6 +168,28 @@ def test_a_burst_of_1000_calls_runs_once_with_the_last_arguments(c: Cluster) -> 
     assert debounced_runs(c, k) == [(results[0].id, 999)]
 
 
+def test_a_quiet_burst_puts_one_message_on_the_broker(c: Cluster) -> None:
+    """A burst that lasts 0.6 s while the workers consume (calls in a tight loop, at most 3,000): its job's message
+    reaches a worker once. The burst moved its due time past the message's countdown, so the job arrives before it
+    and waits for it in the worker rather than being re-sent (issue 35: it was two messages); it runs once, with the
+    last call's version."""
+    mod = c.app_module()
+    k = new_key()
+    results = []
+    end = time.monotonic() + 0.6
+    while time.monotonic() < end and len(results) < 3000:
+        results.append(mod.debounced.delay(k, len(results)))
+    last = len(results) - 1
+    job = results[0].id
+    assert {r.id for r in results} == {job}
+    assert results[-1].get(timeout=30) == [k, last]
+    for _ in polling(1.5, 0.1):  # no late copy comes (bounded look)
+        pass
+    received = sum(w.log().count(f"debounced[{job}] received") for w in c.workers)
+    assert received == 1, f"the burst's job reached the workers {received} times"
+    assert debounced_runs(c, k) == [(job, last)]
+
+
 def test_a_call_during_the_run_starts_a_new_burst_that_runs_after_it(c: Cluster) -> None:
     mod = c.app_module()
     k = new_key()

@@ -9,8 +9,9 @@ The burst lives on the lock nodes, never only in a process (docs/protocol.md, "D
   call; its arguments become this call's; nothing is published, and the call gets the burst's ``AsyncResult``);
 * at the worker: the job's message takes the key's lock as any run does (a run of the previous burst still
   running holds it: the job waits in the key's line, as ``reschedule``), then claims its burst
-  (``lua/debounce_claim``) in two steps: ``check`` (not due yet on a quorum: it gives the lock back and is re-sent
-  for the due time, carrying the newest arguments), then ``claim`` (due on a quorum: the burst ends on every node
+  (``lua/debounce_claim``) in two steps: ``check`` (not due yet on a quorum: due within ``HOLD_MAX``, it waits for
+  it in the worker, lock held, and asks again; due later, it gives the lock back and is re-sent for the due time,
+  carrying the newest arguments), then ``claim`` (due on a quorum: the burst ends on every node
   and the job runs with its last call's arguments). A node alone, due early or running a check late (paused), ends
   nothing. A call from then on starts a new
   burst, which runs after this run (never beside it: the lock). A job refused by its rate (``lock_on_rate_limit``
@@ -74,6 +75,7 @@ __all__ = [
     "CLAIM_TRIES",
     "DEBOUNCE_FEATURE",
     "DEBOUNCE_HEADER",
+    "HOLD_MAX",
     "JOIN_STANDIN",
     "JOIN_STARTED",
     "OVERDUE_AFTER",
@@ -200,6 +202,11 @@ def stamp(times: Sequence[int]) -> int:
 
 #: How early (s) a job may claim its burst: a timer's and the nodes' clocks' slack.
 CLAIM_SLACK = 0.1
+#: A burst's job that claims at most this long (s) before its due time (the burst's later calls moved it past the
+#: message's countdown) waits for it in the worker, holding its pool slot and the lock, and claims again: a burst
+#: shorter than this puts one message on the broker, not two. Longer (or past half the lock's validity), it is
+#: re-sent for its due time. A delivery waits this long at most in all.
+HOLD_MAX = 2.0
 #: A claim that found no version a quorum holds while a node did not answer is re-sent this long (s) later, doubled
 #: each time, at most CLAIM_TRIES times (about 30 s in all); then it runs with its message's arguments.
 CLAIM_RETRY, CLAIM_TRIES = 0.5, 6
@@ -403,20 +410,31 @@ def claim(delivery: Delivery, *, runs: bool = True) -> bool:
     if getattr(request, DEBOUNCE_HEADER, None):
         nodes = options.settings.nodes
         keys = [burst_key_for(run.key), claimed_key_for(run.key, run.task_id), newest_run_key_for(run.key)]
+        held = 0.0  # seconds this delivery waited in the worker for its due time (see HOLD_MAX)
+        started: list[Any] = []
         try:
-            # First ask (nothing changes): a node that alone finds the burst due (it missed the later calls), or
-            # that runs the question late (paused, it runs what its socket held when it resumes), must not end a
-            # burst a quorum keeps, or the later calls of the burst miss it (a burst of their own there).
-            answers = nodes.run(
-                DEBOUNCE_CLAIM,
-                keys,
-                ["check", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
-            )
-            ok = [a for a in answers if not isinstance(a, BaseException) and a]
-            later = [a for a in ok if int(a[0]) == CLAIM_LATER]
-            started = [a for a in ok if int(a[0]) == CLAIM_START]
-            if later and len(started) < nodes.quorum:
+            while True:
+                # First ask (nothing changes): a node that alone finds the burst due (it missed the later calls), or
+                # that runs the question late (paused, it runs what its socket held when it resumes), must not end
+                # a burst a quorum keeps, or the later calls of the burst miss it (a burst of their own there).
+                answers = nodes.run(
+                    DEBOUNCE_CLAIM,
+                    keys,
+                    ["check", run.task_id, int(CLAIM_SLACK * 1000), int(options.done_window * 1000)],
+                )
+                ok = [a for a in answers if not isinstance(a, BaseException) and a]
+                later = [a for a in ok if int(a[0]) == CLAIM_LATER]
+                started = [a for a in ok if int(a[0]) == CLAIM_START]
+                if not (later and len(started) < nodes.quorum):
+                    break
                 due = max(int(a[1]) for a in later) / 1000.0
+                pause = _hold(delivery, due, held) if runs else 0.0
+                if pause > 0:
+                    # Due soon (the burst's calls moved its due time past this message's): wait for it here, lock
+                    # held, and ask again, rather than put a second message on the broker.
+                    time.sleep(pause)
+                    held += pause
+                    continue
                 seq = max(int(a[2]) for a in later)
                 versions = [_versions(ctx, a[3]) for a in later] + [_versions(ctx, a[2]) for a in started]
                 wait(delivery, due, seq, choose(versions, nodes.quorum))
@@ -637,3 +655,15 @@ class Debounce(Feature):
 
 
 DEBOUNCE_FEATURE = Debounce()
+
+
+def _hold(delivery: Delivery, due: float, held: float) -> float:
+    """How long this delivery waits in the worker for its burst's due time, ``due`` s from now, before claiming
+    again: all of it when it fits what is left of ``HOLD_MAX`` (``held`` s spent) and half the lock's remaining
+    validity (the lease is not renewed before the body starts); else 0: it is re-sent for its due time."""
+    lock = delivery.lock
+    if lock is None or due <= 0:
+        return 0.0
+    if due > HOLD_MAX - held or due > lock.validity / 2:
+        return 0.0
+    return due
