@@ -15,6 +15,7 @@ from .errors import (
     RateLimitedError,
     UnserializableArgumentsError,
 )
+from .policies.rate import Rate
 from .redlock import NodeSet, Redlock
 from .task import LockedRequest, LockedTask, Skipped
 
@@ -36,6 +37,7 @@ __all__ = [
     "LockedRequest",
     "LockedTask",
     "NodeSet",
+    "Rate",
     "RateLimitedError",
     "Redlock",
     "Skipped",
