@@ -13,6 +13,7 @@ from .errors import (
     LockNotAcquiredError,
     LockUnavailableError,
     RateLimitedError,
+    SlowDown,
     UnserializableArgumentsError,
 )
 from .policies.rate import Rate
@@ -41,6 +42,7 @@ __all__ = [
     "RateLimitedError",
     "Redlock",
     "Skipped",
+    "SlowDown",
     "UnserializableArgumentsError",
     "__version__",
 ]

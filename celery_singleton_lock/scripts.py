@@ -50,6 +50,8 @@ __all__ = [
     "RATE",
     "RATE_ADJUST",
     "RATE_ADJUST_SCRIPT",
+    "RATE_PAUSE",
+    "RATE_PAUSE_SCRIPT",
     "RATE_RESTAMP",
     "RATE_RESTAMP_SCRIPT",
     "RATE_SCRIPT",
@@ -103,6 +105,7 @@ RATE_RESTAMP_SCRIPT = _load("rate_restamp")
 RATE_STACK_SCRIPT = _load("rate_stack")  # several limits, or a cost (lock_rate as a list, lock_rate_cost)
 RATE_STACK_RESTAMP_SCRIPT = _load("rate_stack_restamp")
 RATE_ADJUST_SCRIPT = _load("rate_adjust")  # a run's reported cost (LockedTask.rate_spent)
+RATE_PAUSE_SCRIPT = _load("rate_pause")  # a body's SlowDown
 
 
 def _code(text: str) -> str:
@@ -172,6 +175,7 @@ RATE_RESTAMP = Script(RATE_RESTAMP_SCRIPT)
 RATE_STACK = Script(RATE_STACK_SCRIPT)
 RATE_STACK_RESTAMP = Script(RATE_STACK_RESTAMP_SCRIPT)
 RATE_ADJUST = Script(RATE_ADJUST_SCRIPT)
+RATE_PAUSE = Script(RATE_PAUSE_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
@@ -200,6 +204,7 @@ SCRIPTS: dict[str, Script] = {
     "rate_stack": RATE_STACK,
     "rate_stack_restamp": RATE_STACK_RESTAMP,
     "rate_adjust": RATE_ADJUST,
+    "rate_pause": RATE_PAUSE,
     "read": READ,
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,

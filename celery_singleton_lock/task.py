@@ -53,7 +53,7 @@ from ._startup import (
     start_problems,
 )
 from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
-from .errors import ConfigurationError, JobCancelledError, LockLostError
+from .errors import ConfigurationError, JobCancelledError, LockLostError, SlowDown
 from .interrupt import outside_body
 from .keys import Binder
 from .policies import FEATURES, SENDING, conf_of, hooks_of, policy_for
@@ -460,6 +460,11 @@ class LockedTask(Task):  # type: ignore[misc]
         except JobCancelledError as exc:  # lock_on_duplicate="cancel": stopped for a newer call, REVOKED
             ended = True
             result = delivery.cancelled(ctx, run, exc.cancelled_by)
+        except SlowDown as exc:  # the API said "slow down": the rate pauses, the call is re-sent for after it
+            result = delivery.slowed(ctx, run, exc.retry_after, exc.limit)
+            if result is None:  # no rate to pause (or an eager call): the call fails with it
+                ended = True
+                raise
         except Exception:
             ended = True  # FAILURE: the job ran to its end; a copy of it (a waiting call, a redelivery) must not run
             raise

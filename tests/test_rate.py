@@ -552,3 +552,55 @@ def test_a_stacked_grant_whose_reply_came_back_late_is_restamped(redis_node: Red
     assert first and second
     starts = sorted(at for outcome, at in (first[0], second) if outcome == "granted")
     assert len(starts) < 2 or starts[1] - starts[0] >= windows[0].period - 0.05, starts
+
+
+# -- SlowDown: a pause written into the rate logs (issue 33) --------------------------------------------------------
+
+
+def _pause(nodes: NodeSet, keys: list[str], windows: list[Window], seconds: float) -> None:
+    from celery_singleton_lock.scripts import RATE_PAUSE  # noqa: PLC0415
+
+    args: list[str | int] = ["p" * 32, round(seconds * 1_000_000)]
+    for w in windows:
+        args += [w.limit, w.window_us]
+    nodes.run(RATE_PAUSE, keys, args)
+
+
+def test_a_pause_refuses_every_start_of_its_logs_until_it_ends_and_other_keys_go_on(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    """lua/rate_pause.lua on two of three nodes (the third missed it: paused, down): every start of the paused key,
+    one limit (rate.lua) or stacked (rate_stack.lua), is refused with the wait until the pause's end, longer than
+    the window; another key goes on; after the pause, starts go on."""
+    everyone = NodeSet([s.url for s in fresh_trio], socket_timeout=0.3)
+    majority = NodeSet([fresh_trio[0].url, fresh_trio[1].url])
+    one, stacked = Window(100, 0.5), [Window(100, 0.5), Window(1000, 60.0)]
+    stack_keys = [f"{name}:s1", f"{name}:s2"]
+    assert take(everyone, f"{name}:one", one).outcome == "granted"
+    _pause(majority, [f"{name}:one"], [one], 1.5)
+    _pause(majority, stack_keys[:1], stacked[:1], 1.5)  # only the named limit of the stacked call
+    refused = take(everyone, f"{name}:one", one)
+    assert refused.outcome == "limited" and 1.0 < refused.wait <= 1.5, refused
+    refused = take_many(everyone, stack_keys, stacked)
+    assert refused.outcome == "limited" and 1.0 < refused.wait <= 1.5, refused
+    assert take(everyone, f"{name}:other", one).outcome == "granted"
+    time.sleep(1.6)
+    assert take(everyone, f"{name}:one", one).outcome == "granted"
+    assert take_many(everyone, stack_keys, stacked).outcome == "granted"
+
+
+def test_slow_down_reads_retry_after_seconds_and_http_dates() -> None:
+    """SlowDown.from_retry_after: delay seconds, an HTTP-date (relative to now), the default when missing or
+    unreadable, never below 0; SlowDown refuses a negative or odd pause in one line."""
+    from celery_singleton_lock import SlowDown  # noqa: PLC0415
+
+    assert SlowDown.from_retry_after("120").retry_after == 120.0
+    now = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT
+    assert SlowDown.from_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now=now).retry_after == 30.0
+    assert SlowDown.from_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=now).retry_after == 0.0
+    assert SlowDown.from_retry_after(None, default=2.5).retry_after == 2.5
+    assert SlowDown.from_retry_after("soon", default=3.0, limit="60/m").limit == "60/m"
+    with pytest.raises(ValueError, match=r"^SlowDown\(retry_after=\) must be") as info:
+        SlowDown(-1)
+    assert "\n" not in str(info.value)
+    assert SlowDown(2.0, 1).args == (2.0, 1)  # rebuilt by pickle as cls(*args)

@@ -453,3 +453,45 @@ def test_costs_estimated_then_corrected_by_the_runs_hold_the_window_to_the_corre
     common = charged[5].keys() & after[5].keys()
     assert common
     assert all(after[5][node] - charged[5][node] >= 2.0 - 1e-6 for node in common), (charged, after)
+
+
+def test_slow_down_pauses_its_key_cluster_wide_while_another_key_goes_on(c: Cluster, tasks: ModuleType) -> None:
+    """A body raises SlowDown(6 s) (read from a Retry-After): no start of its key comes within the pause, on the
+    nodes' clock (the other calls of that key, on both workers, wait for it); the raising call is re-sent and runs
+    once after the pause (SUCCESS, two runs in all: the raise, then the run); calls of another key sent during the
+    pause run at once, never held back by it."""
+    paused, other = new_key("slow"), new_key("goes-on")
+    first = tasks.api_call.apply_async((paused, 0, True), queue="rate")
+    raised_at = None
+    for _ in polling(30, 0.02):
+        raised = [r for r in tasks.slow_rows(paused) if r[4]]
+        if raised:
+            raised_at = raised[0][5]
+            break
+    assert raised_at is not None, "the body never raised"
+    rest = [tasks.api_call.apply_async((paused, n), queue="rate") for n in range(1, 6)]
+    beside = [tasks.api_call.apply_async((other, n), queue="rate") for n in range(5)]
+    assert first.get(timeout=60) == f"{paused}:0"
+    assert [r.get(timeout=60) for r in rest] == [f"{paused}:{n}" for n in range(1, 6)]
+    assert [r.get(timeout=60) for r in beside] == [f"{other}:{n}" for n in range(5)]
+    rows = tasks.slow_rows(paused)
+    runs_of_first = [r for r in rows if r[2] == first.id]
+    assert [r[4] for r in runs_of_first] == [True, False]  # raised once, then ran once
+    pause_end = raised_at + tasks.SLOW_PAUSE
+    late = [r for r in rows if not r[4]]
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in late), [(r[1], r[3] - raised_at) for r in late]
+    # The other key was not held back by the pause: its first call started before the pause ended.
+    beside_rows = tasks.slow_rows(other)
+    assert min(r[3] for r in beside_rows) < pause_end
+    assert {r[1] for r in beside_rows} == set(range(5))
+
+
+def test_slow_down_without_a_rate_fails_the_call_with_it(c: Cluster, tasks: ModuleType) -> None:
+    """SlowDown needs a rate to pause: a task without lock_rate that raises it fails (FAILURE, the SlowDown), once,
+    and is not re-sent."""
+    from celery_singleton_lock import SlowDown  # noqa: PLC0415
+
+    result = tasks.unrated_slow.apply_async((new_key("unrated"),), queue="rate")
+    with pytest.raises(SlowDown):
+        result.get(timeout=60)
+    assert result.state == "FAILURE"

@@ -41,7 +41,7 @@ from ..config import did_you_mean
 from ..errors import ConfigurationError, LockUnavailableError, RateLimitedError
 from ..keys import lock_key
 from ..nodes import NodeSet
-from ..scripts import RATE, RATE_ADJUST, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
+from ..scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
 from .port import Delivery, Feature, check_names, parameters
 
 __all__ = [
@@ -519,6 +519,7 @@ class RateFeature(Feature):
         "rate_stack",
         "rate_stack_restamp",
         "rate_adjust",
+        "rate_pause",
     )
 
     def check(self, cls: Any) -> None:
@@ -730,6 +731,49 @@ class RateFeature(Feature):
         if share is not None and share.token:
             undo(delivery.ctx.options.settings.nodes, share.keys or share.key, share.token)
             share.token, share.at, share.slot = "", None, None
+
+    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> float | None:
+        """A body raised ``SlowDown(pause, limit)``: every start of this call's rate (its limits, or the one named:
+        an index in ``lock_rate``, or a notation such as ``"60/m"``) waits ``pause`` s, cluster-wide. The pause is
+        written into the rate logs themselves (lua/rate_pause.lua: each log filled until the pause ends), so the
+        decision's script and its cost do not change, and a node that holds the pause refuses every start: with a
+        majority holding it, no quorum can grant one. Returns the countdown the call is re-sent with (the pause and
+        a few ms: its copy asks the rate again, never early); None for a start the rate did not count (no share)."""
+        share = self.share(run)
+        if share is None:
+            return None
+        conf: Conf = ctx.options.conf[self.name]
+        keys = list(share.keys or (share.key,))
+        limits = list(conf.limits) if conf.stacked else [conf.limits[0]]
+        chosen = list(range(len(limits)))
+        if limit is not None:
+            if isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit < len(limits):
+                chosen = [limit]
+            else:
+                try:
+                    window = parse_rate(limit, "SlowDown(limit=)")
+                except ConfigurationError:
+                    window = None
+                named = [i for i, lim in enumerate(limits) if lim.window == window]
+                if named:
+                    chosen = named
+                else:
+                    logger.warning(
+                        "Task %s raised SlowDown(limit=%r), which names no limit of its lock_rate (an index or a "
+                        "notation such as '60/m'): every limit pauses",
+                        ctx.name,
+                        limit,
+                    )
+        micros = round(pause * 1_000_000)
+        args: list[str | int] = [secrets.token_hex(16), micros]
+        for i in chosen:
+            args += [limits[i].window.limit, limits[i].window.window_us]
+        try:
+            ctx.options.settings.nodes.run(RATE_PAUSE, [keys[i] for i in chosen], args)
+        except Exception:  # best effort: the call is re-sent for after the pause all the same
+            logger.warning("Task %s: its rate's pause could not be written", ctx.name, exc_info=True)
+        countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
+        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN)
 
     def spent(self, ctx: Any, run: Any, units: Any) -> int:
         """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): the window is corrected

@@ -12,7 +12,7 @@ from typing import Any
 
 from locked_app import app, record
 
-from celery_singleton_lock import LockedTask, Rate
+from celery_singleton_lock import LockedTask, Rate, SlowDown
 from celery_singleton_lock.policies.rate import RATE_FEATURE
 
 STORM_RATE = (10, 1.0)
@@ -281,3 +281,29 @@ def limit_rows(rows: list[list[Any]], limit: int, on_tenant: bool, kept: bool = 
         for slot in held:
             out.append([f"{key}/{tenant}" if on_tenant else key, task_id, slot, times])
     return out
+
+
+# -- SlowDown (issue 33) ------------------------------------------------------------------------------------------
+
+SLOW_PAUSE = 6.0
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), lock_rate_on=["key"], lock_unique_on=["n"])
+def api_call(self: Any, key: str, n: int, raise_once: bool = False) -> str:
+    """Records ``[key, n, task_id, node time of the counted start, raised]`` in ``slow_runs``; with ``raise_once``,
+    the first run of this call raises SlowDown(SLOW_PAUSE), as a body told "429, Retry-After" would."""
+    raising = bool(raise_once and record.set(f"slow-raised:{self.request.id}", 1, nx=True))
+    record.rpush("slow_runs", json.dumps([key, n, self.request.id, self.rate_started_at, raising, time.time()]))
+    if raising:
+        raise SlowDown.from_retry_after(str(int(SLOW_PAUSE)))
+    return f"{key}:{n}"
+
+
+def slow_rows(key: str) -> list[list[Any]]:
+    return [r for r in (json.loads(x) for x in record.lrange("slow_runs", 0, -1)) if r[0] == key]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
+def unrated_slow(self: Any, key: str) -> str:
+    """No lock_rate: a SlowDown has no rate to pause, and fails the call."""
+    raise SlowDown(1.0)
