@@ -14,13 +14,17 @@ One operation is one decision "may this start now?" for one rate key, through ea
                         client CPU compares like with like
 * ``ours 1n`` / ``ours 3n``  ``policies.rate.take(nodes, key, rate)``: lua/rate.lua on one node / on three at once
                         (a quorum of the same slot; the nodes' TIME), the verdict parsed
+* ``ours 3n stacked3``  ``policies.rate.take_many(nodes, keys, windows)``: three stacked limits (issue 33), one
+                        lua/rate_stack.lua call per node with the three logs, on three nodes (goal: one round trip
+                        per node, client CPU within 1.5x ``ours 3n``)
 
-Two scenarios: ``open`` (200 keys in turn at 100 per 1 s: every decision is an allowed start, each log holds a few
-entries) and ``full`` (one key whose window is full: every decision a refusal naming the wait). Figures: p50 over
-every decision pooled, decisions/s, this process's CPU per decision and the servers' time per decision (medians over
-rounds), and the ratios (medians of per-round paired ratios). Server time is Redis's own accounting, ``INFO
-commandstats`` ``usec`` summed over every command and every node (reset before each slice: a slice is one
-contender's), so it is the time the commands and scripts ran, without the network and event loop around them.
+The column ``EVALSHA per node`` is the script calls each node ran per decision (``INFO commandstats``): the round trips
+of a decision. Two scenarios: ``open`` (200 keys in turn at 100 per 1 s: every decision is an allowed start, each log
+holds a few entries) and ``full`` (one key whose window is full: every decision a refusal naming the wait). Figures: p50
+over every decision pooled, decisions/s, this process's CPU per decision and the servers' time per decision (medians
+over rounds), and the ratios (medians of per-round paired ratios). Server time is Redis's own accounting, ``INFO
+commandstats`` ``usec`` summed over every command and every node (reset before each slice: a slice is one contender's),
+so it is the time the commands and scripts ran, without the network and event loop around them.
 
     PYTHONPATH=$PWD python benchmarks/bench_rate.py                 # ~1 min: 12 rounds x 0.25 s x 10 contenders
     PYTHONPATH=$PWD python benchmarks/bench_rate.py --quick
@@ -45,12 +49,15 @@ from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
 from celery_singleton_lock.nodes import NodeSet
-from celery_singleton_lock.policies.rate import Rate, take
+from celery_singleton_lock.policies.rate import Window as Rate
+from celery_singleton_lock.policies.rate import take, take_many
 from celery_singleton_lock.scripts import Script
 from celery_singleton_lock.testing import redis_servers
 
 OPEN = Rate(100, 1.0)
 FULL = Rate(10, 3600.0)
+#: Three stacked limits per scenario: the first is OPEN / FULL, the others looser (a few entries per log).
+STACKS = {"open": [OPEN, Rate(200, 2.0), Rate(300, 3.0)], "full": [FULL, Rate(20, 3600.0), Rate(30, 3600.0)]}
 
 
 def floor(client: redis.Redis, keys: Callable[[], str], rate: Rate, *, add: bool) -> Callable[[], Any]:
@@ -72,6 +79,14 @@ def floor(client: redis.Redis, keys: Callable[[], str], rate: Rate, *, add: bool
 
 def ours(nodes: NodeSet, keys: Callable[[], str], rate: Rate) -> Callable[[], Any]:
     return lambda: take(nodes, keys(), rate)
+
+
+def ours_stacked(nodes: NodeSet, keys: Callable[[], str], windows: list[Rate]) -> Callable[[], Any]:
+    def op() -> Any:
+        key = keys()
+        return take_many(nodes, [f"{key}:a", f"{key}:b", f"{key}:c"], windows)
+
+    return op
 
 
 def peer(limiter: MovingWindowRateLimiter, keys: Callable[[], str], rate: Rate) -> Callable[[], Any]:
@@ -101,6 +116,12 @@ def server_usec(clients: list[redis.Redis]) -> float:
             if name not in ("cmdstat_config", "cmdstat_info"):
                 total += float(stats["usec"])
     return total
+
+
+def evals_per_node(clients: list[redis.Redis]) -> float:
+    """EVALSHA calls the nodes ran since the last reset, per node."""
+    calls = sum(int(c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)) for c in clients)
+    return calls / len(clients)
 
 
 def rotating(prefix: str, count: int) -> Callable[[], str]:
@@ -133,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             ops[f"limits lean 1n {scenario}"] = limits_lean(one, keys("limits-lean"), rate)
             ops[f"ours 1n {scenario}"] = ours(one, keys("ours1"), rate)
             ops[f"ours 3n {scenario}"] = ours(three, keys("ours3"), rate)
+            ops[f"ours 3n stacked3 {scenario}"] = ours_stacked(three, keys("stack3"), STACKS[scenario])
         # Fill the full scenario's windows first (each contender's own key).
         for name, op in ops.items():
             if name.endswith("full"):
@@ -144,18 +166,29 @@ def main(argv: list[str] | None = None) -> int:
             reset_stats(admins)
             sample = harness.timed(c.op, args.seconds, args.max_ops, collect=True)
             sample.values["server_us"] = server_usec(admins) / max(sample.ops, 1)
+            ours3 = c.name.startswith("ours 3n")  # the three-node contenders: their script calls per node
+            sample.values["evals"] = evals_per_node(admins) / max(sample.ops, 1) if ours3 else float("nan")
             return sample
 
         results = harness.interleave(contenders, args.rounds, measure, warmup=lambda c: harness.timed(c.op, 0.1, 500))
         rows = [
             [c.name, f"{results.median(c.name, 'ops_per_s'):,.0f}", f"{results.median(c.name, 'p50_us'):.1f}",
              f"{results.median(c.name, 'p99_us'):.1f}", f"{results.median(c.name, 'cpu_us'):.1f}",
-             f"{results.median(c.name, 'server_us'):.1f}"]
+             f"{results.median(c.name, 'server_us'):.1f}", f"{results.median(c.name, 'evals'):.2f}"]
             for c in contenders
         ]  # fmt: skip
         print(
             harness.markdown(
-                ["contender", "decisions/s", "p50 µs", "p99 µs", "client CPU µs", "server µs (commandstats)"], rows
+                [
+                    "contender",
+                    "decisions/s",
+                    "p50 µs",
+                    "p99 µs",
+                    "client CPU µs",
+                    "server µs (commandstats)",
+                    "EVALSHA per node",
+                ],
+                rows,
             )
         )
         ratios = []
@@ -166,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             pairs += [
                 (f"ours 1n {scenario}", f"limits 1n {scenario}"),
                 (f"ours 1n {scenario}", f"limits lean 1n {scenario}"),
+                (f"ours 3n stacked3 {scenario}", f"ours 3n {scenario}"),
             ]
             ratios += [
                 (f"{name} / {ref}", *(results.paired(name, ref, m) for m in ("cpu_us", "server_us", "p50_us")))

@@ -13,8 +13,10 @@ from .errors import (
     LockNotAcquiredError,
     LockUnavailableError,
     RateLimitedError,
+    SlowDown,
     UnserializableArgumentsError,
 )
+from .policies.rate import Rate
 from .redlock import NodeSet, Redlock
 from .task import LockedRequest, LockedTask, Skipped
 
@@ -36,9 +38,11 @@ __all__ = [
     "LockedRequest",
     "LockedTask",
     "NodeSet",
+    "Rate",
     "RateLimitedError",
     "Redlock",
     "Skipped",
+    "SlowDown",
     "UnserializableArgumentsError",
     "__version__",
 ]

@@ -617,6 +617,22 @@ class _Duplicate:
         resend.skip_quietly(self.ctx, run, Skipped(said, run.key, self.holder_id, "deferred"))
 
 
+def slowed(ctx: Context, run: Run, pause: float, limit: Any) -> Any:
+    """The body raised ``SlowDown``: a feature pauses what it limits (the rate, cluster-wide) and names a countdown;
+    this call is re-sent for it (same task id: the call again, never a new one) and this delivery stores nothing.
+    Its lock is released by the caller without a done marker (the job has not run to its end: its copy runs it).
+    None: no feature took it (no rate, or an eager call): the SlowDown fails the call."""
+    if ctx.request.is_eager:
+        return None
+    for feature in ctx.options.hooks.slowed:
+        countdown = feature.slowed(ctx, run, pause, limit)
+        if countdown is not None:
+            ctx.count("slowed")
+            resend.defer(ctx, run, countdown, "slowed", {}, f"the body raised SlowDown({pause:g} s)")
+            return run.outcome
+    return None
+
+
 def cancelled(ctx: Context, run: Run, by: str) -> Skipped:
     """The body stopped for a newer call (lock_on_duplicate="cancel"): REVOKED, its reason naming that call, and
     counted; the release that follows frees the lock and wakes the line, where the newer call waits."""

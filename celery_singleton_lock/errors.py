@@ -8,6 +8,9 @@ before they get here.
 
 from __future__ import annotations
 
+import datetime
+import email.utils
+import time
 from collections.abc import Sequence
 
 __all__ = [
@@ -19,6 +22,7 @@ __all__ = [
     "LockNotAcquiredError",
     "LockUnavailableError",
     "RateLimitedError",
+    "SlowDown",
     "UnserializableArgumentsError",
 ]
 
@@ -119,3 +123,47 @@ class RateLimitedError(LockError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class SlowDown(LockError):
+    """Raised by a body that a ``lock_rate``-limited API told to slow down (an HTTP 429): every start of the task's
+    rate (every limit of this call, or only ``limit``: its index in ``lock_rate``, or its notation, ``"60/m"``)
+    waits ``retry_after`` seconds, cluster-wide, and this call is re-sent to run once after the pause.
+
+    ``SlowDown.from_retry_after(response.headers.get("Retry-After"))`` reads the header (seconds or an HTTP-date).
+    """
+
+    def __init__(self, retry_after: float, limit: int | str | None = None) -> None:
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) or not retry_after >= 0:
+            raise ValueError(f"SlowDown(retry_after=) must be a number of seconds >= 0, got {retry_after!r}")
+        retry_after = min(float(retry_after), 30 * 86400.0)
+        which = "" if limit is None else f" (limit {limit!r})"
+        super().__init__(f"slow down: the task's rate{which} pauses for {retry_after:g} s")
+        self.retry_after = retry_after
+        self.limit = limit
+        self.args = (retry_after, limit)  # rebuilt as cls(*args) by pickle and Celery
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def from_retry_after(
+        cls, value: str | None, *, default: float = 1.0, limit: int | str | None = None, now: float | None = None
+    ) -> SlowDown:
+        """A SlowDown for an HTTP ``Retry-After`` header: delay seconds (``"120"``) or an HTTP-date (``"Wed, 21 Oct
+        2015 07:28:00 GMT"``, relative to ``now``, Unix seconds, default the local clock); ``default`` seconds when
+        it is missing or unreadable, never less than 0."""
+        seconds = default
+        text = (value or "").strip()
+        if text.isdigit():
+            seconds = float(text)
+        elif text:
+            try:
+                when = email.utils.parsedate_to_datetime(text)
+            except (TypeError, ValueError, IndexError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=datetime.timezone.utc)
+                seconds = when.timestamp() - (time.time() if now is None else now)
+        return cls(max(0.0, seconds), limit)

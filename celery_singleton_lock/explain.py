@@ -32,7 +32,7 @@ from .inventory import (
 )
 from .nodes import NodeError
 from .policies.limit import LIMIT
-from .policies.rate import parse_rate
+from .policies.rate import RATE_FEATURE
 from .record import COOLDOWN, slot_keys
 
 __all__ = ["Explanation", "explain", "explain_key", "explanation_facts", "format_explanation", "lock_of_key"]
@@ -134,9 +134,10 @@ def explain(app: Any, task_name: str, args: Sequence[Any], kwargs: Mapping[str, 
     out = Explanation(task_name, key, "runs", [], quorum=settings.nodes.quorum, total=len(settings.nodes))
     held = _read_lock(out, settings, task, key, limit or 1) if key is not None else []
     if task.lock_rate is not None:
-        rate = parse_rate(task.lock_rate, f"lock_rate of {task_name}")
+        limits = RATE_FEATURE.limits_of(task)  # stacked: the first limit's log is read (its key is the rate key)
+        rate = limits[0].window
         out.rate_key = task.lock_rate_key_for(*args, **kwargs)
-        out.rate = str(rate)
+        out.rate = " and ".join(str(limit.window) for limit in limits)
         if out.rate_key is not None:
             windows = read_rate(settings, out.rate_key, rate.limit, rate.period)
             out.rate_windows = windows.value
@@ -217,7 +218,7 @@ def explain_key(app: Any, key: str) -> Explanation:
     if LIMIT.varies(type(task)):
         out.why.append("lock_limit is a function of the arguments: only the first slot is read (explain the call)")
     if task.lock_rate is not None:
-        out.rate = str(parse_rate(task.lock_rate, f"lock_rate of {task.name}"))
+        out.rate = " and ".join(str(limit.window) for limit in RATE_FEATURE.limits_of(task))
         out.why.append(f"lock_rate={out.rate} counts per call (lock_rate_on): explain the call to read its windows")
     _decide(out, task, settings, limit, held)
     return out

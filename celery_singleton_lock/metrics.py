@@ -71,6 +71,7 @@ OUTCOMES: dict[str, str] = {
     "waited": "a run started after waiting (re-sent or in a line): once per call; its wait is in the wait time",
     "replaced": "a waiting job was superseded by a newer call (lock_on_duplicate='replace')",
     "rate-limited": "a call was held back by its rate (waited, skipped or failed): once per call, not per re-send",
+    "slowed": "a body raised SlowDown: its rate paused cluster-wide, the call re-sent for after the pause",
     "cancelled": "a running job was stopped for a newer call of its key (lock_on_duplicate='cancel'): REVOKED",
     "lost": "a lock was lost while its task ran",
     "killed": "a run's pool child died under it (SIGKILL, OOM, hard time limit): counted by the worker's main process",

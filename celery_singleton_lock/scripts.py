@@ -56,9 +56,17 @@ __all__ = [
     "POP_WAITER_CODE",
     "POP_WAITER_SCRIPT",
     "RATE",
+    "RATE_ADJUST",
+    "RATE_ADJUST_SCRIPT",
+    "RATE_PAUSE",
+    "RATE_PAUSE_SCRIPT",
     "RATE_RESTAMP",
     "RATE_RESTAMP_SCRIPT",
     "RATE_SCRIPT",
+    "RATE_STACK",
+    "RATE_STACK_RESTAMP",
+    "RATE_STACK_RESTAMP_SCRIPT",
+    "RATE_STACK_SCRIPT",
     "RATE_UNDO",
     "RATE_UNDO_SCRIPT",
     "READ",
@@ -110,6 +118,10 @@ FAIR_TURN_SCRIPT = _load("fair_turn")
 RATE_SCRIPT = _load("rate")
 RATE_UNDO_SCRIPT = _load("rate_undo")
 RATE_RESTAMP_SCRIPT = _load("rate_restamp")
+RATE_STACK_SCRIPT = _load("rate_stack")  # several limits, or a cost (lock_rate as a list, lock_rate_cost)
+RATE_STACK_RESTAMP_SCRIPT = _load("rate_stack_restamp")
+RATE_ADJUST_SCRIPT = _load("rate_adjust")  # a run's reported cost (LockedTask.rate_spent)
+RATE_PAUSE_SCRIPT = _load("rate_pause")  # a body's SlowDown
 
 
 def _code(text: str) -> str:
@@ -183,6 +195,10 @@ DEBOUNCE_CLAIM = Script(DEBOUNCE_CLAIM_SCRIPT)
 RATE = Script(RATE_SCRIPT)
 RATE_UNDO = Script(RATE_UNDO_SCRIPT)
 RATE_RESTAMP = Script(RATE_RESTAMP_SCRIPT)
+RATE_STACK = Script(RATE_STACK_SCRIPT)
+RATE_STACK_RESTAMP = Script(RATE_STACK_RESTAMP_SCRIPT)
+RATE_ADJUST = Script(RATE_ADJUST_SCRIPT)
+RATE_PAUSE = Script(RATE_PAUSE_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
@@ -212,6 +228,10 @@ SCRIPTS: dict[str, Script] = {
     "rate": RATE,
     "rate_undo": RATE_UNDO,
     "rate_restamp": RATE_RESTAMP,
+    "rate_stack": RATE_STACK,
+    "rate_stack_restamp": RATE_STACK_RESTAMP,
+    "rate_adjust": RATE_ADJUST,
+    "rate_pause": RATE_PAUSE,
     "read": READ,
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,

@@ -53,14 +53,14 @@ from ._startup import (
     start_problems,
 )
 from .config import DuplicatePolicy, LostPolicy, UnavailablePolicy, settings_for
-from .errors import ConfigurationError, JobCancelledError, LockLostError
+from .errors import ConfigurationError, JobCancelledError, LockLostError, SlowDown
 from .interrupt import outside_body
 from .keys import Binder
 from .policies import FEATURES, SENDING, conf_of, hooks_of, policy_for
 from .policies.cancel import DEFAULT_TTL as DEFAULT_CANCEL_TTL
 from .policies.cancel import CancelReport, cancel_job
 from .policies.limit import LIMIT
-from .policies.rate import RATE_FEATURE, RateLimitPolicy
+from .policies.rate import RATE_FEATURE, Rate, RateLimitPolicy
 from .policies.waiting import WAITING
 
 __all__ = [
@@ -132,9 +132,14 @@ class LockedTask(Task):  # type: ignore[misc]
         the limit of that call's key (premium customers 10 at once, others 1); a changed answer applies to runs that
         start after the change (a lowered one: as the runs holding the higher slots end).
     ``lock_rate``
-        ``"N/s"``, ``"N/m"``, ``"N/h"`` or ``(N, seconds)``: never more than N starts of one rate key in any window
-        of that length (a sliding window), counted across every worker and host on the lock's nodes (their clock).
-        A start counts when the body really starts: after the lock is taken, in one more round trip.
+        ``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` or ``(N, seconds)``: never more than N starts of one rate key in
+        any window of that length (a sliding window), counted across every worker and host on the lock's nodes
+        (their clock). A start counts when the body really starts: after the lock is taken, in one more round trip.
+        A list of limits (each one of those, or ``Rate("60/m", on=["tenant_id"])`` with its own arguments) is
+        stacked: a start needs a share of every one, all or none, in that same one round trip.
+    ``lock_rate_cost``
+        the units a start takes of each limit (default 1): a number, or a function called like ``lock_key``; the
+        body may report the real cost with ``self.rate_spent(n)`` (docs/rate.md says what is promised).
     ``lock_rate_on``
         the arguments that share one rate (default: one rate for the whole task); separate from the job's identity.
     ``lock_on_rate_limit``
@@ -185,7 +190,8 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_fair_on: ClassVar[Sequence[str] | None] = None
     lock_debounce: ClassVar[float | None] = None
     lock_debounce_max: ClassVar[float | None] = None
-    lock_rate: ClassVar[str | tuple[int, float] | None] = None
+    lock_rate: ClassVar[str | tuple[int, float] | Rate | Sequence[str | tuple[int, float] | Rate] | None] = None
+    lock_rate_cost: ClassVar[float | Callable[..., float] | None] = None
     lock_rate_on: ClassVar[Sequence[str] | None] = None
     lock_on_rate_limit: ClassVar[RateLimitPolicy] = "wait"
     lock_group: ClassVar[str | None] = None
@@ -459,6 +465,11 @@ class LockedTask(Task):  # type: ignore[misc]
         except JobCancelledError as exc:  # lock_on_duplicate="cancel": stopped for a newer call, REVOKED
             ended = True
             result = delivery.cancelled(ctx, run, exc.cancelled_by)
+        except SlowDown as exc:  # the API said "slow down": the rate pauses, the call is re-sent for after it
+            result = delivery.slowed(ctx, run, exc.retry_after, exc.limit)
+            if result is None:  # no rate to pause (or an eager call): the call fails with it
+                ended = True
+                raise
         except Exception:
             ended = True  # FAILURE: the job ran to its end; a copy of it (a waiting call, a redelivery) must not run
             raise
@@ -543,6 +554,13 @@ class LockedTask(Task):  # type: ignore[misc]
         it); None without a rate or outside a run."""
         run = self._current()
         return RATE_FEATURE.started_at(run) if run is not None else None
+
+    def rate_spent(self, units: float) -> int:
+        """``lock_rate``: this run's start really cost ``units`` (an LLM call's tokens, known after the call): the
+        window is corrected on the nodes that counted it, a refund or an extra charge (docs/rate.md, Costs). Returns
+        the units added (< 0: given back); 0 outside a counted run."""
+        run = self._current()
+        return RATE_FEATURE.spent(self.lock_context(), run, units) if run is not None else 0
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 

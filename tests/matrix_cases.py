@@ -27,6 +27,8 @@ FACET_OPTIONS: dict[str, dict[str, Any]] = {
     "rate:skip": {"lock_rate": "5/s", "lock_on_rate_limit": "skip"},
     "rate:fail": {"lock_rate": "5/s", "lock_on_rate_limit": "fail"},
     "rate_on": {"lock_rate_on": ["key"]},
+    "rate_stacked": {"lock_rate": ["5/s", "100/m"]},
+    "rate_cost": {"lock_rate_cost": 2},
     "debounce": {"lock_debounce": 1},
     "max_waiting": {"lock_max_waiting": 2},
     "fair": {"lock_fair_on": ["key"]},
@@ -45,6 +47,8 @@ def options_for(facets: tuple[str, ...] | frozenset[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for facet in facets:
         out.update(FACET_OPTIONS[facet])
+    if "rate_stacked" in facets:  # a rate:* facet's plain lock_rate must not replace the list
+        out.update(FACET_OPTIONS["rate_stacked"])
     needs = set(facets) & set(matrix.REQUIRES)
     if "fair" in facets and "lock_unique_on" in out:
         out["lock_unique_on"] = []  # the key the fair values share: without the fair argument

@@ -31,7 +31,7 @@ def _register(**options: Any) -> Any:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"lock_rate": "10/d"}, r"lock_rate of .*job must be 'N/s'"),
+        ({"lock_rate": "10/w"}, r"lock_rate of .*job must be 'N/s'"),
         ({"lock_rate": (0, 1.0)}, r"lock_rate of .*job must be"),
         ({"lock_rate": "1/s", "lock_rate_on": "customer_id"}, r"lock_rate_on of .*job must be a list"),
         (

@@ -369,3 +369,129 @@ def test_replace_keeps_only_the_newest_of_calls_waiting_for_the_rate(c: Cluster,
     with pytest.raises(TaskRevokedError, match=f"superseded by task {v3.id}"):
         v2.get(timeout=30)
     assert v2.id not in {r[1] for r in _rows(c, key, "rate_started")}
+
+
+# -- stacked limits and costs (issue 33) ----------------------------------------------------------------------------
+
+
+def _limit_violations(tasks: ModuleType, rows: list[list[Any]], period: float, n: int) -> list[str]:
+    """Per key of one limit: the slot check (exact, on the nodes' clocks) and the busiest window of its units."""
+    out: list[str] = []
+    by_key: dict[str, list[list[Any]]] = {}
+    for r in rows:
+        by_key.setdefault(r[0], []).append(r)
+    for key, mine in by_key.items():
+        out += [f"{key}: {v}" for v in tasks.slot_violations(mine, period)]
+        busiest = tasks.busiest_window(mine, period)
+        if busiest > n:
+            out.append(f"{key}: {busiest} units in one window of {period} s, over {n}")
+    return out
+
+
+def test_a_storm_over_three_stacked_limits_never_exceeds_any_window(c: Cluster, tasks: ModuleType) -> None:
+    """45 calls of one key from three tenants, no lock, three stacked limits (4 per 1 s per key, 6 per 2 s per key,
+    3 per 1.5 s per key and tenant), one lock node SIGSTOPped mid-window and resumed: every call runs once, and no
+    window of any limit holds more than its N, checked per slot and per window from the starts the nodes recorded."""
+    key = new_key("stack")
+    tenants = ["a", "b", "c"]
+    results = [tasks.stacked.apply_async((key, tenants[n % 3], n), queue="rate") for n in range(45)]
+    for _ in polling(30, 0.02):
+        if len(tasks.stack_rows(key)) >= 6:
+            break
+    c.locks[1].pause()
+    try:
+        for _ in polling(20, 0.05):
+            if len(tasks.stack_rows(key)) >= 15:
+                break
+    finally:
+        c.locks[1].resume()
+    for r in results:
+        r.get(timeout=120, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 45
+    rows = tasks.stack_rows(key)
+    assert sorted(r[1] for r in rows) == sorted(r.id for r in results)  # each ran once
+    assert all(len(r[6]) == 3 and all(len(s) == 1 for s in r[6]) for r in rows)
+    limits = [(0, False, 1.0, 4), (1, False, 2.0, 6), (2, True, 1.5, 3)]
+    for limit, on_tenant, period, n in limits:
+        assert not _limit_violations(tasks, tasks.limit_rows(rows, limit, on_tenant), period, n), limit
+
+
+def test_costs_estimated_then_corrected_by_the_runs_hold_the_window_to_the_corrected_units(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """Calls estimated at 4 units of (10 per 2 s per key) and (6 per 2 s per key and tenant) that report 1-4 units
+    (refunds): every call runs; the estimates never exceed a window (each start holds 4 slots of each limit), and
+    the corrected units (the slots each run still holds) never exceed N in any window of either limit. Then calls
+    that report more than their estimate: the extra units are charged on the nodes (a later start waits for them)."""
+    key = new_key("cost")
+    calls = [(key, "ab"[n % 2], 4, 1 + n % 4) for n in range(16)]
+    results = [tasks.costed.apply_async(call, queue="rate") for call in calls]
+    for r in results:
+        r.get(timeout=120, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 16
+    rows = tasks.stack_rows(key)
+    assert len(rows) == 16
+    assert all(r[3] == 4 and all(len(s) == 4 for s in r[6]) for r in rows)
+    assert sorted(r[4] for r in rows) == sorted(call[3] for call in calls)  # the corrected units
+    # A refunded slot is free at once (its next holder may start within the refunding start's window): the check is
+    # on the slots each run still holds after its correction.
+    for limit, on_tenant, n in ((0, False, 10), (1, True, 6)):
+        assert not _limit_violations(tasks, tasks.limit_rows(rows, limit, on_tenant, kept=True), 2.0, n), limit
+    # Not vacuous: some slot was held again within a window of a start that gave it back (a refund let a start in).
+    assert any(
+        _limit_violations(tasks, tasks.limit_rows(rows, limit, on_tenant), 2.0, n)
+        for limit, on_tenant, n in ((0, False, 10), (1, True, 6))
+    )
+    # An under-estimate: 1 unit estimated, 6 spent, of 6 per 2 s per (key, tenant): its extra 5 units are logged
+    # for a window from its report, so the next call of that tenant starts at least a window after the charge.
+    over = new_key("over")
+    first = tasks.costed.apply_async((over, "a", 1, 6), queue="rate")
+    first.get(timeout=60)
+    second = tasks.costed.apply_async((over, "a", 1, 1), queue="rate")
+    second.get(timeout=60)
+    charged, after = sorted(tasks.stack_rows(over), key=lambda r: min(r[5].values()))
+    common = charged[5].keys() & after[5].keys()
+    assert common
+    assert all(after[5][node] - charged[5][node] >= 2.0 - 1e-6 for node in common), (charged, after)
+
+
+def test_slow_down_pauses_its_key_cluster_wide_while_another_key_goes_on(c: Cluster, tasks: ModuleType) -> None:
+    """A body raises SlowDown(6 s) (read from a Retry-After): no start of its key comes within the pause, on the
+    nodes' clock (the other calls of that key, on both workers, wait for it); the raising call is re-sent and runs
+    once after the pause (SUCCESS, two runs in all: the raise, then the run); calls of another key sent during the
+    pause run at once, never held back by it."""
+    paused, other = new_key("slow"), new_key("goes-on")
+    first = tasks.api_call.apply_async((paused, 0, True), queue="rate")
+    raised_at = None
+    for _ in polling(30, 0.02):
+        raised = [r for r in tasks.slow_rows(paused) if r[4]]
+        if raised:
+            raised_at = raised[0][5]
+            break
+    assert raised_at is not None, "the body never raised"
+    rest = [tasks.api_call.apply_async((paused, n), queue="rate") for n in range(1, 6)]
+    beside = [tasks.api_call.apply_async((other, n), queue="rate") for n in range(5)]
+    assert first.get(timeout=60) == f"{paused}:0"
+    assert [r.get(timeout=60) for r in rest] == [f"{paused}:{n}" for n in range(1, 6)]
+    assert [r.get(timeout=60) for r in beside] == [f"{other}:{n}" for n in range(5)]
+    rows = tasks.slow_rows(paused)
+    runs_of_first = [r for r in rows if r[2] == first.id]
+    assert [r[4] for r in runs_of_first] == [True, False]  # raised once, then ran once
+    pause_end = raised_at + tasks.SLOW_PAUSE
+    late = [r for r in rows if not r[4]]
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in late), [(r[1], r[3] - raised_at) for r in late]
+    # The other key was not held back by the pause: its first call started before the pause ended.
+    beside_rows = tasks.slow_rows(other)
+    assert min(r[3] for r in beside_rows) < pause_end
+    assert {r[1] for r in beside_rows} == set(range(5))
+
+
+def test_slow_down_without_a_rate_fails_the_call_with_it(c: Cluster, tasks: ModuleType) -> None:
+    """SlowDown needs a rate to pause: a task without lock_rate that raises it fails (FAILURE, the SlowDown), once,
+    and is not re-sent."""
+    from celery_singleton_lock import SlowDown  # noqa: PLC0415
+
+    result = tasks.unrated_slow.apply_async((new_key("unrated"),), queue="rate")
+    with pytest.raises(SlowDown):
+        result.get(timeout=60)
+    assert result.state == "FAILURE"

@@ -26,11 +26,12 @@ from redis.sentinel import Sentinel
 from test_secrets import assert_no_secret
 from topologies import Cluster, SentinelSet, Server, TLSFiles, make_certs, tls_binary
 
-from celery_singleton_lock import LockedTask, LockUnavailableError, Redlock
+from celery_singleton_lock import LockedTask, LockUnavailableError, Rate, RateLimitedError, Redlock
 from celery_singleton_lock._line import wake_next
 from celery_singleton_lock.cli import list_locks, locks, read_stats, release_lock, show_lock
 from celery_singleton_lock.config import settings_for
 from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.policies.rate import RATE_FEATURE
 from celery_singleton_lock.record import _key_slot, done_key_for, sibling_key
 from celery_singleton_lock.renewal import Watchdog, watchdog
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, free_port, redis_servers, wait_for
@@ -289,6 +290,31 @@ def test_locked_task_on_a_cluster(cluster: Cluster, tagged: bool) -> None:
             assert fence.startswith(f"{prefix}fence{{") and fence.endswith("}:fence")
         assert int(master.get(fence)) >= again  # type: ignore[arg-type]
         assert master.exists(done_key_for(key, f"b-{n}")) == 1
+
+
+def test_stacked_rate_limits_on_a_cluster_share_the_task_s_hash_slot(cluster: Cluster) -> None:
+    """lock_rate as a list on a Cluster lock node: each limit's log carries the task's hash tag, so one call's logs
+    (one script call, lua/rate_stack.lua) hash to one slot whatever the arguments; 2 per minute per tenant stacked
+    with 3 per minute for the task: two starts of tenant a, a third refused by its own limit, one of tenant b, then
+    tenant c refused by the task's limit (eager: RateLimitedError)."""
+    app = _app(cluster.url(), f"sr{uuid.uuid4().hex[:6]}:")
+
+    @app.task(
+        base=LockedTask, name="topo.stacked", shared=False, lock_limit=None, lock_rate=[Rate("3/m"), "2/m"],
+        lock_rate_on=["tenant"],
+    )  # fmt: skip
+    def stacked(tenant: str) -> str:
+        return tenant
+
+    keys = [RATE_FEATURE.keys_for(stacked.lock_context(), (t,), {}) for t in "abc"]
+    assert len({_key_slot(k) for ks in keys for k in ks}) == 1
+    assert len({k for ks in keys for k in ks}) == 4  # the task's log, and one per tenant
+    assert [stacked.apply(args=("a",)).get() for _ in range(2)] == ["a", "a"]
+    with pytest.raises(RateLimitedError):
+        stacked.apply(args=("a",)).get()
+    assert stacked.apply(args=("b",)).get() == "b"
+    with pytest.raises(RateLimitedError):
+        stacked.apply(args=("c",)).get()
 
 
 def test_renewal_is_one_round_trip_per_master(cluster: Cluster) -> None:

@@ -60,6 +60,8 @@ FACETS: Final[tuple[str, ...]] = (
     "rate:skip",
     "rate:fail",
     "rate_on",  # lock_rate_on
+    "rate_stacked",  # lock_rate as a list of two or more limits
+    "rate_cost",  # lock_rate_cost
     "debounce",  # lock_debounce (and lock_debounce_max)
     "max_waiting",  # lock_max_waiting
     "fair",  # lock_fair_on
@@ -231,7 +233,7 @@ _refuse(
 )
 _refuse(
     "policy:cancel",
-    [*_RATES, "rate_on"],
+    [*_RATES, "rate_on", "rate_stacked", "rate_cost"],
     "lock_rate of {task} cannot be used with lock_on_duplicate='cancel' yet (a stopped run's start stays counted, "
     "and its successor's wait for the window is untested): use 'replace' with a rate",
 )
@@ -280,7 +282,7 @@ _refuse(
 )
 _refuse(
     "fair",
-    [*_RATES, "rate_on"],
+    [*_RATES, "rate_on", "rate_stacked", "rate_cost"],
     "lock_fair_on of {task} cannot be used with lock_rate yet: a call waiting for its rate window is re-sent on its "
     "own, outside the line's turns (until booked slots exist, issue 33); remove one of them",
 )
@@ -418,6 +420,29 @@ _support("key_fn", ["lost:interrupt", "unavailable:run", "unavailable:fail"], _I
 _support("lost:interrupt", ["unavailable:run"], "a run started unguarded holds no lock to lose")
 _support("lost:interrupt", ["unavailable:fail"], _INDEPENDENT)
 
+# Stacked limits and a cost per start (issue 33): each limit is a rate of its own arguments, counted in the same one
+# round trip; a cost takes that many slots of each limit. What the rate does with another option, they do too.
+_support("rate_stacked", ["rate_cost"], "a start takes its cost of every limit, all or none")
+_support("rate_stacked", ["rate_on"], "lock_rate_on is the arguments of the list's plain items; Rate(on=) its own")
+_support("rate_cost", ["rate_on"], "a start takes its cost of the rate of its lock_rate_on arguments")
+_support("rate_stacked", _RATES, "a start needs a share of every limit; refused, the wait is the latest limit's")
+_support("rate_cost", _RATES, "a start takes its cost in units of the rate; rate_spent corrects it after the run")
+_support("rate_stacked", ["limit:none"], "no lock: only the limits decide")
+_support("rate_cost", ["limit:none"], "no lock: only the rate's units decide")
+_support("rate_stacked", ["group"], "the group's tasks share every limit (the same lock_rate list, check_group)")
+_support("rate_cost", ["group"], "the group's tasks share the rate's units (the same lock_rate_cost, check_group)")
+_support(
+    "rate_cost",
+    ["unavailable:run"],
+    "no quorum for the rate: the body starts uncounted and rate_spent corrects nothing",
+)
+for _facet in ("rate_stacked", "rate_cost"):
+    for _other in FACETS:
+        if _other == "policy:cancel" or _other.startswith("rate") or _key(_facet, _other) in _verdicts:
+            continue
+        if _other not in ("limit:none", "group"):
+            _support(_facet, [_other], _INDEPENDENT)
+
 #: The verdict of every pair of :func:`pairs` (a test fails on a missing one).
 VERDICTS: Final[dict[frozenset[str], Verdict]] = dict(_verdicts)
 
@@ -430,6 +455,7 @@ REQUIRES: Final[dict[str, tuple[tuple[str, ...], str]]] = {
         "lock_fair_on of {task} needs a key its values share: set lock_unique_on to the other arguments (or []), or "
         "a lock_key",
     ),
+    "rate_cost": (_RATES, "lock_rate_cost of {task} needs a lock_rate"),
 }
 
 
@@ -476,6 +502,10 @@ def facets(task: Any, settings: Any = None) -> frozenset[str]:
         out.add(f"rate:{cls.lock_on_rate_limit}")
     if cls.lock_rate_on is not None:
         out.add("rate_on")
+    if _stacked(cls.lock_rate):
+        out.add("rate_stacked")
+    if getattr(cls, "lock_rate_cost", None) is not None:
+        out.add("rate_cost")
     if cls.lock_debounce is not None:
         out.add("debounce")
     if cls.lock_max_waiting is not None:
@@ -496,6 +526,15 @@ def facets(task: Any, settings: Any = None) -> frozenset[str]:
     if unavailable in ("run", "fail"):
         out.add(f"unavailable:{unavailable}")
     return frozenset(f for f in out if f in FACETS)
+
+
+def _stacked(rate: Any) -> bool:
+    """``lock_rate`` is a list of two or more limits (``(N, seconds)`` is one: its items are numbers)."""
+    return (
+        isinstance(rate, list | tuple)
+        and len(rate) >= 2
+        and not any(isinstance(item, int | float) and not isinstance(item, bool) for item in rate)
+    )
 
 
 def refusals(facet_set: Iterable[str], name: str = _PLACEHOLDER) -> list[Refusal]:
@@ -535,10 +574,11 @@ def _terms(task: Any, settings: Any) -> dict[str, Any]:
     cls = _cls(task)
     rate: Any = cls.lock_rate
     if rate is not None:
-        from .rate import parse_rate  # noqa: PLC0415 - rate imports the nodes; the matrix stays light to import
+        from .rate import parse_limits  # noqa: PLC0415 - rate imports the nodes; the matrix stays light to import
 
         with contextlib.suppress(ValueError):  # invalid: the option's own check says so
-            rate = parse_rate(rate, "")
+            limits = parse_limits(rate, cls.lock_rate_on or (), "")
+            rate = limits[0].window if len(limits) == 1 else tuple((lim.window, sorted(lim.on)) for lim in limits)
     found = facets(cls, settings)
     return {
         "lock_on_duplicate": next((f.split(":", 1)[1] for f in found if f.startswith("policy:")), None),
@@ -547,6 +587,7 @@ def _terms(task: Any, settings: Any) -> dict[str, Any]:
         "lock_rate": rate,
         "lock_on_rate_limit": cls.lock_on_rate_limit if cls.lock_rate is not None else None,
         "lock_rate_on": tuple(sorted(cls.lock_rate_on)) if cls.lock_rate_on is not None else None,
+        "lock_rate_cost": getattr(cls, "lock_rate_cost", None),
         "lock_debounce": (cls.lock_debounce, cls.lock_debounce_max) if cls.lock_debounce is not None else None,
         "lock_cooldown": float(cls.lock_cooldown) if isinstance(cls.lock_cooldown, int | float) else cls.lock_cooldown,
         "lock_max_waiting": cls.lock_max_waiting,
@@ -621,6 +662,8 @@ _SHORT: Final = {
     "rate:skip": "r skip",
     "rate:fail": "r fail",
     "rate_on": "rate on",
+    "rate_stacked": "r stack",
+    "rate_cost": "r cost",
     "debounce": "deb",
     "max_waiting": "max w",
     "fair": "fair",
@@ -648,6 +691,8 @@ _OPTIONS: Final = {
     "rate:skip": '`lock_rate` with `lock_on_rate_limit="skip"`',
     "rate:fail": '`lock_rate` with `lock_on_rate_limit="fail"`',
     "rate_on": "`lock_rate_on`",
+    "rate_stacked": "`lock_rate` as a list of limits (stacked: a start needs a share of every one)",
+    "rate_cost": "`lock_rate_cost` (the units a start takes; `rate_spent` corrects them)",
     "debounce": "`lock_debounce` (and `lock_debounce_max`)",
     "max_waiting": "`lock_max_waiting`",
     "fair": "`lock_fair_on`",
@@ -680,8 +725,9 @@ def render_markdown() -> str:
         "",
         "Tasks that share a `lock_group` share its keys (the lock, a key's waiting line, the rate), so they are",
         "checked as a whole: they must agree on `lock_on_duplicate`, `lock_scope`, `lock_limit`, `lock_rate`,",
-        "`lock_on_rate_limit`, `lock_rate_on`, `lock_debounce`, `lock_cooldown`, `lock_max_waiting`, `lock_fair_on`",
-        "and the names of the arguments that make the job (`lock_unique_on`, or every parameter), or they are refused.",
+        "`lock_on_rate_limit`, `lock_rate_on`, `lock_rate_cost`, `lock_debounce`, `lock_cooldown`, `lock_max_waiting`,",
+        "`lock_fair_on` and the names of the arguments that make the job (`lock_unique_on`, or every parameter), or",
+        "they are refused.",
         "",
         "## Facets",
         "",

@@ -21,6 +21,8 @@ hook               called by, when                          answers
                    (rate's skip or fail)                    elsewhere (debounce: not due yet, re-sent)
 ``at_revoke``      a revoked message met by a worker, or    None: not the feature's; else whether it freed
                    ``revoke_queued``                        what the job held
+``slowed``         the body, which raised ``SlowDown``      None: not the feature's (the call fails with it);
+                                                            else the seconds until the call is re-sent
 =================  =======================================  ==================================================
 
 The rooms call the hooks of a task's *active* features (:meth:`Feature.active`), computed once per task into
@@ -174,6 +176,9 @@ class Feature:
     def at_revoke(self, ctx: Any, key: str, task_id: str) -> bool | None:
         return None
 
+    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> float | None:
+        return None
+
 
 #: The hooks, in the order of a call's and a delivery's life.
 HOOKS: tuple[str, ...] = (
@@ -185,6 +190,7 @@ HOOKS: tuple[str, ...] = (
     "at_fail",
     "may_refuse",
     "at_revoke",
+    "slowed",
 )
 
 
@@ -201,6 +207,7 @@ class Hooks:
     at_fail: tuple[Feature, ...] = ()
     may_refuse: tuple[Feature, ...] = ()
     at_revoke: tuple[Feature, ...] = ()
+    slowed: tuple[Feature, ...] = ()
 
 
 def _has(feature: Feature, hook: str) -> bool:

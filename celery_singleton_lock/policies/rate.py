@@ -33,7 +33,7 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -41,7 +41,7 @@ from ..config import did_you_mean
 from ..errors import ConfigurationError, LockUnavailableError, RateLimitedError
 from ..keys import lock_key
 from ..nodes import NodeSet
-from ..scripts import RATE, RATE_RESTAMP, RATE_UNDO
+from ..scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
 from .port import Delivery, Feature, check_names, parameters
 
 __all__ = [
@@ -49,13 +49,18 @@ __all__ = [
     "RATE_FEATURE",
     "RATE_HEADER",
     "RATE_MAX_COUNTDOWN",
+    "Limit",
     "Rate",
     "RateFeature",
     "RateLimitPolicy",
     "Share",
     "Verdict",
+    "Window",
+    "adjust",
+    "parse_limits",
     "parse_rate",
     "take",
+    "take_many",
     "undo",
 ]
 
@@ -65,8 +70,8 @@ ON_RATE_LIMIT: tuple[RateLimitPolicy, ...] = ("wait", "skip", "fail")
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_NOTATION = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NOTATION = re.compile(r"^\s*(\d+)\s*/\s*([smhd])\s*$")
 #: Attempts of one decision when contenders split the free slots between the nodes.
 _SPLIT_ATTEMPTS = 3
 #: Seconds a decision may take before its grant is restamped (lua/rate_restamp.lua): a body begins when the quorum's
@@ -76,8 +81,8 @@ LATE = 0.05
 
 
 @dataclass(frozen=True)
-class Rate:
-    """At most ``limit`` starts in any window of ``period`` seconds."""
+class Window:
+    """At most ``limit`` starts (units) in any window of ``period`` seconds: one parsed limit."""
 
     limit: int
     period: float
@@ -90,12 +95,13 @@ class Rate:
         return f"{self.limit} per {self.period:g} s"
 
 
-def parse_rate(value: Any, where: str) -> Rate:
-    """``"N/s"``, ``"N/m"``, ``"N/h"`` (Celery's notation) or ``(N, seconds)``; ConfigurationError naming ``where``."""
+def parse_rate(value: Any, where: str) -> Window:
+    """``"N/s"``, ``"N/m"``, ``"N/h"``, ``"N/d"`` (Celery's notation, and a day) or ``(N, seconds)``;
+    ConfigurationError naming ``where``."""
     if isinstance(value, str):
         match = _NOTATION.match(value)
         if match and int(match.group(1)) >= 1:
-            return Rate(int(match.group(1)), _UNITS[match.group(2)])
+            return Window(int(match.group(1)), _UNITS[match.group(2)])
     elif isinstance(value, Sequence) and len(value) == 2:
         limit, period = value
         if (
@@ -107,11 +113,86 @@ def parse_rate(value: Any, where: str) -> Rate:
             and math.isfinite(period)
             and 0.001 <= period <= 30 * 86400
         ):
-            return Rate(limit, float(period))
+            return Window(limit, float(period))
     raise ConfigurationError(
-        f"{where} must be 'N/s', 'N/m', 'N/h' or (N, seconds) with N a whole number from 1 to 10000 and seconds "
+        f"{where} must be 'N/s', 'N/m', 'N/h', 'N/d' or (N, seconds) with N a whole number from 1 to 10000 and seconds "
         f"from 0.001 to 30 days, got {value!r}"
     )
+
+
+@dataclass(frozen=True, init=False)
+class Rate:
+    """One limit of a task's ``lock_rate`` with its own arguments: ``Rate("60/m", on=["tenant_id"])`` (one rate per
+    tenant), ``Rate("3000/m")`` (one for the whole task, or its group). ``rate`` is what ``lock_rate`` takes alone;
+    ``on`` names the arguments sharing it (default: none, whatever ``lock_rate_on`` says: that is the ``on`` of the
+    list's plain items)."""
+
+    rate: Any
+    on: tuple[str, ...]
+
+    def __init__(self, rate: Any, on: Sequence[str] = ()) -> None:
+        object.__setattr__(self, "rate", rate)
+        object.__setattr__(self, "on", on if isinstance(on, str) else tuple(on))
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit of a call: its window and the arguments whose values make its key."""
+
+    window: Window
+    on: tuple[str, ...]
+
+
+def _one(value: Any) -> bool:
+    """``value`` is one plain limit (a notation or ``(N, seconds)``), not a list of limits."""
+    return isinstance(value, str) or (
+        isinstance(value, Sequence) and len(value) == 2 and not isinstance(value[0], str | Rate | Sequence)
+    )
+
+
+def parse_limits(value: Any, default_on: Sequence[str], where: str) -> tuple[Limit, ...]:
+    """``lock_rate``'s limits: one plain limit, a :class:`Rate`, or a list of them (stacked: a start needs a share
+    of every one); plain ones are on ``default_on`` (``lock_rate_on``). ConfigurationError naming ``where``."""
+    items = [value] if _one(value) or isinstance(value, Rate) else value
+    if (
+        not isinstance(items, Sequence)
+        or isinstance(items, str | bytes)
+        or not items
+        or not all(isinstance(i, str | Rate) or (isinstance(i, Sequence) and not isinstance(i, bytes)) for i in items)
+    ):
+        parse_rate(value, where)  # raises: the one-line message of a plain limit
+        raise AssertionError  # pragma: no cover - parse_rate refuses what _one does not take
+    if len(items) > 8:
+        raise ConfigurationError(f"{where} stacks {len(items)} limits: at most 8")
+    out: list[Limit] = []
+    for item in items:
+        if isinstance(item, Rate):
+            on = item.on
+            if isinstance(on, str) or not all(isinstance(n, str) for n in on):
+                raise ConfigurationError(f"{where}: Rate(..., on=) must be a list of argument names, got {on!r}")
+            out.append(Limit(parse_rate(item.rate, where), tuple(on)))
+        else:
+            if not _one(item):
+                parse_rate(item, f"{where}: each limit")
+            out.append(Limit(parse_rate(item, where), tuple(default_on)))
+    seen: dict[tuple[float, frozenset[str]], Limit] = {}
+    for limit in out:
+        same = (limit.window.period, frozenset(limit.on))
+        if same in seen:
+            raise ConfigurationError(
+                f"{where} has two limits per {limit.window.period:g} s on the same arguments "
+                f"({seen[same].window} and {limit.window}): keep one of them"
+            )
+        seen[same] = limit
+    return tuple(out)
+
+
+def units_of(cost: Any, where: str) -> int:
+    """A cost (``lock_rate_cost``, or what a function of it returned) as whole units: a positive number, rounded
+    up; ConfigurationError naming ``where``."""
+    if isinstance(cost, int | float) and not isinstance(cost, bool) and math.isfinite(cost) and 0 < cost <= 10_000:
+        return math.ceil(cost)
+    raise ConfigurationError(f"{where} must be a number of units above 0 and at most 10000, got {cost!r}")
 
 
 @dataclass
@@ -129,9 +210,11 @@ class Verdict:
     #: limited: not over the rate, as far as the nodes said, but contenders kept splitting the free slots between the
     #: nodes: ask again shortly (never skip or fail a call for it)
     contended: bool = False
+    #: granted by :func:`take_many`: the slots the start holds, per limit
+    slots: tuple[tuple[int, ...], ...] = ()
 
 
-def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
+def take(nodes: NodeSet, key: str, rate: Window) -> Verdict:
     """Count one start under ``key`` if the window allows it on a quorum of the nodes (one round trip; a split of
     the free slots between contenders costs one more each time, at most :data:`_SPLIT_ATTEMPTS`)."""
     preferred = ""
@@ -209,7 +292,137 @@ def take(nodes: NodeSet, key: str, rate: Rate) -> Verdict:
     return verdict
 
 
-def _restamp(nodes: NodeSet, key: str, rate: Rate, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
+def take_many(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], cost: int = 1) -> Verdict:
+    """Count one start of ``cost`` units under every key (one per limit, ``windows`` theirs) if every window allows
+    it on a quorum of the nodes, all or none (lua/rate_stack.lua: one script call per node with every key, so one
+    round trip; a split costs one more each time, at most :data:`_SPLIT_ATTEMPTS`).
+
+    A start takes ``cost`` slots of each limit; it is counted when a majority of the nodes gave it the same slots of
+    every limit, so each slot of each limit is a lock of its own, as in :func:`take`: no window of any limit holds
+    more than its N units. The wait when refused is the moment a quorum has room in every limit (a node answers the
+    max over its limiting windows)."""
+    keys = list(keys)
+    preferred = [""] * len(keys)
+    verdict = Verdict("limited", wait=0.0)
+    head = [str(cost)]
+    for attempt in range(_SPLIT_ATTEMPTS):
+        token = secrets.token_hex(16)
+        began = time.monotonic()
+        detail = "1" if attempt else ""
+        args: list[str | int] = [token, *head, detail]
+        for window, pref in zip(windows, preferred, strict=True):
+            args += [window.limit, window.window_us, pref]
+        answers = nodes.run(RATE_STACK, keys, args, undo_on_timeout=(RATE_UNDO, keys, [token]))
+        granted: dict[int, tuple[tuple[int, ...], ...]] = {}
+        moments: dict[int, float] = {}
+        waits: list[float] = []
+        errors: list[str] = []
+        frees: list[list[list[float]]] = []
+        size = 2 + cost * len(keys)
+        for i, answer in enumerate(answers):
+            if isinstance(answer, BaseException):
+                errors.append(str(nodes.error(i, answer)))
+                continue
+            if int(answer[0]) == 1:
+                flat = [int(x) for x in answer[2:size]]
+                granted[i] = tuple(tuple(sorted(flat[j * cost : (j + 1) * cost])) for j in range(len(keys)))
+                moments[i] = int(answer[1]) / 1_000_000
+                rest = answer[size:]
+            else:
+                waits.append(max(0, int(answer[1])) / 1_000_000)
+                rest = answer[3:]
+            if detail and len(rest) == sum(w.limit for w in windows):
+                per, at = [], 0
+                for w in windows:
+                    per.append([max(0, int(x)) / 1_000_000 for x in rest[at : at + w.limit]])
+                    at += w.limit
+                frees.append(per)
+        slots, count = Counter(granted.values()).most_common(1)[0] if granted else ((), 0)
+        if count >= nodes.quorum:
+            strays = [i for i, s in granted.items() if s != slots]
+            if strays:
+                undo(nodes, keys, token, strays)
+            times = {i: moments[i] for i, s in granted.items() if s == slots}
+            if time.monotonic() - began <= LATE:
+                first = min(times.values())
+                return Verdict("granted", token=token, slot=slots[0][0], at=first, times=times, slots=slots)
+            restamped = _restamp_many(nodes, keys, windows, token, slots, times)
+            if restamped is not None:
+                return restamped
+            verdict = Verdict("unavailable", errors=[f"the nodes answered later than {LATE:g} s, {attempt + 1} times"])
+            continue
+        if granted:
+            undo(nodes, keys, token, granted)
+        answered = len(nodes) - len(errors)
+        if answered < nodes.quorum:
+            return Verdict("unavailable", errors=errors)
+        if answered - len(waits) < nodes.quorum:
+            # Refused by too many nodes for a quorum now: the moment a quorum of the answering nodes has room in
+            # every limit (each node said the max over its limiting windows).
+            return Verdict("limited", wait=sorted([0.0] * len(granted) + waits)[nodes.quorum - 1])
+        if len(frees) == answered:
+            # Per limit, the ``cost`` slots free soonest on a quorum of the answering nodes; the latest of those
+            # moments, over the limits, decides.
+            moment, wanted = 0.0, []
+            for j, w in enumerate(windows):
+                ranked = sorted((sorted(f[j][s] for f in frees)[nodes.quorum - 1], s) for s in range(w.limit))[:cost]
+                moment = max(moment, *(at for at, _ in ranked))
+                wanted.append(",".join(str(s) for _, s in sorted(ranked, key=lambda pair: pair[1])))
+            if moment > 0:
+                return Verdict("limited", wait=moment)
+            preferred = wanted
+        else:
+            preferred = [",".join(map(str, s)) for s in slots] if slots else preferred
+        verdict = Verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
+        if attempt + 1 < _SPLIT_ATTEMPTS:
+            time.sleep(verdict.wait * random.random())  # noqa: S311 - jitter
+    return verdict
+
+
+def _restamp_many(
+    nodes: NodeSet,
+    keys: list[str],
+    windows: Sequence[Window],
+    token: str,
+    slots: tuple[tuple[int, ...], ...],
+    times: dict[int, float],
+) -> Verdict | None:
+    """:func:`_restamp` of a start of several limits or units (lua/rate_stack_restamp.lua)."""
+    args: list[str | int] = [token, *(w.window_us for w in windows), *(",".join(map(str, s)) for s in slots)]
+    for _ in range(2):
+        began = time.monotonic()
+        try:
+            answers = nodes.run(RATE_STACK_RESTAMP, keys, args, nodes=list(times))
+        except Exception:
+            break
+        moved = {
+            i: int(answers[i][1]) / 1_000_000
+            for i in times
+            if not isinstance(answers[i], BaseException) and answers[i] and int(answers[i][0]) == 1
+        }
+        if len(moved) < nodes.quorum:
+            break
+        times = moved
+        if time.monotonic() - began <= LATE:
+            return Verdict("granted", token=token, slot=slots[0][0], at=min(times.values()), times=times, slots=slots)
+    undo(nodes, keys, token)
+    return None
+
+
+def adjust(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], token: str, delta: int, on: Any) -> None:
+    """Correct a counted start's cost by ``delta`` units on the nodes ``on`` (those that counted it): a refund
+    (< 0) frees that many of its slots there at once; an extra charge (> 0) is logged there at the nodes' time now
+    for one window (lua/rate_adjust.lua). Best effort, like :func:`undo`: a node that misses a refund only delays
+    later starts; one that misses an extra charge counts less than was spent (docs/rate.md says what is promised)."""
+    if not delta:
+        return
+    try:
+        nodes.run(RATE_ADJUST, list(keys), [token, delta, *(w.window_us for w in windows)], nodes=list(on))
+    except Exception:
+        return
+
+
+def _restamp(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
     """A grant whose answers came back later than :data:`LATE`: move its entry to the nodes' time now on the nodes
     that hold it (no waiting for the others), so the slot's next start comes a window after this moment. Counted
     when a quorum moved it within :data:`LATE`; otherwise uncounted (None), and the caller asks again."""
@@ -234,11 +447,13 @@ def _restamp(nodes: NodeSet, key: str, rate: Rate, token: str, slot: int, times:
     return None
 
 
-def undo(nodes: NodeSet, key: str, token: str, on: Any = None) -> None:
-    """Uncount the start of ``token`` (on the nodes ``on``, default all); best effort: a node that misses it keeps
-    one start too many in its log, which only ever delays a later start."""
+def undo(nodes: NodeSet, key: str | Sequence[str], token: str, on: Any = None) -> None:
+    """Uncount the start of ``token`` under ``key`` (or every key of a stacked start) on the nodes ``on`` (default
+    all); best effort: a node that misses it keeps one start too many in its log, which only ever delays a later
+    start."""
+    keys = [key] if isinstance(key, str) else list(key)
     try:
-        nodes.run(RATE_UNDO, [key], [token], nodes=list(on) if on is not None else None)
+        nodes.run(RATE_UNDO, keys, [token], nodes=list(on) if on is not None else None)
     except Exception:
         return
 
@@ -252,31 +467,60 @@ RATE_MAX_COUNTDOWN = 900.0
 
 @dataclass(frozen=True)
 class Conf:
-    """A task's rate options, read once: the rate, what an over-the-rate delivery does, the arguments sharing it."""
+    """A task's rate options, read once: its limits (each a window and the arguments sharing it), what an
+    over-the-rate delivery does, ``lock_rate_on`` (the plain limits' arguments) and the cost of a start."""
 
-    rate: Rate
+    limits: tuple[Limit, ...]
     on_limit: str
     on: tuple[str, ...]
+    cost: int | Callable[..., Any] = 1
+
+    @property
+    def rate(self) -> Window:
+        """The first limit's window (a task of one limit: its rate)."""
+        return self.limits[0].window
+
+    @property
+    def stacked(self) -> bool:
+        return len(self.limits) > 1
+
+    def __str__(self) -> str:
+        return " and ".join(str(limit.window) for limit in self.limits)
 
 
 @dataclass
 class Share:
-    """The start a delivery counted (``run.state["rate"]``): its rate key, when it was counted (Unix s, a counting
-    node's clock), its slot and each holding node's count time, and the owner token that uncounts it."""
+    """The start a delivery counted (``run.state["rate"]``): its rate key (the first limit's; ``keys``: every
+    limit's), when it was counted (Unix s, a counting node's clock), its slot and each holding node's count time,
+    the owner token that uncounts it, and the units it holds (its cost, as corrected by ``rate_spent``)."""
 
     key: str
     at: float | None = None
     slot: tuple[int, dict[int, float]] | None = None
     token: str = ""
+    keys: tuple[str, ...] = ()
+    windows: tuple[Window, ...] = ()
+    units: int = 1
+    estimate: int = 1
+    slots: tuple[tuple[int, ...], ...] = ()  #: the slots it holds, per limit (before any correction)
 
 
 class RateFeature(Feature):
-    """``lock_rate``, ``lock_rate_on``, ``lock_on_rate_limit``: asked after the lock is taken, before the body."""
+    """``lock_rate``, ``lock_rate_on``, ``lock_on_rate_limit``, ``lock_rate_cost``: asked after the lock is taken,
+    before the body."""
 
     name: ClassVar[str] = "rate"
-    options: ClassVar[tuple[str, ...]] = ("lock_rate", "lock_rate_on", "lock_on_rate_limit")
+    options: ClassVar[tuple[str, ...]] = ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")
     headers: ClassVar[tuple[str, ...]] = (RATE_HEADER,)
-    scripts: ClassVar[tuple[str, ...]] = ("rate", "rate_undo", "rate_restamp")
+    scripts: ClassVar[tuple[str, ...]] = (
+        "rate",
+        "rate_undo",
+        "rate_restamp",
+        "rate_stack",
+        "rate_stack_restamp",
+        "rate_adjust",
+        "rate_pause",
+    )
 
     def check(self, cls: Any) -> None:
         """Each option alone (ConfigurationError); what they need of each other is the matrix's."""
@@ -290,30 +534,96 @@ class RateFeature(Feature):
         on = cls.lock_rate_on
         if on is not None and (isinstance(on, str) or not all(isinstance(n, str) for n in on)):
             raise ConfigurationError(f"{self.options[1]} of {name} must be a list of argument names")
+        cost = getattr(cls, "lock_rate_cost", None)
         if cls.lock_rate is None:
             if on is not None:
                 raise ConfigurationError(f"{self.options[1]} of {name} needs a {self.options[0]}")
+            if cost is not None:
+                raise ConfigurationError(f"{self.options[3]} of {name} needs a {self.options[0]}")
             return
-        parse_rate(cls.lock_rate, f"{self.options[0]} of {name}")
+        limits = parse_limits(cls.lock_rate, on or (), f"{self.options[0]} of {name}")
+        params = parameters(cls)
         if on:
-            check_names(cls, self.options[1], on, parameters(cls))
+            check_names(cls, self.options[1], on, params)
+        for limit in limits:
+            if limit.on and limit.on != tuple(on or ()):
+                check_names(cls, f"{self.options[0]} of {name}: Rate(on=...)", limit.on, params)
+        if cost is not None and not callable(cost):
+            units = units_of(cost, f"{self.options[3]} of {name}")
+            smallest = min(limit.window.limit for limit in limits)
+            if units > smallest:
+                raise ConfigurationError(
+                    f"{self.options[3]} of {name} is {units} units, more than the {smallest} of its smallest limit: "
+                    "no start could ever fit"
+                )
 
     def active(self, cls: Any) -> bool:
         return cls.lock_rate is not None
 
     def resolve(self, task: Any) -> Conf:
-        rate = parse_rate(task.lock_rate, f"{self.options[0]} of {task.name}")
         on = tuple(task.lock_rate_on) if task.lock_rate_on is not None else ()
-        return Conf(rate, task.lock_on_rate_limit, on)
+        limits = parse_limits(task.lock_rate, on, f"{self.options[0]} of {task.name}")
+        # Read on the class: a function set as an attribute is bound as a method when read on the task.
+        cost = getattr(task if isinstance(task, type) else type(task), "lock_rate_cost", None)
+        if cost is None:
+            units: int | Callable[..., Any] = 1
+        elif callable(cost):
+            units = cost
+        else:
+            units = units_of(cost, f"{self.options[3]} of {task.name}")
+        return Conf(limits, task.lock_on_rate_limit, on, units)
+
+    def limits_of(self, task: Any) -> tuple[Limit, ...]:
+        """A task's limits, parsed (its ``lock_rate`` must be set)."""
+        on = tuple(task.lock_rate_on) if task.lock_rate_on is not None else ()
+        return parse_limits(task.lock_rate, on, f"{self.options[0]} of {task.name}")
 
     def key_for(self, ctx: Any, args: Any, kwargs: Any) -> str | None:
-        """The rate key of a call with these arguments (None: the task has no rate)."""
+        """The rate key of a call with these arguments (its first limit's; None: the task has no rate)."""
+        keys = self.keys_for(ctx, args, kwargs)
+        return keys[0] if keys else None
+
+    def keys_for(self, ctx: Any, args: Any, kwargs: Any) -> list[str]:
+        """The rate key of each limit of a call with these arguments (empty: the task has no rate).
+
+        One limit: ``<prefix>rate:<task or group>:v2:<hash of its arguments>``. Several: each key carries the limit's
+        window and a hash tag of the task (or group) name, ``<prefix>rate:{<task or group>}:<seconds>s:v2:<hash>``,
+        so that one call's keys hash to one Redis Cluster slot (they go in one script call) and two limits of one
+        task never share a key."""
         options = ctx.options
         conf: Conf | None = options.conf.get(self.name)
         if conf is None:
-            return None
+            return []
         prefix = f"{options.settings.prefix}rate:"
-        return lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=list(conf.on))
+        if not conf.stacked:
+            return [lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=list(conf.limits[0].on))]
+        return [
+            lock_key(
+                prefix,
+                f"{{{options.space}}}:{limit.window.period:g}s",
+                options.binder,
+                args,
+                kwargs,
+                unique_on=list(limit.on),
+            )
+            for limit in conf.limits
+        ]
+
+    def units(self, ctx: Any, args: Any, kwargs: Any) -> int:
+        """The units a start of a call with these arguments takes (``lock_rate_cost``; 1 without one). A function's
+        answer that is no positive number, or more than the smallest limit, fails the call (ConfigurationError)."""
+        conf: Conf = ctx.options.conf[self.name]
+        cost = conf.cost
+        if not callable(cost):
+            return cost
+        where = f"{self.options[3]} of {ctx.name}"
+        units = units_of(cost(*args, **kwargs), f"{where} (its answer)")
+        smallest = min(limit.window.limit for limit in conf.limits)
+        if units > smallest:
+            raise ConfigurationError(
+                f"{where} answered {units} units, more than the {smallest} of its smallest limit: it could never start"
+            )
+        return units
 
     @staticmethod
     def share(run: Any) -> Share | None:
@@ -337,16 +647,29 @@ class RateFeature(Feature):
         ctx, run = delivery.ctx, delivery.run
         options = ctx.options
         conf: Conf = options.conf[self.name]
-        rate = conf.rate
-        key = self.key_for(ctx, delivery.args, delivery.kwargs)
-        assert key is not None  # active: the task has a rate
-        share = Share(key)
+        rate = conf  # said in messages: every limit
+        keys = self.keys_for(ctx, delivery.args, delivery.kwargs)
+        key = keys[0]
+        try:
+            units = 1 if conf.cost == 1 else self.units(ctx, delivery.args, delivery.kwargs)
+        except Exception:
+            delivery.give_back()
+            delivery.failed()
+            raise
+        share = Share(key, units=units, estimate=units)
         if run.state is None:
             run.state = {}
         run.state[self.name] = share
-        verdict = take(options.settings.nodes, key, rate)
+        nodes = options.settings.nodes
+        if len(keys) == 1 and units == 1:
+            verdict = take(nodes, key, conf.limits[0].window)  # the hot path: lua/rate.lua, as before stacking
+        else:
+            windows = tuple(limit.window for limit in conf.limits)
+            verdict = take_many(nodes, keys, windows, units)
+            share.keys, share.windows = tuple(keys), windows
         if verdict.outcome == "granted":
             share.at, share.slot, share.token = verdict.at, (verdict.slot, verdict.times), verdict.token
+            share.slots = verdict.slots or ((verdict.slot,),)
             return True
         request = ctx.request
         task_id = run.task_id
@@ -406,8 +729,71 @@ class RateFeature(Feature):
         run = delivery.run
         share = self.share(run)
         if share is not None and share.token:
-            undo(delivery.ctx.options.settings.nodes, share.key, share.token)
+            undo(delivery.ctx.options.settings.nodes, share.keys or share.key, share.token)
             share.token, share.at, share.slot = "", None, None
+
+    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> float | None:
+        """A body raised ``SlowDown(pause, limit)``: every start of this call's rate (its limits, or the one named:
+        an index in ``lock_rate``, or a notation such as ``"60/m"``) waits ``pause`` s, cluster-wide. The pause is
+        written into the rate logs themselves (lua/rate_pause.lua: each log filled until the pause ends), so the
+        decision's script and its cost do not change, and a node that holds the pause refuses every start: with a
+        majority holding it, no quorum can grant one. Returns the countdown the call is re-sent with (the pause and
+        a few ms: its copy asks the rate again, never early); None for a start the rate did not count (no share)."""
+        share = self.share(run)
+        if share is None:
+            return None
+        conf: Conf = ctx.options.conf[self.name]
+        keys = list(share.keys or (share.key,))
+        limits = list(conf.limits) if conf.stacked else [conf.limits[0]]
+        chosen = list(range(len(limits)))
+        if limit is not None:
+            if isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit < len(limits):
+                chosen = [limit]
+            else:
+                try:
+                    window = parse_rate(limit, "SlowDown(limit=)")
+                except ConfigurationError:
+                    window = None
+                named = [i for i, lim in enumerate(limits) if lim.window == window]
+                if named:
+                    chosen = named
+                else:
+                    logger.warning(
+                        "Task %s raised SlowDown(limit=%r), which names no limit of its lock_rate (an index or a "
+                        "notation such as '60/m'): every limit pauses",
+                        ctx.name,
+                        limit,
+                    )
+        micros = round(pause * 1_000_000)
+        args: list[str | int] = [secrets.token_hex(16), micros]
+        for i in chosen:
+            args += [limits[i].window.limit, limits[i].window.window_us]
+        try:
+            ctx.options.settings.nodes.run(RATE_PAUSE, [keys[i] for i in chosen], args)
+        except Exception:  # best effort: the call is re-sent for after the pause all the same
+            logger.warning("Task %s: its rate's pause could not be written", ctx.name, exc_info=True)
+        countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
+        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN)
+
+    def spent(self, ctx: Any, run: Any, units: Any) -> int:
+        """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): the window is corrected
+        by the difference from what it holds now, on the nodes that counted it (:func:`adjust`). Returns the
+        difference applied (0: nothing to correct, or the start was not counted: no rate, uncounted, undone)."""
+        share = self.share(run)
+        where = f"rate_spent of {ctx.name}"
+        if isinstance(units, bool) or not isinstance(units, int | float) or not math.isfinite(units) or units < 0:
+            raise ConfigurationError(f"{where} takes a number of units >= 0, got {units!r}")
+        if share is None or not share.token or share.slot is None:
+            return 0
+        delta = math.ceil(units) - share.units
+        if not delta:
+            return 0
+        conf: Conf = ctx.options.conf[self.name]
+        keys = share.keys or (share.key,)
+        windows = share.windows or tuple(limit.window for limit in conf.limits)
+        adjust(ctx.options.settings.nodes, keys, windows, share.token, delta, share.slot[1])
+        share.units += delta
+        return delta
 
 
 RATE_FEATURE = RateFeature()

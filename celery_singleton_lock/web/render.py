@@ -31,6 +31,7 @@ COLOURS = {
     "waited": "#90caf9",
     "replaced": "#8e24aa",
     "rate-limited": "#6d4c41",
+    "slowed": "#a1887f",
     "lost": "#d32f2f",
     "renew-failed": "#ff7043",
     "unavailable": "#000000",

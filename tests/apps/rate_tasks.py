@@ -12,7 +12,7 @@ from typing import Any
 
 from locked_app import app, record
 
-from celery_singleton_lock import LockedTask
+from celery_singleton_lock import LockedTask, Rate, SlowDown
 from celery_singleton_lock.policies.rate import RATE_FEATURE
 
 STORM_RATE = (10, 1.0)
@@ -221,3 +221,89 @@ def busiest_window(rows: list[list[Any]], period: float) -> int:
             j += 1
         best = max(best, i - j + 1)
     return best
+
+
+# -- stacked limits and costs (issue 33) ----------------------------------------------------------------------------
+
+#: Three stacked limits: 4 per 1 s per key, 6 per 2 s per key, 3 per 1.5 s per (key, tenant).
+STACK = [(4, 1.0), Rate((6, 2.0), on=["key"]), Rate((3, 1.5), on=["key", "tenant"])]
+
+
+def _run_stacked(task: Any, key: str, tenant: str, real: int | None) -> str:
+    """Record ``[key, task_id, tenant, estimate, real, {node: count time}, slots per limit]`` in ``stack_runs``;
+    ``real``: report it (``rate_spent``) before recording."""
+    run = task.request.__dict__.get("_singleton_lock")
+    share = RATE_FEATURE.share(run) if run is not None else None
+    if real is not None:
+        task.rate_spent(real)
+    if share is not None and share.slot is not None:
+        row = [key, task.request.id, tenant, share.estimate, share.units, share.slot[1], share.slots]
+        record.rpush("stack_runs", json.dumps(row))
+    return key
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=STACK, lock_rate_on=["key"])
+def stacked(self: Any, key: str, tenant: str, n: int) -> str:
+    """No lock; a start needs a share of each of the three limits of STACK."""
+    return _run_stacked(self, key, tenant, None)
+
+
+def estimate(key: str, tenant: str, est: int, real: int) -> int:
+    return est
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=None,
+    lock_rate=[(10, 2.0), Rate((6, 2.0), on=["key", "tenant"])],
+    lock_rate_on=["key"],
+    lock_rate_cost=estimate,
+)
+def costed(self: Any, key: str, tenant: str, est: int, real: int) -> str:
+    """A start takes ``est`` units of 10 per 2 s per key and of 6 per 2 s per (key, tenant); the run reports
+    ``real``."""
+    return _run_stacked(self, key, tenant, real)
+
+
+def stack_rows(key: str) -> list[list[Any]]:
+    return [r for r in (json.loads(x) for x in record.lrange("stack_runs", 0, -1)) if r[0] == key]
+
+
+def limit_rows(rows: list[list[Any]], limit: int, on_tenant: bool, kept: bool = False) -> list[list[Any]]:
+    """``slot_rows``-like rows of one limit of stacked runs: one row per slot (``kept``: only the slots a run still
+    holds after its correction, its lowest ``real`` ones: a refund gives the highest back first), keyed by the
+    limit's key (the key, or the key and the tenant)."""
+    out = []
+    for key, task_id, tenant, _est, real, times, slots in rows:
+        held = sorted(slots[limit])[: min(real, len(slots[limit]))] if kept else slots[limit]
+        for slot in held:
+            out.append([f"{key}/{tenant}" if on_tenant else key, task_id, slot, times])
+    return out
+
+
+# -- SlowDown (issue 33) ------------------------------------------------------------------------------------------
+
+SLOW_PAUSE = 6.0
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), lock_rate_on=["key"], lock_unique_on=["n"])
+def api_call(self: Any, key: str, n: int, raise_once: bool = False) -> str:
+    """Records ``[key, n, task_id, node time of the counted start, raised]`` in ``slow_runs``; with ``raise_once``,
+    the first run of this call raises SlowDown(SLOW_PAUSE), as a body told "429, Retry-After" would."""
+    raising = bool(raise_once and record.set(f"slow-raised:{self.request.id}", 1, nx=True))
+    record.rpush("slow_runs", json.dumps([key, n, self.request.id, self.rate_started_at, raising, time.time()]))
+    if raising:
+        raise SlowDown.from_retry_after(str(int(SLOW_PAUSE)))
+    return f"{key}:{n}"
+
+
+def slow_rows(key: str) -> list[list[Any]]:
+    return [r for r in (json.loads(x) for x in record.lrange("slow_runs", 0, -1)) if r[0] == key]
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"])
+def unrated_slow(self: Any, key: str) -> str:
+    """No lock_rate: a SlowDown has no rate to pause, and fails the call."""
+    raise SlowDown(1.0)
