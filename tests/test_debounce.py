@@ -677,6 +677,42 @@ def test_versions_a_resumed_node_took_out_of_order_still_run_the_last_call(c: Cl
     assert debounced_runs(c, k) == [(j, 2)]
 
 
+def test_the_last_call_of_a_burst_runs_when_a_node_whose_clock_is_behind_missed_an_earlier_call(c: Cluster) -> None:
+    """Stamps come from each node's clock, and the nodes' clocks differ (here node 2 runs 5 s behind; NTP keeps it to
+    milliseconds, and a burst's calls can be microseconds apart). Call 1 joined burst J while node 2 was out (down, or
+    unreachable, and back with its data): its stamp is nodes 1 and 3's. Call 2, made after call 1 returned, joined J
+    on every node: its earliest stamp is node 2's, 5 s behind, so by stamps alone call 2 is older than call 1. J must
+    run call 2's arguments (the last call): every node that holds both took call 2 after call 1."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.policies.debounce import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    j, one, two = "j-" + new_key(), "z-" + new_key(), "a-" + new_key()  # call 1's id the larger
+
+    def join(call: str, version: int, on: list[int]) -> list[Any]:
+        blob = kombu_json.dumps([[k, version], {}])
+        return nodes.run(DEBOUNCE_JOIN, [burst], [call, 0, 0, blob, 600_000, "x", 60_000, 60_000], nodes=on)
+
+    started = join(j, 0, [0, 1, 2])
+    join(one, 1, [0, 2])  # node 2 out
+    join(two, 2, [0, 1, 2])
+    with contextlib.closing(c.lock_client(c.locks[1])) as client:  # node 2's clock: 5 s behind
+        hist = json.loads(client.hget(burst, "hist"))
+        for v in hist:
+            v[5] = str(int(v[5]) - 5_000_000)
+        client.hset(burst, "hist", json.dumps(hist))
+    at = min(int(a[5]) for a in started)
+    mod.app.send_task(mod.debounced.name, (k, 0), task_id=j, headers={DEBOUNCE_HEADER: 1, VERSION_HEADER: at})
+    assert mod.debounced.AsyncResult(j).get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(j, 2)]
+
+
 #: The fault schedule CI replays: a seed that held on every run (as did 4, 32595, 31098, 3291, 1358, 20138, and,
 #: since issue 29's fix, 908197650).
 DEBOUNCE_SEED = 35853595

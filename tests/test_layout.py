@@ -485,7 +485,7 @@ OVERSIZE = {
     "keys.py:_encode_other": "the canonical encoding's type dispatch, one return per type",
     "cli.py:cancel_command": "locks cancel: its three ways to name a job and their errors",
     "lease.py:_LeaseSpec._attempt_steps": "the acquire step machine (token, quorum, undo on a split vote)",
-    "policies/debounce.py": "a burst at send and at the worker (join, check, claim, confirm by quorum); to split in two",
+    "policies/debounce.py": "a burst at send and at the worker (join, check, claim, confirm by quorum); to split",
     "redlock.py:Redlock": "the public lock: a fifth of it is its docstring (the user's manual, doctested)",
 }
 
