@@ -645,6 +645,23 @@ def test_a_call_whose_burst_two_nodes_lost_one_after_the_other_still_runs_its_ar
     assert debounced_runs(c, k) == [(first.id, 1)]
 
 
+def test_a_call_that_joined_on_every_node_still_runs_after_two_of_them_restarted_empty_one_after_the_other(
+    c: Cluster,
+) -> None:
+    """The same two restarts, with every node up at the call: call 1 joins J on all three nodes (no node missed it),
+    then node 3 and node 2 are restarted empty one after the other, so call 1's version is on node 1 alone when J
+    claims. J must run call 1's arguments, the last call's, not its message's (call 0's)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.debounced.apply_async((k, 0), countdown=2)  # J, due in 3 s
+    second = mod.debounced.delay(k, 1)
+    assert second.id == first.id
+    c.locks[2].restart()
+    c.locks[1].restart()
+    assert second.get(timeout=30) == [k, 1]
+    assert debounced_runs(c, k) == [(first.id, 1)]
+
+
 def test_versions_a_resumed_node_took_out_of_order_still_run_the_last_call(c: Cluster) -> None:
     """Issue 29, the paused node's part: calls 1 and 2 joined burst J on nodes 2 and 3 while node 1 was paused;
     node 1 ran their joins when it resumed, in any order (one connection each): here call 2's first, so node 1

@@ -21,7 +21,7 @@ Each call is a *version* of its burst (named by its own task id, kept on each no
 lock node out at a time (paused, or restarted empty):
 
 * every call's arguments run at least once: as its burst's last call (the newest version a quorum of the nodes
-  holds, or one holds confirmed: a call that joined on a quorum but not on every node confirms its version there,
+  holds, or one holds confirmed: a call that joined on a quorum (more than one node) confirms its version there,
   so two nodes restarted empty one after the other lose no call), or on its own when no quorum agreed on a burst
   at its call (it then takes its version back from every node: the burst never runs it too);
 * no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
@@ -330,10 +330,11 @@ def send(call: Call) -> Any:
     ctx.signal("duplicate_skipped", key=key, task_id=task_id, holder_task_id=job, policy="debounce")
     ctx.count("debounced")
     holders = [i for i, a in enumerate(answers) if not isinstance(a, BaseException) and a and _text(a[1]) == job]
-    if len(holders) < len(answers):
-        # A node missed this join (out, or on a burst of its own): this version is on just a quorum, and a node of
-        # it restarted empty later would leave it on a minority, which a claim ignores. Confirmed on the nodes that
-        # agreed, it counts on any one of them (only a call that saw a quorum confirms).
+    if len(answers) > 1:
+        # Nodes restarted empty one after the other before the claim (on every node it joined, or on the quorum it
+        # had when a node missed it) would leave this version on a minority, which a claim ignores. Confirmed on the
+        # nodes that agreed, it counts on any one of them (only a call that saw a quorum confirms). One node: a
+        # quorum of itself.
         confirm(ctx, key, job, task_id, holders)
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
