@@ -667,6 +667,23 @@ def test_a_call_whose_burst_two_nodes_lost_one_after_the_other_still_runs_its_ar
     assert debounced_runs(c, k) == [(first.id, 1)]
 
 
+def test_a_call_that_joined_on_every_node_still_runs_after_two_of_them_restarted_empty_one_after_the_other(
+    c: Cluster,
+) -> None:
+    """The same two restarts, with every node up at the call: call 1 joins J on all three nodes (no node missed it),
+    then node 3 and node 2 are restarted empty one after the other, so call 1's version is on node 1 alone when J
+    claims. J must run call 1's arguments, the last call's, not its message's (call 0's)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.debounced.apply_async((k, 0), countdown=2)  # J, due in 3 s
+    second = mod.debounced.delay(k, 1)
+    assert second.id == first.id
+    c.locks[2].restart()
+    c.locks[1].restart()
+    assert second.get(timeout=30) == [k, 1]
+    assert debounced_runs(c, k) == [(first.id, 1)]
+
+
 def test_versions_a_resumed_node_took_out_of_order_still_run_the_last_call(c: Cluster) -> None:
     """Issue 29, the paused node's part: calls 1 and 2 joined burst J on nodes 2 and 3 while node 1 was paused;
     node 1 ran their joins when it resumed, in any order (one connection each): here call 2's first, so node 1
@@ -694,6 +711,42 @@ def test_versions_a_resumed_node_took_out_of_order_still_run_the_last_call(c: Cl
     join(two, 2, [0])  # node 1 resumed: call 2's join first
     join(one, 1, [0])
     at = int(started[0][5])
+    mod.app.send_task(mod.debounced.name, (k, 0), task_id=j, headers={DEBOUNCE_HEADER: 1, VERSION_HEADER: at})
+    assert mod.debounced.AsyncResult(j).get(timeout=30) == [k, 2]
+    assert debounced_runs(c, k) == [(j, 2)]
+
+
+def test_the_last_call_of_a_burst_runs_when_a_node_whose_clock_is_behind_missed_an_earlier_call(c: Cluster) -> None:
+    """Stamps come from each node's clock, and the nodes' clocks differ (here node 2 runs 5 s behind; NTP keeps it to
+    milliseconds, and a burst's calls can be microseconds apart). Call 1 joined burst J while node 2 was out (down, or
+    unreachable, and back with its data): its stamp is nodes 1 and 3's. Call 2, made after call 1 returned, joined J
+    on every node: its earliest stamp is node 2's, 5 s behind, so by stamps alone call 2 is older than call 1. J must
+    run call 2's arguments (the last call): every node that holds both took call 2 after call 1."""
+    from kombu.utils import json as kombu_json  # noqa: PLC0415
+
+    from celery_singleton_lock.policies.debounce import DEBOUNCE_HEADER, VERSION_HEADER  # noqa: PLC0415
+    from celery_singleton_lock.record import burst_key_for  # noqa: PLC0415
+    from celery_singleton_lock.scripts import DEBOUNCE_JOIN  # noqa: PLC0415
+
+    mod = c.app_module()
+    k = new_key()
+    nodes = mod.debounced._options().settings.nodes
+    burst = burst_key_for(mod.debounced.lock_key_for(k))
+    j, one, two = "j-" + new_key(), "z-" + new_key(), "a-" + new_key()  # call 1's id the larger
+
+    def join(call: str, version: int, on: list[int]) -> list[Any]:
+        blob = kombu_json.dumps([[k, version], {}])
+        return nodes.run(DEBOUNCE_JOIN, [burst], [call, 0, 0, blob, 600_000, "x", 60_000, 60_000], nodes=on)
+
+    started = join(j, 0, [0, 1, 2])
+    join(one, 1, [0, 2])  # node 2 out
+    join(two, 2, [0, 1, 2])
+    with contextlib.closing(c.lock_client(c.locks[1])) as client:  # node 2's clock: 5 s behind
+        hist = json.loads(client.hget(burst, "hist"))
+        for v in hist:
+            v[5] = str(int(v[5]) - 5_000_000)
+        client.hset(burst, "hist", json.dumps(hist))
+    at = min(int(a[5]) for a in started)
     mod.app.send_task(mod.debounced.name, (k, 0), task_id=j, headers={DEBOUNCE_HEADER: 1, VERSION_HEADER: at})
     assert mod.debounced.AsyncResult(j).get(timeout=30) == [k, 2]
     assert debounced_runs(c, k) == [(j, 2)]

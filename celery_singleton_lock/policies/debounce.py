@@ -22,7 +22,7 @@ Each call is a *version* of its burst (named by its own task id, kept on each no
 lock node out at a time (paused, or restarted empty):
 
 * every call's arguments run at least once: as its burst's last call (the newest version a quorum of the nodes
-  holds, or one holds confirmed: a call that joined on a quorum but not on every node confirms its version there,
+  holds, or one holds confirmed: a call that joined on a quorum (more than one node) confirms its version there,
   so two nodes restarted empty one after the other lose no call), or on its own when no quorum agreed on a burst
   at its call (it then takes its version back from every node: the burst never runs it too);
 * no version runs twice (a SIGKILLed run's redelivery aside: the lock's at-least-once);
@@ -34,7 +34,9 @@ lock node out at a time (paused, or restarted empty):
   newest version's call's expiry; its first message, the first call's).
 
 Why the order holds (docs/protocol.md, "Debounce", Order): each call is stamped by the nodes' clocks when they take
-it (its stamp: the earliest a node gave it), so a call made after another returned has the larger stamp. Every
+it (its stamp: the earliest a node gave it), so a call made after another returned has the larger stamp, as far as
+the nodes' clocks agree (within a burst the nodes' own orders choose the newest version, free of their skew:
+:func:`choose`; between runs, two calls closer than the skew can be ordered the wrong way round). Every
 debounced delivery, holding the lock, writes its version's stamp as the key's newest run on every node that
 answers (``lua/debounce_claim``, ``ran``) unless one has a larger one there: then a newer version ran and this one
 is superseded. One node's note suffices (only a run that started writes one), and a note written under the lock is
@@ -167,15 +169,21 @@ def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version 
     other), one list per node that answered; None when there is none. A version a minority alone holds unconfirmed
     may be a call that found no quorum and runs on its own (its take-back missed that node): never chosen.
 
-    Newest: the latest stamp (the earliest a node that answered took it, see :func:`stamp`: a node that was paused
-    takes the calls it held when it resumes, in any order, so its numbers can say older for newer, its stamps
-    are later but never the earliest of a version a quorum took); then the highest number any node gave it; then
-    the larger task id (calls that raced), the same on every reader. Its stamp is that earliest one."""
+    Newest: the one that the nodes holding it and each other one took last, on most of them (each node's own order,
+    free of the nodes' clocks' skew: a node whose clock is behind, that missed an earlier call, gives a later call
+    an earlier stamp than the others gave the earlier one). On a tie (or no node holding both): the latest stamp
+    (the earliest a node that answered took it, see :func:`stamp`: a node that was paused takes the calls it held
+    when it resumes, in any order, so its order can say older for newer, its stamps are later but never the
+    earliest of a version a quorum took); then the highest number any node gave it; then the larger task id (calls
+    that raced), the same on every reader. Its stamp is that earliest one."""
     held: Counter[str] = Counter()
     best: dict[str, Version] = {}
     first: dict[str, int] = {}
     confirmed: set[str] = set()
+    orders: list[dict[str, int]] = []
     for versions in nodes_versions:
+        order = {v.call: i for i, v in enumerate(versions)}  # oldest first: the order the node took them in
+        orders.append(order)
         for v in {v.call: v for v in versions}.values():
             held[v.call] += 1
             if v.call not in best or v.n > best[v.call].n:
@@ -187,7 +195,19 @@ def choose(nodes_versions: Sequence[Sequence[Version]], quorum: int) -> Version 
     agreed = [best[c] for c, count in held.items() if count >= quorum or c in confirmed]
     if not agreed:
         return None
-    chosen = max(agreed, key=lambda v: (first.get(v.call, 0), v.n, v.call))
+
+    def rank(v: Version) -> tuple[int, int, str]:
+        return (first.get(v.call, 0), v.n, v.call)
+
+    def after(x: Version, y: Version) -> bool:
+        votes = sum((o[x.call] > o[y.call]) - (o[x.call] < o[y.call]) for o in orders if x.call in o and y.call in o)
+        return votes > 0 if votes else rank(x) > rank(y)
+
+    # The version newer than every other; none (the nodes' orders disagree in a cycle): the latest by rank.
+    chosen = next(
+        (x for x in agreed if all(after(x, y) for y in agreed if y.call != x.call)),
+        max(agreed, key=rank),
+    )
     return chosen._replace(at=first.get(chosen.call, 0), confirmed=chosen.call in confirmed)
 
 
@@ -317,10 +337,11 @@ def send(call: Call) -> Any:
     ctx.signal("duplicate_skipped", key=key, task_id=task_id, holder_task_id=job, policy="debounce")
     ctx.count("debounced")
     holders = [i for i, a in enumerate(answers) if not isinstance(a, BaseException) and a and _text(a[1]) == job]
-    if len(holders) < len(answers):
-        # A node missed this join (out, or on a burst of its own): this version is on just a quorum, and a node of
-        # it restarted empty later would leave it on a minority, which a claim ignores. Confirmed on the nodes that
-        # agreed, it counts on any one of them (only a call that saw a quorum confirms).
+    if len(answers) > 1:
+        # Nodes restarted empty one after the other before the claim (on every node it joined, or on the quorum it
+        # had when a node missed it) would leave this version on a minority, which a claim ignores. Confirmed on the
+        # nodes that agreed, it counts on any one of them (only a call that saw a quorum confirms). One node: a
+        # quorum of itself.
         confirm(ctx, key, job, task_id, holders)
     if sum(1 for a in agreed if int(a[0]) == JOIN_STANDIN) >= nodes.quorum:
         # The burst's starter never said its message was sent (slow, or it died between its join and its publish):
