@@ -78,9 +78,11 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
         newer = line.superseded_by(ctx, key, task_id, options)
         if newer is not None:
-            if options.policy.hands_on and getattr(request, WOKEN_HEADER, None):
-                # "cancel": a stopped run may have handed its lock to this call (its woken copy follows every such
-                # hand-over): the lock goes on to the newest waiting call, never free in between.
+            if options.policy.hands_on:
+                # "cancel": a stopped run may have handed its lock to this call. Any copy of it passes the lock on to
+                # the newest waiting call, never free in between: the woken copy that follows every hand-over, or
+                # the fallback copy when that one is lost or late (a worker SIGKILLed holding it), which would
+                # otherwise leave the newer call waiting for the hand-over to expire.
                 pass_on(ctx, run, options)
             line.replaced(ctx, run, task_id, newer)
             return
@@ -520,7 +522,7 @@ def superseded_meanwhile(ctx: Context, run: Run, lock: Redlock, options: Options
 
 
 def pass_on(ctx: Context, run: Run, options: Options) -> None:
-    """A woken copy of a superseded call ("cancel"): a lock handed to it (``handed``, its task id) is taken over and
+    """A copy (woken, or the fallback) of a superseded call ("cancel"): a lock handed to it (``handed``, its task id) is taken over and
     handed on to the newest waiting call, or freed and the line woken when nobody waits. Anything else is left alone."""
     lock = ctx.new_lock(run.key, run.task_id, int(ctx.request.retries or 0), 1, 0)
     try:

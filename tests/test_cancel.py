@@ -494,3 +494,66 @@ def test_the_holder_read_counts_a_durable_cancel_s_done_marker_as_set(c: Cluster
     for marker, expected in ((cancelled, 1), (finished, 1), (unknown, 0)):
         answers = nodes.run(STATUS, (key, marker), ())
         assert [a[2] for a in answers] == [expected] * len(nodes.clients), (marker, answers)
+
+
+# -- attacks on the hand-over (issue 32 review): a lost woken copy, a cancelled waiter, a holder ending by itself ----
+
+
+SLOW_Q = "c-slow"  # rebuild_slow: renewed every 3 s, a waiting call's fallback copy ~9 s, a handed lock 30 s
+
+
+@pytest.fixture(scope="module")
+def slow_worker(c: Cluster) -> Any:
+    return c.worker("w-slow", queues=SLOW_Q, pool="prefork", concurrency=2)
+
+
+def line_keys(c: Cluster, key: str) -> tuple[Any, str, str]:
+    """The first lock node's client (the node holding the key's line) and the line's two keys."""
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    return c.lock_client(c.locks[0]), sibling_key(key, ":waiters"), sibling_key(key, ":parked")
+
+
+def wait_parked(c: Cluster, key: str, task_id: str) -> dict[str, Any]:
+    """The message that wakes ``task_id``, once it waits in ``key``'s line (polled every 5 ms)."""
+    client, _, parked = line_keys(c, key)
+    for _ in polling(WAIT, 0.005):
+        message = client.hget(parked, task_id)
+        if message is not None:
+            return dict(json.loads(message))
+    raise AssertionError(f"{task_id} never waited in the line of {key}")
+
+
+def handed_until(c: Cluster, key: str, task_id: str) -> float:
+    """Once a quorum of nodes holds ``key`` handed to ``task_id``: when that hand-over ends (Unix s, by its PTTL)."""
+    import time  # noqa: PLC0415
+
+    assert c.wait_holder_state(key, "handed", timeout=WAIT), c.holder_states(key)
+    client = c.lock_client(c.locks[1])
+    assert client.hget(key, "job") == task_id.encode(), client.hgetall(key)
+    return time.time() + int(client.pttl(key)) / 1000.0
+
+
+def test_a_waiter_s_fallback_copy_superseded_while_handed_passes_the_lock_on(c: Cluster, slow_worker: Any) -> None:
+    """The stopped run hands its lock to waiter W, and W's woken copy is lost (here: sent to a queue nobody reads;
+    in life a worker SIGKILLed holding it, restored only after the visibility timeout). A newer call N meets the lock
+    handed to W: it supersedes W, and waits. W's fallback copy arrives first: it must pass the lock on to N (as the
+    woken copy would), so N runs then, not only once the hand-over expires 30 s later."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    woken = wait_parked(c, key, waiter.id)  # before the holder's next renewal (3 s) sees the request
+    woken["options"].update(queue="c-void", exchange="", routing_key="c-void")
+    client, _, parked = line_keys(c, key)
+    client.hset(parked, waiter.id, json.dumps(woken))
+    until = handed_until(c, key, waiter.id)
+    newest = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
+    assert newest.get(timeout=WAIT + 30) == 2
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "cancelled"), (newest.id, "ran")], found
+    assert found[1][3] < until, f"the newest call waited for the hand-over to W to expire: {found[1][3] - until:.1f}"
+    reason = superseded_reasons(c, [waiter.id])[waiter.id]
+    assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason
