@@ -557,3 +557,26 @@ def test_a_waiter_s_fallback_copy_superseded_while_handed_passes_the_lock_on(c: 
     assert found[1][3] < until, f"the newest call waited for the hand-over to W to expire: {found[1][3] - until:.1f}"
     reason = superseded_reasons(c, [waiter.id])[waiter.id]
     assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason
+
+
+def test_a_waiter_cancelled_durably_is_never_handed_the_lock(c: Cluster, slow_worker: Any) -> None:
+    """Waiter W asks the running job to stop, and is itself cancelled by task id (`task.cancel_task_id`, `locks
+    cancel`) before the stopped run's release: the release must not hand the lock to W, whose copies are all dropped
+    (nothing would ever take it over: the key stuck, every later call waiting for the hand-over to expire, 30 s).
+    W ends REVOKED naming the cancel, never run, and the key is free for the next call."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    wait_parked(c, key, waiter.id)  # before the holder's next renewal (3 s) sees the request
+    assert mod.rebuild_slow.cancel_task_id(waiter.id, (k, 1, 0.1)).outcome == "pending"
+    assert revoked_reason(c, waiter.id).startswith("cancelled (by task.cancel at ")
+    assert [(s[1], s[7]) for s in wait_spans(c, k, 1)] == [(first.id, "cancelled")]
+    for _ in polling(1.0, 0.05):  # the dropped copy's release of its place, if any, has happened
+        pass
+    held = [c.lock_client(s).hgetall(key) for s in c.locks]
+    assert not any(r.get(b"job") == waiter.id.encode() for r in held), held
+    after = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
+    assert after.get(timeout=WAIT) == 2
