@@ -527,6 +527,11 @@ def pass_on(ctx: Context, run: Run, options: Options) -> None:
     lock = ctx.new_lock(run.key, run.task_id, int(ctx.request.retries or 0), 1, 0)
     try:
         if not lock.acquire(blocking=False):
+            if lock.done:
+                # This call was cancelled by task id: a lock handed to it was freed then (cancel_job.lua), and the
+                # newer call that superseded it waits for a hand-over that will not come: wake it.
+                line.wake_next(ctx, run.key, options)
+                return
             record = lock.holder_record or {}
             if not (lock.contended and record.get("job") == run.task_id and record.get("state") == HANDED):
                 return
@@ -709,22 +714,26 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
     if lock is None:
         return
     options = ctx.options
+    # A feature may keep the lock held a while after the job's end (cooldown, after a success).
+    hold_for = 0.0
+    if done:
+        for feature in options.hooks.at_release:
+            hold_for = max(hold_for, feature.at_release(ctx, run, succeeded=succeeded))
     if (
         done
-        and run.cancelled_by is not None
         and options.policy.hands_on
+        and (run.cancelled_by is not None or not hold_for)
         and line.hand_to_newest(ctx, run, lock, options)
     ):
-        # Stopped for a newer call ("cancel"): the lock went to the newest waiting call, never free in between.
+        # "cancel": the lock went to the newest waiting call, never free in between. Also when this run ended by
+        # itself: a call waits only after asking it to stop, and its request may have come too late to be seen
+        # (between two renewals); freed, the key would let a newer call in ahead of the waiting one, which then runs
+        # after that newer call, an older call last.
         ctx.count("released")
         signals.lock_released.send(sender=ctx.task, key=run.key, task_id=run.task_id, held=True)
         return
     try:
         if done:
-            # A feature may keep the lock held a while after the job's end (cooldown, after a success).
-            hold_for = 0.0
-            for feature in options.hooks.at_release:
-                hold_for = max(hold_for, feature.at_release(ctx, run, succeeded=succeeded))
             held = lock.finish(
                 # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
                 # the other copy can start late, so the marker lasts the whole window.

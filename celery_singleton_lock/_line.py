@@ -247,15 +247,17 @@ def wake_next(ctx: Context, key: str, options: Options) -> None:
 
 
 def hand_to_newest(ctx: Context, run: Run, lock: Redlock, options: Options) -> bool:
-    """lock_on_duplicate="cancel": hand ``lock`` (held by this run, which a newer call stopped, or by a waiting call
-    that was superseded meanwhile) to the newest call waiting in the key's line, and wake it; True when handed.
+    """lock_on_duplicate="cancel": hand ``lock`` (held by this run, which a newer call stopped or which ended by itself
+    while a call waited, or by a waiting call that was superseded meanwhile) to the newest call waiting in the key's
+    line, and wake it; True when handed.
 
     The lock is never free in between (hand_on.lua, on a quorum of the nodes, in place of the release), so a call
     that reaches a worker meanwhile meets it held by that waiter (state ``handed``): a duplicate, which parks in the
     line as with "replace" (older than the waiter: superseded by it; newer: the waiter is superseded, and its copy
     hands the lock on again). The waiter stays in the line until its copy takes the lock over. False (nothing
     changed: the caller releases and wakes the line as before) when nobody waits, or the line's node does not answer;
-    also when the hand-over reached fewer than a quorum of the nodes (then undone: the lock is free).
+    also when the hand-over reached fewer than a quorum of the nodes, or the waiting call's job has ended (cancelled
+    by task id while it waited): then undone, the lock is free.
     """
     try:
         client, line, messages = waiters(run.key, options)

@@ -524,6 +524,15 @@ def wait_parked(c: Cluster, key: str, task_id: str) -> dict[str, Any]:
     raise AssertionError(f"{task_id} never waited in the line of {key}")
 
 
+def wait_asked(c: Cluster, key: str, task_id: str) -> None:
+    """Once ``task_id`` has asked ``key``'s running holder to stop (the record's ``cancel`` field, on node 2)."""
+    client = c.lock_client(c.locks[1])
+    for _ in polling(WAIT, 0.005):
+        if client.hget(key, "cancel") == task_id.encode():
+            return
+    raise AssertionError(f"{task_id} never asked the holder of {key} to stop")
+
+
 def handed_until(c: Cluster, key: str, task_id: str) -> float:
     """Once a quorum of nodes holds ``key`` handed to ``task_id``: when that hand-over ends (Unix s, by its PTTL)."""
     import time  # noqa: PLC0415
@@ -570,7 +579,7 @@ def test_a_waiter_cancelled_durably_is_never_handed_the_lock(c: Cluster, slow_wo
     c.wait_started(k, 1, timeout=WAIT)
     key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
     waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
-    wait_parked(c, key, waiter.id)  # before the holder's next renewal (3 s) sees the request
+    wait_asked(c, key, waiter.id)  # before the holder's next renewal (3 s) sees the request
     assert mod.rebuild_slow.cancel_task_id(waiter.id, (k, 1, 0.1)).outcome == "pending"
     assert revoked_reason(c, waiter.id).startswith("cancelled (by task.cancel at ")
     assert [(s[1], s[7]) for s in wait_spans(c, k, 1)] == [(first.id, "cancelled")]
@@ -580,3 +589,63 @@ def test_a_waiter_cancelled_durably_is_never_handed_the_lock(c: Cluster, slow_wo
     assert not any(r.get(b"job") == waiter.id.encode() for r in held), held
     after = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
     assert after.get(timeout=WAIT) == 2
+
+
+def test_a_holder_ending_by_itself_after_the_request_hands_its_lock_to_the_waiter(c: Cluster) -> None:
+    """The running job A ends by itself after the newer call W asked it to stop, before its renewal saw the request
+    (renewed every 3 s, its body 2 s). A's release must hand the lock to W as a stop would: X, a newer call reaching
+    the child A frees (queued behind it, the other child kept busy), meets the lock handed to W and supersedes it,
+    and runs; W never runs (before: A's release freed the key, X found it free and ran, and W, older, ran after X:
+    an older call last)."""
+    mod = c.app_module()
+    queue = "c-natural"
+    c.worker("w-natural", queues=queue, pool="prefork", concurrency=2, extra=["-O", "fair"])
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 2.0), queue=queue)
+    c.wait_started(k, 1, timeout=WAIT)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=queue)  # asks A to stop, waits in line
+    key = mod.rebuild_slow.lock_key_for(k, 0, 2.0)
+    wait_parked(c, key, waiter.id)
+    blocker = mod.build.apply_async((new_key(), 0, 5.0), queue=queue)  # the other child, until after A's end
+    newest = mod.rebuild_slow.apply_async((k, 2, 1.0), queue=queue)  # queued: it reaches the child A frees
+    assert newest.get(timeout=WAIT) == 2
+    assert first.get(timeout=WAIT) == 0  # A ran to its end: the request came too late to stop it
+    blocker.get(timeout=WAIT)
+    for _ in polling(3.0, 0.2):  # the waiter's woken copy comes back and must not run
+        pass
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "ran"), (newest.id, "ran")], found
+    assert found[0][4] <= found[1][3], found
+    reason = superseded_reasons(c, [waiter.id])[waiter.id]
+    assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason
+
+
+def test_a_waiter_cancelled_once_handed_and_superseded_lets_the_newer_call_run(c: Cluster, slow_worker: Any) -> None:
+    """The lock is handed to W (its woken copy lost), a newer call N supersedes W and waits, then W is cancelled by
+    task id (the hand-over freed: what `locks cancel --id` does for a task whose results are ignored; with results,
+    the superseded W is REVOKED already and the cancel leaves it alone). W's fallback copy, finding W superseded and cancelled, must wake N: N runs then,
+    not only when its own fallback copy comes (timed for the hand-over's end, 30 s)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    woken = wait_parked(c, key, waiter.id)
+    woken["options"].update(queue="c-void", exchange="", routing_key="c-void")
+    client, _, parked = line_keys(c, key)
+    client.hset(parked, waiter.id, json.dumps(woken))
+    until = handed_until(c, key, waiter.id)
+    newest = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
+    wait_parked(c, key, newest.id)
+    for _ in polling(1.0, 0.1):  # N looks at the lock once more after parking (handed: it waits), then defers
+        pass
+    from celery_singleton_lock.policies.cancel import cancel_job  # noqa: PLC0415
+
+    settings = mod.rebuild_slow.lock_context().options.settings
+    report = cancel_job(settings.nodes, settings.prefix, key, waiter.id, by="locks cancel by test")
+    assert report.outcome == "freed", str(report)
+    assert newest.get(timeout=WAIT + 30) == 2
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "cancelled"), (newest.id, "ran")], found
+    assert found[1][3] < until, f"the newest call waited for the hand-over to W to expire: {found[1][3] - until:.1f}"

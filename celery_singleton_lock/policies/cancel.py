@@ -19,7 +19,9 @@ The whole of it, in the order it happens::
       |                     reaching a worker meanwhile meets it held by W, a duplicate, and parks as with
       |                     "replace" (older than W: superseded by W; newer: W is superseded, and W's copy, taking
       |                     the lock over, hands it on to the newest waiter in turn, and so on). Nobody waiting, the
-      |                     line's node down, or fewer than a quorum reached: the release frees the lock as before
+      |                     line's node down, fewer than a quorum reached, or W cancelled by task id meanwhile: the
+      |                     release frees the lock as before. A run that ends by itself after the request (before a
+      |                     renewal saw it) hands its lock on the same way (unless a cooldown follows)
     a body that goes on     (C code, a swallowed exception) one renewal interval of grace, then its lease is no
                             longer renewed: it ends by itself, and the newer call runs then, with a greater fencing
                             token than A's (a store that checks tokens refuses A's late writes)
