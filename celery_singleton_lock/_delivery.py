@@ -522,8 +522,9 @@ def superseded_meanwhile(ctx: Context, run: Run, lock: Redlock, options: Options
 
 
 def pass_on(ctx: Context, run: Run, options: Options) -> None:
-    """A copy (woken, or the fallback) of a superseded call ("cancel"): a lock handed to it (``handed``, its task id) is taken over and
-    handed on to the newest waiting call, or freed and the line woken when nobody waits. Anything else is left alone."""
+    """A copy (woken, or the fallback) of a superseded call ("cancel"): a lock handed to it (``handed``, its task id)
+    is taken over and handed on to the newest waiting call, or freed and the line woken when nobody waits. Anything
+    else is left alone."""
     lock = ctx.new_lock(run.key, run.task_id, int(ctx.request.retries or 0), 1, 0)
     try:
         if not lock.acquire(blocking=False):

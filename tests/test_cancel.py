@@ -623,8 +623,9 @@ def test_a_holder_ending_by_itself_after_the_request_hands_its_lock_to_the_waite
 def test_a_waiter_cancelled_once_handed_and_superseded_lets_the_newer_call_run(c: Cluster, slow_worker: Any) -> None:
     """The lock is handed to W (its woken copy lost), a newer call N supersedes W and waits, then W is cancelled by
     task id (the hand-over freed: what `locks cancel --id` does for a task whose results are ignored; with results,
-    the superseded W is REVOKED already and the cancel leaves it alone). W's fallback copy, finding W superseded and cancelled, must wake N: N runs then,
-    not only when its own fallback copy comes (timed for the hand-over's end, 30 s)."""
+    the superseded W is REVOKED already and the cancel leaves it alone). W's fallback copy, finding W superseded and
+    cancelled, must wake N: N runs then, not only when its own fallback copy comes (timed for the hand-over's end,
+    30 s)."""
     mod = c.app_module()
     k = new_key()
     first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
