@@ -613,11 +613,20 @@ class _Duplicate:
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.ctx, run, countdown, "duplicate", headers, detail, self.holder_id)
 
-    def stop_holder(self) -> None:
+    def stop_holder(self) -> str:
         holder = self.holder_id
-        if holder is not None and holder != self.run.task_id:
-            options = self.ctx.options
-            cancel.ask(options.settings.nodes, self.run.key, holder, self.run.task_id, options.done_window)
+        if holder is None or holder == self.run.task_id:
+            return "none"
+        ctx, run = self.ctx, self.run
+        options = ctx.options
+        return cancel.ask(options.settings.nodes, run.key, holder, run.task_id, options.done_window, since(ctx.request))
+
+    def superseded(self) -> None:
+        ctx, run = self.ctx, self.run
+        assert self.holder_id is not None
+        line.supersede(ctx, run.key, run.task_id, self.holder_id, ctx.options)
+        ctx.count("replaced")
+        line.replaced(ctx, run, run.task_id, self.holder_id)
 
     def back_in_line(self) -> None:
         run = self.run

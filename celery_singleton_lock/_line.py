@@ -44,6 +44,7 @@ __all__ = [
     "hand_to_newest",
     "park",
     "replaced",
+    "supersede",
     "superseded_by",
     "unpark",
     "waiters",
@@ -198,6 +199,21 @@ def replaced(ctx: Context, run: Run, task_id: str, newer: str) -> None:
     resend.skip_quietly(ctx, run, Skipped(reason, run.key, newer))
 
 
+def supersede(ctx: Context, key: str, task_id: str, newer: str, options: Options) -> None:
+    """``task_id`` met ``newer``'s run, a newer call of the key ("cancel"): it leaves the line and is marked superseded
+    by it (as park_replacing.lua marks a waiting call), so that its other copies stop too."""
+    try:
+        client, line, messages = waiters(key, options)
+        expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(sibling_key(key, ":superseded:") + task_id, newer, px=expire_ms)
+        pipe.zrem(line, task_id)
+        pipe.hdel(messages, task_id)
+        pipe.execute()
+    except Exception:  # its other copies meet the newer run and find it newer again
+        logger.debug("could not mark %s[%s] superseded", ctx.name, task_id, exc_info=True)
+
+
 def superseded_by(ctx: Context, key: str, task_id: str, options: Options) -> str | None:
     """The task id that replaced this waiting job ("replace"), or None."""
     try:
@@ -261,15 +277,16 @@ def hand_to_newest(ctx: Context, run: Run, lock: Redlock, options: Options) -> b
     """
     try:
         client, line, messages = waiters(run.key, options)
-        newest = [text(x) for x in client.zrange(line, -1, -1)]
-        message = client.hget(messages, newest[0]) if newest and newest[0] != run.task_id else None
+        newest = [(text(x), int(score)) for x, score in client.zrange(line, -1, -1, withscores=True)]
+        message = client.hget(messages, newest[0][0]) if newest and newest[0][0] != run.task_id else None
     except Exception:  # the line's node is down: the release frees the lock, the waiters' fallback copies run
         logger.warning("cannot hand lock %s to its newest waiter (line unreachable): released", run.key, exc_info=True)
         return False
     if message is None:
         return False
-    waiter = newest[0]
-    record = {"state": HANDED, "job": waiter, "open": "1", "at": str(int(time.time() * 1000))}
+    waiter, arrived = newest[0]
+    # "since": when the waiter's call first reached a worker (its place in the line), as its own run will say.
+    record = {"state": HANDED, "job": waiter, "open": "1", "at": str(int(time.time() * 1000)), "since": str(arrived)}
     try:
         if not lock.hand_on(hand_over_for(options.ttl), record, done_for=options.done_window):
             return False

@@ -650,3 +650,26 @@ def test_a_waiter_cancelled_once_handed_and_superseded_lets_the_newer_call_run(c
     found = sorted(spans(c, k), key=lambda s: s[3])
     assert [(s[1], s[7]) for s in found] == [(first.id, "cancelled"), (newest.id, "ran")], found
     assert found[1][3] < until, f"the newest call waited for the hand-over to W to expire: {found[1][3] - until:.1f}"
+
+
+def test_an_older_waiting_call_never_stops_a_newer_run(c: Cluster, slow_worker: Any) -> None:
+    """W asks A to stop too late (A ends by itself first) and waits through A's cooldown; N, a newer call, reaches a
+    worker as the cooldown ends, finds the key free and runs. W's fallback copy then meets N's run: W is older, so N
+    must not be asked to stop: W ends REVOKED "superseded by task N", never run (before: N was stopped, "cancelled by
+    a newer call" naming the older W, and W ran last: the older call won)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_cool.apply_async((k, 0, 2.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_cool.lock_key_for(k, 0, 2.0)
+    waiter = mod.rebuild_cool.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    wait_asked(c, key, waiter.id)  # A's next renewal (3 s) would see it: A's body ends first (2 s)
+    assert first.get(timeout=WAIT) == 0
+    assert c.wait_holder_state(key, "cooldown", timeout=WAIT)
+    assert c.wait_lock_free(key, timeout=WAIT) is not None
+    newest = mod.rebuild_cool.apply_async((k, 2, 8.0), queue=SLOW_Q)  # runs past W's fallback copy (~9 s)
+    assert newest.get(timeout=WAIT) == 2
+    reason = superseded_reasons(c, [waiter.id])[waiter.id]
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "ran"), (newest.id, "ran")], (found, reason)
+    assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason
