@@ -78,9 +78,11 @@ def start(ctx: Context, task_id: str, args: Any, kwargs: Any) -> None:
         # A waiting job's copy: a newer one may have taken its place in the line meanwhile.
         newer = line.superseded_by(ctx, key, task_id, options)
         if newer is not None:
-            if options.policy.hands_on and getattr(request, WOKEN_HEADER, None):
-                # "cancel": a stopped run may have handed its lock to this call (its woken copy follows every such
-                # hand-over): the lock goes on to the newest waiting call, never free in between.
+            if options.policy.hands_on:
+                # "cancel": a stopped run may have handed its lock to this call. Any copy of it passes the lock on to
+                # the newest waiting call, never free in between: the woken copy that follows every hand-over, or
+                # the fallback copy when that one is lost or late (a worker SIGKILLed holding it), which would
+                # otherwise leave the newer call waiting for the hand-over to expire.
                 pass_on(ctx, run, options)
             line.replaced(ctx, run, task_id, newer)
             return
@@ -520,11 +522,17 @@ def superseded_meanwhile(ctx: Context, run: Run, lock: Redlock, options: Options
 
 
 def pass_on(ctx: Context, run: Run, options: Options) -> None:
-    """A woken copy of a superseded call ("cancel"): a lock handed to it (``handed``, its task id) is taken over and
-    handed on to the newest waiting call, or freed and the line woken when nobody waits. Anything else is left alone."""
+    """A copy (woken, or the fallback) of a superseded call ("cancel"): a lock handed to it (``handed``, its task id)
+    is taken over and handed on to the newest waiting call, or freed and the line woken when nobody waits. Anything
+    else is left alone."""
     lock = ctx.new_lock(run.key, run.task_id, int(ctx.request.retries or 0), 1, 0)
     try:
         if not lock.acquire(blocking=False):
+            if lock.done:
+                # This call was cancelled by task id: a lock handed to it was freed then (cancel_job.lua), and the
+                # newer call that superseded it waits for a hand-over that will not come: wake it.
+                line.wake_next(ctx, run.key, options)
+                return
             record = lock.holder_record or {}
             if not (lock.contended and record.get("job") == run.task_id and record.get("state") == HANDED):
                 return
@@ -605,11 +613,20 @@ class _Duplicate:
         detail = f"lock {run.key} {self.held}"
         resend.defer(self.ctx, run, countdown, "duplicate", headers, detail, self.holder_id)
 
-    def stop_holder(self) -> None:
+    def stop_holder(self) -> str:
         holder = self.holder_id
-        if holder is not None and holder != self.run.task_id:
-            options = self.ctx.options
-            cancel.ask(options.settings.nodes, self.run.key, holder, self.run.task_id, options.done_window)
+        if holder is None or holder == self.run.task_id:
+            return "none"
+        ctx, run = self.ctx, self.run
+        options = ctx.options
+        return cancel.ask(options.settings.nodes, run.key, holder, run.task_id, options.done_window, since(ctx.request))
+
+    def superseded(self) -> None:
+        ctx, run = self.ctx, self.run
+        assert self.holder_id is not None
+        line.supersede(ctx, run.key, run.task_id, self.holder_id, ctx.options)
+        ctx.count("replaced")
+        line.replaced(ctx, run, run.task_id, self.holder_id)
 
     def back_in_line(self) -> None:
         run = self.run
@@ -723,22 +740,26 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
     if lock is None:
         return
     options = ctx.options
+    # A feature may keep the lock held a while after the job's end (cooldown, after a success).
+    hold_for = 0.0
+    if done:
+        for feature in options.hooks.at_release:
+            hold_for = max(hold_for, feature.at_release(ctx, run, succeeded=succeeded))
     if (
         done
-        and run.cancelled_by is not None
         and options.policy.hands_on
+        and (run.cancelled_by is not None or not hold_for)
         and line.hand_to_newest(ctx, run, lock, options)
     ):
-        # Stopped for a newer call ("cancel"): the lock went to the newest waiting call, never free in between.
+        # "cancel": the lock went to the newest waiting call, never free in between. Also when this run ended by
+        # itself: a call waits only after asking it to stop, and its request may have come too late to be seen
+        # (between two renewals); freed, the key would let a newer call in ahead of the waiting one, which then runs
+        # after that newer call, an older call last.
         ctx.count("released")
         signals.lock_released.send(sender=ctx.task, key=run.key, task_id=run.task_id, held=True)
         return
     try:
         if done:
-            # A feature may keep the lock held a while after the job's end (cooldown, after a success).
-            hold_for = 0.0
-            for feature in options.hooks.at_release:
-                hold_for = max(hold_for, feature.at_release(ctx, run, succeeded=succeeded))
             held = lock.finish(
                 # A redelivered run's message may exist twice (a visibility-timeout restore, a re-sent copy):
                 # the other copy can start late, so the marker lasts the whole window.

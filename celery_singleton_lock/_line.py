@@ -44,6 +44,7 @@ __all__ = [
     "hand_to_newest",
     "park",
     "replaced",
+    "supersede",
     "superseded_by",
     "unpark",
     "waiters",
@@ -198,6 +199,21 @@ def replaced(ctx: Context, run: Run, task_id: str, newer: str) -> None:
     resend.skip_quietly(ctx, run, Skipped(reason, run.key, newer))
 
 
+def supersede(ctx: Context, key: str, task_id: str, newer: str, options: Options) -> None:
+    """``task_id`` met ``newer``'s run, a newer call of the key ("cancel"): it leaves the line and is marked superseded
+    by it (as park_replacing.lua marks a waiting call), so that its other copies stop too."""
+    try:
+        client, line, messages = waiters(key, options)
+        expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
+        pipe = client.pipeline(transaction=False)
+        pipe.set(sibling_key(key, ":superseded:") + task_id, newer, px=expire_ms)
+        pipe.zrem(line, task_id)
+        pipe.hdel(messages, task_id)
+        pipe.execute()
+    except Exception:  # its other copies meet the newer run and find it newer again
+        logger.debug("could not mark %s[%s] superseded", ctx.name, task_id, exc_info=True)
+
+
 def superseded_by(ctx: Context, key: str, task_id: str, options: Options) -> str | None:
     """The task id that replaced this waiting job ("replace"), or None."""
     try:
@@ -247,27 +263,30 @@ def wake_next(ctx: Context, key: str, options: Options) -> None:
 
 
 def hand_to_newest(ctx: Context, run: Run, lock: Redlock, options: Options) -> bool:
-    """lock_on_duplicate="cancel": hand ``lock`` (held by this run, which a newer call stopped, or by a waiting call
-    that was superseded meanwhile) to the newest call waiting in the key's line, and wake it; True when handed.
+    """lock_on_duplicate="cancel": hand ``lock`` (held by this run, which a newer call stopped or which ended by itself
+    while a call waited, or by a waiting call that was superseded meanwhile) to the newest call waiting in the key's
+    line, and wake it; True when handed.
 
     The lock is never free in between (hand_on.lua, on a quorum of the nodes, in place of the release), so a call
     that reaches a worker meanwhile meets it held by that waiter (state ``handed``): a duplicate, which parks in the
     line as with "replace" (older than the waiter: superseded by it; newer: the waiter is superseded, and its copy
     hands the lock on again). The waiter stays in the line until its copy takes the lock over. False (nothing
     changed: the caller releases and wakes the line as before) when nobody waits, or the line's node does not answer;
-    also when the hand-over reached fewer than a quorum of the nodes (then undone: the lock is free).
+    also when the hand-over reached fewer than a quorum of the nodes, or the waiting call's job has ended (cancelled
+    by task id while it waited): then undone, the lock is free.
     """
     try:
         client, line, messages = waiters(run.key, options)
-        newest = [text(x) for x in client.zrange(line, -1, -1)]
-        message = client.hget(messages, newest[0]) if newest and newest[0] != run.task_id else None
+        newest = [(text(x), int(score)) for x, score in client.zrange(line, -1, -1, withscores=True)]
+        message = client.hget(messages, newest[0][0]) if newest and newest[0][0] != run.task_id else None
     except Exception:  # the line's node is down: the release frees the lock, the waiters' fallback copies run
         logger.warning("cannot hand lock %s to its newest waiter (line unreachable): released", run.key, exc_info=True)
         return False
     if message is None:
         return False
-    waiter = newest[0]
-    record = {"state": HANDED, "job": waiter, "open": "1", "at": str(int(time.time() * 1000))}
+    waiter, arrived = newest[0]
+    # "since": when the waiter's call first reached a worker (its place in the line), as its own run will say.
+    record = {"state": HANDED, "job": waiter, "open": "1", "at": str(int(time.time() * 1000)), "since": str(arrived)}
     try:
         if not lock.hand_on(hand_over_for(options.ttl), record, done_for=options.done_window):
             return False

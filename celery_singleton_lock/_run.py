@@ -279,6 +279,20 @@ class Context:
         settings = options.settings
         if limit is None:
             limit = LIMIT.static(self.cls)
+        record = {
+            "state": RUNNING,
+            "name": self.name,
+            "worker": worker_id(),
+            "at": str(int(time.time() * 1000)),
+            "try": str(retries),
+        }
+        if options.policy.hands_on and not retries:
+            # "cancel": when this call first reached a worker, so that an older call meeting its run is superseded
+            # by it instead of asking it to stop (cancel.lua compares). Not known for a retry or a broker's
+            # redelivery (they carry no such header: "now" would make an old call look new): no field, asked as before.
+            request = self.request
+            if getattr(request, SINCE_HEADER, None) is not None or not (request.delivery_info or {}).get("redelivered"):
+                record["since"] = str(since(request))
         return Redlock(
             settings.nodes,
             key,
@@ -287,13 +301,7 @@ class Context:
             job=task_id,
             limit=limit,
             scan=scan,
-            record={
-                "state": RUNNING,
-                "name": self.name,
-                "worker": worker_id(),
-                "at": str(int(time.time() * 1000)),
-                "try": str(retries),
-            },
+            record=record,
         )
 
     # -- what a feature needs of Celery (policies import none of it) -------------------------------------------

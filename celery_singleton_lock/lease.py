@@ -532,7 +532,9 @@ class _LeaseSpec:
 
     def _hand_on_steps(self, ttl: float, record: Mapping[str, str], done_for: float) -> Steps[bool]:
         """Hand the lease on as ``_transfer_steps`` does, marking ``job`` done on every node in the same step; on fewer
-        than a quorum it is undone everywhere (both tokens released): the lock is free, never held by a minority."""
+        than a quorum it is undone everywhere (both tokens released): the lock is free, never held by a minority. A
+        node where the new owner (``record["job"]``) has ended (its done marker: cancelled by task id, or ran) hands
+        nothing: a lock handed to a job that never runs would hold the key until the hand-over expires."""
         assert self.job is not None
         lease = self._lease
         if lease is None:
@@ -542,7 +544,7 @@ class _LeaseSpec:
         changes = [x for kv in record.items() for x in kv]
         answers = yield (
             HAND_ON,
-            (lease.key, done_key_for(self.name, self.job)),
+            (lease.key, done_key_for(self.name, self.job), done_key_for(self.name, record["job"])),
             (lease.token, token, int(ttl * 1000), max(1, int(done_for * 1000)), *changes),
             None,
             None,

@@ -34,6 +34,7 @@ __all__ = [
     "F_PREV",
     "F_SENT",
     "F_SEQ",
+    "F_SINCE",
     "F_STATE",
     "F_TRY",
     "F_TURN_COUNT",
@@ -94,6 +95,7 @@ F_AT = "at"  #: when the record was written, Unix ms
 F_OPEN = "open"  #: '1': handed over for this job's next delivery, whose refused acquire must not mark it waiting
 F_WAITING = "waiting"  #: '1': a copy of the holder's job waits for it (the done marker then lives longer)
 F_CANCEL = "cancel"  #: lock_on_duplicate="cancel": the task id of the newer call that asks this running job to stop
+F_SINCE = "since"  #: lock_on_duplicate="cancel": when the holder's call first reached a worker (ms): who is newer
 F_PREV = "_prev"  #: a record taken over, JSON [fields, absolute expiry ms], so an undo can put it back
 # A pending debounced burst (``burst_key_for``: lock_debounce) has ``job``, ``name``, ``at`` and these:
 F_FIRST = "first"  #: a burst: when its first call joined (the node's Unix ms)
@@ -124,6 +126,7 @@ FIELDS = (
     F_OPEN,
     F_WAITING,
     F_CANCEL,
+    F_SINCE,
     F_PREV,
     F_FIRST,
     F_DUE,

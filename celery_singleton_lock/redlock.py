@@ -243,9 +243,12 @@ class Redlock(_LeaseSpec):
         """Hand the lease on to another job, as :meth:`transfer`, and mark this lock's ``job`` done (``done_for`` s,
         unless its marker exists) in the same step on each node (``hand_on.lua``). On fewer than a quorum nothing
         stays handed: both tokens are released (the lock is free). LockedTask uses it for ``lock_on_duplicate=
-        "cancel"``: a stopped run's lock goes to the newest waiting call (``state: handed``, ``job``: its task id)."""
+        "cancel"``: a stopped run's lock goes to the newest waiting call (``state: handed``, ``job``: its task id).
+        A node holding that job's done marker (it was cancelled by task id, or ran) hands nothing."""
         if self.job is None:
             raise LockError(f"lock {self.name!r} has no job to mark done", key=self.name)
+        if not record.get("job"):
+            raise LockError(f"lock {self.name!r}: hand_on needs record['job'], the job it hands to", key=self.name)
         if self._forked():
             return False
         with self._mutex:

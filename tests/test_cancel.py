@@ -494,3 +494,182 @@ def test_the_holder_read_counts_a_durable_cancel_s_done_marker_as_set(c: Cluster
     for marker, expected in ((cancelled, 1), (finished, 1), (unknown, 0)):
         answers = nodes.run(STATUS, (key, marker), ())
         assert [a[2] for a in answers] == [expected] * len(nodes.clients), (marker, answers)
+
+
+# -- attacks on the hand-over (issue 32 review): a lost woken copy, a cancelled waiter, a holder ending by itself ----
+
+
+SLOW_Q = "c-slow"  # rebuild_slow: renewed every 3 s, a waiting call's fallback copy ~9 s, a handed lock 30 s
+
+
+@pytest.fixture(scope="module")
+def slow_worker(c: Cluster) -> Any:
+    return c.worker("w-slow", queues=SLOW_Q, pool="prefork", concurrency=2)
+
+
+def line_keys(c: Cluster, key: str) -> tuple[Any, str, str]:
+    """The first lock node's client (the node holding the key's line) and the line's two keys."""
+    from celery_singleton_lock.record import sibling_key  # noqa: PLC0415
+
+    return c.lock_client(c.locks[0]), sibling_key(key, ":waiters"), sibling_key(key, ":parked")
+
+
+def wait_parked(c: Cluster, key: str, task_id: str) -> dict[str, Any]:
+    """The message that wakes ``task_id``, once it waits in ``key``'s line (polled every 5 ms)."""
+    client, _, parked = line_keys(c, key)
+    for _ in polling(WAIT, 0.005):
+        message = client.hget(parked, task_id)
+        if message is not None:
+            return dict(json.loads(message))
+    raise AssertionError(f"{task_id} never waited in the line of {key}")
+
+
+def wait_asked(c: Cluster, key: str, task_id: str) -> None:
+    """Once ``task_id`` has asked ``key``'s running holder to stop (the record's ``cancel`` field, on node 2)."""
+    client = c.lock_client(c.locks[1])
+    for _ in polling(WAIT, 0.005):
+        if client.hget(key, "cancel") == task_id.encode():
+            return
+    raise AssertionError(f"{task_id} never asked the holder of {key} to stop")
+
+
+def handed_until(c: Cluster, key: str, task_id: str) -> float:
+    """Once a quorum of nodes holds ``key`` handed to ``task_id``: when that hand-over ends (Unix s, by its PTTL)."""
+    import time  # noqa: PLC0415
+
+    assert c.wait_holder_state(key, "handed", timeout=WAIT), c.holder_states(key)
+    client = c.lock_client(c.locks[1])
+    assert client.hget(key, "job") == task_id.encode(), client.hgetall(key)
+    return time.time() + int(client.pttl(key)) / 1000.0
+
+
+def test_a_waiter_s_fallback_copy_superseded_while_handed_passes_the_lock_on(c: Cluster, slow_worker: Any) -> None:
+    """The stopped run hands its lock to waiter W, and W's woken copy is lost (here: sent to a queue nobody reads;
+    in life a worker SIGKILLed holding it, restored only after the visibility timeout). A newer call N meets the lock
+    handed to W: it supersedes W, and waits. W's fallback copy arrives first: it must pass the lock on to N (as the
+    woken copy would), so N runs then, not only once the hand-over expires 30 s later."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    woken = wait_parked(c, key, waiter.id)  # before the holder's next renewal (3 s) sees the request
+    woken["options"].update(queue="c-void", exchange="", routing_key="c-void")
+    client, _, parked = line_keys(c, key)
+    client.hset(parked, waiter.id, json.dumps(woken))
+    until = handed_until(c, key, waiter.id)
+    newest = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
+    assert newest.get(timeout=WAIT + 30) == 2
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "cancelled"), (newest.id, "ran")], found
+    assert found[1][3] < until, f"the newest call waited for the hand-over to W to expire: {found[1][3] - until:.1f}"
+    reason = superseded_reasons(c, [waiter.id])[waiter.id]
+    assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason
+
+
+def test_a_waiter_cancelled_durably_is_never_handed_the_lock(c: Cluster, slow_worker: Any) -> None:
+    """Waiter W asks the running job to stop, and is itself cancelled by task id (`task.cancel_task_id`, `locks
+    cancel`) before the stopped run's release: the release must not hand the lock to W, whose copies are all dropped
+    (nothing would ever take it over: the key stuck, every later call waiting for the hand-over to expire, 30 s).
+    W ends REVOKED naming the cancel, never run, and the key is free for the next call."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    wait_asked(c, key, waiter.id)  # before the holder's next renewal (3 s) sees the request
+    assert mod.rebuild_slow.cancel_task_id(waiter.id, (k, 1, 0.1)).outcome == "pending"
+    assert revoked_reason(c, waiter.id).startswith("cancelled (by task.cancel at ")
+    assert [(s[1], s[7]) for s in wait_spans(c, k, 1)] == [(first.id, "cancelled")]
+    for _ in polling(1.0, 0.05):  # the dropped copy's release of its place, if any, has happened
+        pass
+    held = [c.lock_client(s).hgetall(key) for s in c.locks]
+    assert not any(r.get(b"job") == waiter.id.encode() for r in held), held
+    after = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
+    assert after.get(timeout=WAIT) == 2
+
+
+def test_a_holder_ending_by_itself_after_the_request_hands_its_lock_to_the_waiter(c: Cluster) -> None:
+    """The running job A ends by itself after the newer call W asked it to stop, before its renewal saw the request
+    (renewed every 3 s, its body 2 s). A's release must hand the lock to W as a stop would: X, a newer call reaching
+    the child A frees (queued behind it, the other child kept busy), meets the lock handed to W and supersedes it,
+    and runs; W never runs (before: A's release freed the key, X found it free and ran, and W, older, ran after X:
+    an older call last)."""
+    mod = c.app_module()
+    queue = "c-natural"
+    c.worker("w-natural", queues=queue, pool="prefork", concurrency=2, extra=["-O", "fair"])
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 2.0), queue=queue)
+    c.wait_started(k, 1, timeout=WAIT)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=queue)  # asks A to stop, waits in line
+    key = mod.rebuild_slow.lock_key_for(k, 0, 2.0)
+    wait_parked(c, key, waiter.id)
+    blocker = mod.build.apply_async((new_key(), 0, 5.0), queue=queue)  # the other child, until after A's end
+    newest = mod.rebuild_slow.apply_async((k, 2, 1.0), queue=queue)  # queued: it reaches the child A frees
+    assert newest.get(timeout=WAIT) == 2
+    assert first.get(timeout=WAIT) == 0  # A ran to its end: the request came too late to stop it
+    blocker.get(timeout=WAIT)
+    for _ in polling(3.0, 0.2):  # the waiter's woken copy comes back and must not run
+        pass
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "ran"), (newest.id, "ran")], found
+    assert found[0][4] <= found[1][3], found
+    reason = superseded_reasons(c, [waiter.id])[waiter.id]
+    assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason
+
+
+def test_a_waiter_cancelled_once_handed_and_superseded_lets_the_newer_call_run(c: Cluster, slow_worker: Any) -> None:
+    """The lock is handed to W (its woken copy lost), a newer call N supersedes W and waits, then W is cancelled by
+    task id (the hand-over freed: what `locks cancel --id` does for a task whose results are ignored; with results,
+    the superseded W is REVOKED already and the cancel leaves it alone). W's fallback copy, finding W superseded and
+    cancelled, must wake N: N runs then, not only when its own fallback copy comes (timed for the hand-over's end,
+    30 s)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_slow.apply_async((k, 0, 60.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_slow.lock_key_for(k, 0, 60.0)
+    waiter = mod.rebuild_slow.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    woken = wait_parked(c, key, waiter.id)
+    woken["options"].update(queue="c-void", exchange="", routing_key="c-void")
+    client, _, parked = line_keys(c, key)
+    client.hset(parked, waiter.id, json.dumps(woken))
+    until = handed_until(c, key, waiter.id)
+    newest = mod.rebuild_slow.apply_async((k, 2, 0.1), queue=SLOW_Q)
+    wait_parked(c, key, newest.id)
+    for _ in polling(1.0, 0.1):  # N looks at the lock once more after parking (handed: it waits), then defers
+        pass
+    from celery_singleton_lock.policies.cancel import cancel_job  # noqa: PLC0415
+
+    settings = mod.rebuild_slow.lock_context().options.settings
+    report = cancel_job(settings.nodes, settings.prefix, key, waiter.id, by="locks cancel by test")
+    assert report.outcome == "freed", str(report)
+    assert newest.get(timeout=WAIT + 30) == 2
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "cancelled"), (newest.id, "ran")], found
+    assert found[1][3] < until, f"the newest call waited for the hand-over to W to expire: {found[1][3] - until:.1f}"
+
+
+def test_an_older_waiting_call_never_stops_a_newer_run(c: Cluster, slow_worker: Any) -> None:
+    """W asks A to stop too late (A ends by itself first) and waits through A's cooldown; N, a newer call, reaches a
+    worker as the cooldown ends, finds the key free and runs. W's fallback copy then meets N's run: W is older, so N
+    must not be asked to stop: W ends REVOKED "superseded by task N", never run (before: N was stopped, "cancelled by
+    a newer call" naming the older W, and W ran last: the older call won)."""
+    mod = c.app_module()
+    k = new_key()
+    first = mod.rebuild_cool.apply_async((k, 0, 2.0), queue=SLOW_Q)
+    c.wait_started(k, 1, timeout=WAIT)
+    key = mod.rebuild_cool.lock_key_for(k, 0, 2.0)
+    waiter = mod.rebuild_cool.apply_async((k, 1, 0.1), queue=SLOW_Q)
+    wait_asked(c, key, waiter.id)  # A's next renewal (3 s) would see it: A's body ends first (2 s)
+    assert first.get(timeout=WAIT) == 0
+    assert c.wait_holder_state(key, "cooldown", timeout=WAIT)
+    assert c.wait_lock_free(key, timeout=WAIT) is not None
+    newest = mod.rebuild_cool.apply_async((k, 2, 8.0), queue=SLOW_Q)  # runs past W's fallback copy (~9 s)
+    assert newest.get(timeout=WAIT) == 2
+    reason = superseded_reasons(c, [waiter.id])[waiter.id]
+    found = sorted(spans(c, k), key=lambda s: s[3])
+    assert [(s[1], s[7]) for s in found] == [(first.id, "ran"), (newest.id, "ran")], (found, reason)
+    assert reason.startswith(f"REVOKED: superseded by task {newest.id}"), reason

@@ -197,6 +197,19 @@ def test_every_state_is_named(trio_urls: list[str], prefix: str) -> None:
     assert rows[beat.name]["TASK ID"] == rows[beat.name]["WORKER"] == rows[beat.name]["AGE"] == "-"
 
 
+def test_a_handed_lock_names_the_waiting_call_not_the_stopped_run_s_worker(trio_urls: list[str], prefix: str) -> None:
+    """lock_on_duplicate="cancel": a run stopped for a newer call hands its lock to the waiting call (hand_on.lua).
+    `locks list` shows it handed, under that call's task id, and names no worker: the waiting call runs nowhere yet,
+    and the stopped run's worker is not its worker."""
+    stopped = hold(trio_urls, f"{prefix}reports.rebuild:handed", "task-stopped")
+    assert stopped.hand_on(30, {"state": "handed", "job": "task-waiting", "open": "1", "at": "1"}, done_for=60)
+    rows = table(run(make_app(trio_urls, prefix), "list"))
+    row = rows[stopped.name]
+    assert (row["STATE"], row["KIND"], row["TASK ID"], row["NODES"]) == ("handed", "task", "task-waiting", "3/3"), row
+    assert row["WORKER"] == "-", row
+    assert listed(make_app(trio_urls, prefix))[stopped.name]["worker"] is None
+
+
 @pytest.mark.parametrize("tagged", [False, True], ids=["untagged-prefix", "tagged-prefix"])
 def test_done_markers_are_not_locks(trio_urls: list[str], prefix: str, tagged: bool) -> None:
     """A finished run's done marker is never listed as a lock; `--done` lists it as kind done; release refuses it."""

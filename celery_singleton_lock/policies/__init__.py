@@ -73,9 +73,13 @@ class Duplicate(Protocol):
     def back_in_line(self) -> None:
         """Stop quietly: a woken copy that lost the race waits in line again (its fallback copy is on its way)."""
 
-    def stop_holder(self) -> None:
+    def stop_holder(self) -> str:
         """Ask the running holder to stop for this call (``cancel``): written on the lock nodes, seen by the holder's
-        watchdog at its next renewal (see :mod:`.cancel`)."""
+        watchdog at its next renewal (see :mod:`.cancel`). "asked", "newer" (the holder's call is newer than this
+        one: nothing asked) or "none" (no running holder of that job)."""
+
+    def superseded(self) -> None:
+        """Stop: this call is superseded by the holder's newer call (REVOKED "superseded by"), and leaves the line."""
 
 
 class Policy(Protocol):

@@ -6,7 +6,9 @@ The whole of it, in the order it happens::
     newer call's delivery   its acquire is refused (held by job A, running): it asks A to stop (``ask``: cancel.lua
       |                     writes the record's ``cancel`` field, the newer call's task id, on every node), then
       |                     waits in the key's line as with "replace": the newest waiting call keeps its place,
-      |                     the ones in between are superseded (REVOKED, "superseded by")
+      |                     the ones in between are superseded (REVOKED, "superseded by"). A call older than the
+      |                     running one's (the record's ``since``; one that waited while a newer call found the key
+      |                     free) asks nothing: cancel.lua answers "newer", and it is superseded by the run
     A's watchdog            its next renewal's answer carries the request (extend.lua answers the field's value in
       |                     place of EXTENDED: the same round trip, nothing more for a lease nobody asked): the run
       |                     is told (``seen``), and its body is interrupted with JobCancelledError the way
@@ -19,7 +21,9 @@ The whole of it, in the order it happens::
       |                     reaching a worker meanwhile meets it held by W, a duplicate, and parks as with
       |                     "replace" (older than W: superseded by W; newer: W is superseded, and W's copy, taking
       |                     the lock over, hands it on to the newest waiter in turn, and so on). Nobody waiting, the
-      |                     line's node down, or fewer than a quorum reached: the release frees the lock as before
+      |                     line's node down, fewer than a quorum reached, or W cancelled by task id meanwhile: the
+      |                     release frees the lock as before. A run that ends by itself after the request (before a
+      |                     renewal saw it) hands its lock on the same way (unless a cooldown follows)
     a body that goes on     (C code, a swallowed exception) one renewal interval of grace, then its lease is no
                             longer renewed: it ends by itself, and the newer call runs then, with a greater fencing
                             token than A's (a store that checks tokens refuses A's late writes)
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DURABLE",
+    "Asked",
     "Cancel",
     "CancelReport",
     "ask",
@@ -90,6 +95,18 @@ NEWER = "a newer call, task "
 #: long at most; any copy of it (woken, or its fallback) takes it over.
 HAND_OVER_MIN = 30.0
 
+#: How much later (s) a running call must have first reached a worker than the call meeting it, for that one to be
+#: superseded by it instead of asking it to stop: the workers' clocks stamp both, and a call sent just after another
+#: must not lose to it by their skew (the cases this is for are seconds apart: a call that waited through a cooldown,
+#: or through a hand-over that could not be made, and a newer one that found the key free meanwhile).
+CLOCK_MARGIN = 1.0
+CLOCK_MS = int(CLOCK_MARGIN * 1000)
+
+#: cancel.lua's answers per node (0: no running record of the holder, nothing changed).
+MARKED, HOLDER_NEWER = 1, 2
+#: What asking a holder to stop did (:func:`ask`).
+Asked = Literal["asked", "newer", "none"]
+
 #: cancel_job.lua's answers per node.
 ENDED, RUNNING, FREED, PENDING = 0, 1, 2, 3
 Outcome = Literal["running", "freed", "pending", "ended", "unknown"]
@@ -102,9 +119,11 @@ class Cancel(Replace):
     hands_on: ClassVar[bool] = True
 
     def act(self, duplicate: Duplicate, decision: Decision) -> None:
-        if not duplicate.woken:
-            # A woken copy found another job (the newest waiting one's) already running: nothing to ask of it.
-            duplicate.stop_holder()
+        # Also from a woken copy (another job took the lock first): an older holder is asked to stop, and a newer
+        # one (a call that found the key free meanwhile) supersedes this call, never the other way round.
+        if duplicate.stop_holder() == "newer":
+            duplicate.superseded()
+            return
         super().act(duplicate, decision)
 
 
@@ -113,8 +132,11 @@ def hand_over_for(ttl: float) -> float:
     return max(3 * ttl, HAND_OVER_MIN)
 
 
-def ask(nodes: NodeSet, key: str, holder: str, by: str, done_for: float) -> bool:
-    """Ask job ``holder``, running under ``key``, to stop for task ``by``: True when a node marked its record.
+def ask(nodes: NodeSet, key: str, holder: str, by: str, done_for: float, since: int | None = None) -> Asked:
+    """Ask job ``holder``, running under ``key``, to stop for task ``by``, whose call first reached a worker at
+    ``since`` (ms): "asked" when a node marked its record; "newer" when the holder's call is the newer one (its
+    record's ``since`` is later by more than CLOCK_MARGIN: nothing is marked, ``by`` is superseded by it); "none"
+    otherwise.
 
     The job's done marker says so for ``done_for`` s (unless it is set): a copy of it that comes back (redelivered
     after its pool child died before it saw the request, or its body's retry) is dropped, never run after ``by``.
@@ -124,11 +146,18 @@ def ask(nodes: NodeSet, key: str, holder: str, by: str, done_for: float) -> bool
     the newer call waiting for the holder's end, as "replace" would."""
     try:
         mark = f"{DURABLE}{NEWER}{by}"
-        answers = nodes.run(CANCEL, (key, done_key_for(key, holder)), (holder, by, mark, max(1, int(done_for * 1000))))
+        answers = nodes.run(
+            CANCEL,
+            (key, done_key_for(key, holder)),
+            (holder, by, mark, max(1, int(done_for * 1000)), "" if since is None else str(since + CLOCK_MS)),
+        )
     except Exception:
         logger.debug("asking %s to stop failed", holder, exc_info=True)
-        return False
-    return any(a == 1 for a in answers if not isinstance(a, BaseException))
+        return "none"
+    codes = [a for a in answers if not isinstance(a, BaseException)]
+    if MARKED in codes:
+        return "asked"
+    return "newer" if HOLDER_NEWER in codes else "none"
 
 
 def describe(by: str) -> str:

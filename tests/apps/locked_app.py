@@ -693,6 +693,27 @@ def rebuild_stubborn(self: Any, key: str, n: int, duration: float = 0.0) -> int:
     return _cancellable(self, key, n, duration, stubborn=True)
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="cancel", lock_ttl=9.0)
+def rebuild_slow(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """Like rebuild, renewed every 3 s: a newer call's request is seen up to 3 s after it is made (a body may end by
+    itself first), a waiting call's fallback copy comes ~9 s later, a handed lock lasts 30 s."""
+    return _cancellable(self, key, n, duration, stubborn=False)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="cancel",
+    lock_ttl=9.0,
+    lock_cooldown=3.0,
+)
+def rebuild_cool(self: Any, key: str, n: int, duration: float = 0.0) -> int:
+    """rebuild_slow with a 3 s cooldown after a success: a call waiting through it, and a newer one after it."""
+    return _cancellable(self, key, n, duration, stubborn=False)
+
+
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_ttl=1.5)
 def build(self: Any, key: str, n: int, duration: float = 0.0) -> int:
     """A plain LockedTask (skip): cancelled durably by ``build.cancel`` / ``locks cancel`` (records its span)."""
