@@ -18,7 +18,7 @@ unused tokens back at once (a refund: promise 2 of docs/rate.md, the corrected t
 limit). On a 429 the body raises ``SlowDown.from_retry_after(response.headers["Retry-After"], limit=0)``: every
 start of the account's limit, whichever tenant, waits that long on every worker, and the refused call is re-sent to
 run once after the pause. Here the 429 comes from outside: another application on the same API key spends the
-whole quota while the tenants' calls run (the account's tokens are not all ours to count).
+whole quota just before the tenants' 4th request (the account's tokens are not all ours to count).
 
 Run: ``python -m examples.llm_api`` from the repository root (the API listens on 127.0.0.1: the workers must run on
 this host, as the throwaway ones do).
@@ -39,7 +39,7 @@ from typing import Any
 from urllib import error, request
 
 from celery_singleton_lock import LockedTask, Rate, SlowDown
-from examples._harness import outcomes, run_example, short, wait_for
+from examples._harness import outcomes, run_example, short
 from examples.example_app import app, records
 
 QUOTA = 1000  # the API's tokens per API_WINDOW for the account (and our account limit)
@@ -96,8 +96,11 @@ class FakeLLMAPI:
 
     ``log`` holds every request: ``(arrival, call id, tenant, status, tokens charged, Retry-After)``."""
 
-    def __init__(self, quota: int = QUOTA, window: float = API_WINDOW) -> None:
+    def __init__(self, quota: int = QUOTA, window: float = API_WINDOW, outside_before: int = 0) -> None:
         self.quota, self.window = quota, window
+        # Another application on the same API key spends the whole quota just before our request number
+        # ``outside_before`` (0: never): the account's tokens are not all ours to count.
+        self.outside_before, self.outside_at = outside_before, 0.0
         self.log: list[tuple[float, str, str, int, int, int]] = []
         self._charged: list[tuple[float, int]] = []  # (arrival, tokens) of the admitted requests, and outside spends
         self._mutex = threading.Lock()
@@ -139,6 +142,9 @@ class FakeLLMAPI:
         need = prompt_tokens(call["prompt"]) + call["max_tokens"]
         with self._mutex:
             now = time.time()
+            if len(self.log) + 1 == self.outside_before:
+                self._charged.append((now, self.quota))
+                self.outside_at = now
             if self._used(now) + need > self.quota:
                 retry_after = self._free_in(now, need)
                 self.log.append((now, call["call"], call["tenant"], 429, 0, retry_after))
@@ -159,11 +165,6 @@ class FakeLLMAPI:
             if used + need <= self.quota:
                 return max(1, math.ceil(at + self.window - now))
         return max(1, math.ceil(self.window))
-
-    def spend_outside(self, tokens: int) -> None:
-        """Another application on the same API key spends ``tokens`` now (not counted by our lock_rate)."""
-        with self._mutex:
-            self._charged.append((time.time(), tokens))
 
     def busiest_window(self) -> int:
         """The most tokens the API charged our calls in any ``window`` s (by arrival)."""
@@ -186,7 +187,7 @@ def main(app_module: ModuleType) -> dict[str, Any]:
     db = app_module.records()
     run = uuid.uuid4().hex[:6]
     big, small = f"acme-{run}", f"tiny-{run}"
-    with FakeLLMAPI() as api:
+    with FakeLLMAPI(outside_before=4) as api:
         db.set(URL_KEY, api.url)
         print(
             f"\nThe API allows {QUOTA} tokens per {API_WINDOW:g} s; {big} sends 8 completions and {small} 3, at once."
@@ -194,15 +195,12 @@ def main(app_module: ModuleType) -> dict[str, Any]:
         print(f"lock_rate: {QUOTA} tokens per {RATE_WINDOW:g} s for the account, {TENANT_SHARE} per tenant.")
         results = [complete.delay(big, p) for p in prompts(big, 8)]
         results += [complete.delay(small, p) for p in prompts(small, 3)]
-        # Once 3 calls have their answers, another application on the same API key takes the whole quota.
-        wait_for(lambda: sum(1 for e in api.log if e[3] == 200) >= 3, timeout=60)
-        api.spend_outside(QUOTA)
-        spent_at = time.time()
-        print("  another application on the same API key spends the whole quota now")
+        print("  (another application on the same API key spends the whole quota just before our 4th request)")
         seen = outcomes(results, timeout=120)
         log = list(api.log)
-    t0 = min((e[0] for e in log), default=0.0)
     runs = {t: [json.loads(x) for x in db.lrange(f"llm:{t}", 0, -1)] for t in (big, small)}
+    t0 = min([e[0] for e in log] + [r[4] for rows in runs.values() for r in rows], default=0.0)
+    spent_at = api.outside_at
     for tenant, rows in runs.items():
         est, used = sum(r[1] for r in rows), sum(r[2] for r in rows)
         print(f"  {tenant}: {len(rows)} runs, estimated {est} tokens, corrected to {used} (refunds {est - used})")
