@@ -31,6 +31,7 @@ EXAMPLES = [
     "examples.long_report",
     "examples.tenant_exports",
     "examples.partner_api_rate",
+    "examples.llm_api",
     "examples.reindex_latest",
     "examples.rebuild_newest_wins",
     "examples.reindex_debounced",

@@ -24,6 +24,7 @@ from examples import (
     bounded_line,
     cache_rebuild_storm,
     leader_election,
+    llm_api,
     long_report,
     nightly_job,
     partner_api_rate,
@@ -104,6 +105,24 @@ def test_partner_api_rate_runs_5_per_second_per_customer(app_module: ModuleType)
     figures = partner_api_rate.main(app_module)
     assert figures["ran"] == figures["sent"] == 18
     assert figures["acme"] == {"calls": 15, "busiest_window": 5}
+    assert figures["ok"]
+
+
+def test_llm_api_keeps_the_token_quota_and_runs_a_429d_call_once_after_the_pause(app_module: ModuleType) -> None:
+    """Two tenants' 11 completions against a local HTTP API with a token quota; stacked token limits (the account's,
+    one tenant's share), costs estimated high and refunded with rate_spent; another app spends the whole quota
+    mid-way: every call answered exactly once, no 429 but those the outside spend caused, each 429'd call ran once
+    after its pause, and the corrected tokens of any window stayed within the quota (promise 2, refunds only)."""
+    figures = llm_api.main(app_module)
+    assert figures["ran"] == figures["sent"] == 11
+    assert figures["answered_once"]
+    assert figures["runs"] == {"acme": 8, "tiny": 3}
+    assert figures["429s"] >= 1
+    assert figures["ran_once_after_the_pause"]
+    assert figures["429s_not_from_the_outside_spend"] == 0
+    assert figures["api_busiest_window"] <= llm_api.QUOTA
+    assert figures["corrected_busiest_window"] <= llm_api.QUOTA
+    assert figures["refunded"] > 0
     assert figures["ok"]
 
 
