@@ -8,7 +8,7 @@ window, charges what the answer really used, and answers anything else with a 42
 ``complete(tenant, prompt)`` stacks two limits of tokens (``lock_rate_cost`` gives a call's estimate, which every
 limit is charged):
 
-* ``(QUOTA, RATE_WINDOW)``: the account's tokens, over a window half a second longer than the API's (the API counts
+* ``(QUOTA, RATE_WINDOW)``: the account's tokens, over a window one second longer than the API's (the API counts
   a request when it arrives, a few ms after the lock nodes counted its start: the longer window covers that gap);
 * ``Rate((TENANT_SHARE, RATE_WINDOW), on=["tenant"])``: one tenant never takes more than 60 % of them, so a big
   tenant's burst does not hold a small one back for long.
@@ -44,7 +44,7 @@ from examples.example_app import app, records
 
 QUOTA = 1000  # the API's tokens per API_WINDOW for the account (and our account limit)
 API_WINDOW = 2.0
-RATE_WINDOW = 2.5  # ours: longer than the API's by more than the time from a counted start to the request
+RATE_WINDOW = 3.0  # ours: longer than the API's by more than the time from a counted start to the request
 TENANT_SHARE = 600  # one tenant's tokens per RATE_WINDOW
 MAX_TOKENS = 120  # the longest answer a call asks for
 URL_KEY = "llm-api:url"  # where the workers find the API (in a real app: your settings)
