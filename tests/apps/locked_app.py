@@ -750,12 +750,19 @@ def rebuild_retry_first(self: Any, key: str, n: int, countdown: float = 2.0) -> 
 )
 def fair_call(self: Any, key: str, tenant: str, item: int, duration: float = 0.0) -> int:
     """A call of ``tenant`` sharing ``key``'s two slots with other tenants (lock_fair_on, tests/test_fair.py): records
-    ``[key, tenant, item, task id, when its call first reached a worker (ms; None: this first delivery), start]`` in
-    start order, then runs for ``duration`` s."""
+    ``[key, tenant, item, task id, when its call first reached a worker (ms; None: this first delivery), start,
+    [start number, turns waited, own calls ahead] as the line's node counted them (None: uncounted)]`` in start
+    order, then runs for ``duration`` s."""
     arrived = getattr(self.request, "singleton_lock_since", None)
-    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time()]))
+    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time(), _turn(self)]))
     _run(self, key, duration)
     return item
+
+
+def _turn(task: Any) -> list[int] | None:
+    """The call's start number, turns waited and own value's calls ahead, as the line's node counted them."""
+    turn = (task.request._singleton_lock.state or {}).get("fair")
+    return None if turn is None else [turn.start, turn.waited, turn.ahead]
 
 
 @app.task(
