@@ -274,7 +274,15 @@ def carry_out(ctx: Context, run: Run, decision: Decision, facts: Facts, lock: Re
         by = cancel.read_marker(options.settings.nodes, run.key, task_id)
         if by is not None:  # a durable cancel (LockedTask.cancel, locks cancel), not a finished run
             dropped(ctx, run, by)
-        elif not settle_done(ctx, run, task_id):
+            return
+        request = ctx.request
+        if getattr(request, PARKED_HEADER, None):
+            # A copy from the key's line of a job that ran while its leaving the line was lost (the line's node
+            # unreachable then): its place is given up, and a woken copy passes its wake on to the next waiter.
+            line.unpark(ctx, run.key, task_id, options)
+            if getattr(request, WOKEN_HEADER, None) and options.waits_in_line:
+                line.wake_next(ctx, run.key, options, run.limit)
+        if not settle_done(ctx, run, task_id):
             resend.skip_quietly(ctx, run, Skipped("already ran", run.key, task_id, "done"))
     elif act is Act.RUN_UNGUARDED:
         unavailable(ctx, run, lock, task_id, options, "run")

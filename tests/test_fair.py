@@ -21,6 +21,7 @@ from worker_cluster import Cluster, cluster, new_key, polling
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.errors import ConfigurationError
+from celery_singleton_lock.record import sibling_key
 
 TTL = 4.0
 LIMIT = 2
@@ -132,6 +133,45 @@ def test_the_line_s_node_paused_every_call_still_runs(c: Cluster) -> None:
     finally:
         c.locks[0].resume()
     assert sorted(r[1] for r in c.runs(key)) == sorted(ids)
+
+
+def test_a_finished_call_still_in_line_gives_its_place_up_when_woken(c: Cluster) -> None:
+    """A call that ran while its leaving the line was lost (the line's node unreachable at that moment) is still in
+    the line: woken later, its copy finds the job done. That copy gives the place up and wakes the next: the line,
+    its woken calls and its turns' books are left empty (a stale woken place would hold the line's turn until it
+    expires, a lease per place, and its books stay for good)."""
+    key = new_key("fair-stale")
+    lock_key = c.app_module().fair_call.lock_key_for(key, "A", 0)
+    node = c.lock_client(c.locks[0])
+    line, parked, turns, woken = (sibling_key(lock_key, s) for s in (":waiters", ":parked", ":turns", ":woken"))
+    ids = _flood(c, key, 3, 0, 0.5)
+    saved: Any = None
+    for _ in polling(60, 0.02):  # a call waiting in line: its place, message and books, as parked
+        waiting = [m.decode() for m in node.zrange(line, -1, -1)]
+        if waiting:
+            x = waiting[0]
+            pipe = node.pipeline(transaction=True)
+            pipe.zscore(line, x).hget(parked, x).hget(turns, f"s:{x}").hget(turns, f"v:{x}")
+            saved = (x, *pipe.execute())
+            if all(v is not None for v in saved):
+                break
+    assert saved is not None and all(v is not None for v in saved), f"no call waited in line: {saved}"
+    _wait_all(c, key, ids, 60)
+    x, score, message, s, v = saved
+    # Its leaving the line lost: it is back in the line, its message and the books, as before it ran.
+    node.zadd(line, {x: score})
+    node.hset(parked, x, message)
+    node.hset(turns, mapping={f"s:{x}": s, f"v:{x}": v, f"n:{v.decode()}": 1})
+    more = _flood(c, key, 0, 2, 0.05)
+    _wait_all(c, key, ids + more, 60)
+    left: Any = None
+    for _ in polling(30, 0.5):  # its copies (woken, then its fallbacks a lease apart) come and go
+        books = [f.decode() for f in node.hkeys(turns) if f.decode()[:2] in ("s:", "v:", "n:")]
+        left = (node.zrange(line, 0, -1), node.zrange(woken, 0, -1), books)
+        if not any(left):
+            break
+    assert not any(left), f"a finished call left in the line, woken, or the books: {left}"
+    assert len(c.runs(key)) == len(ids) + len(more), "a call ran twice, or not at all"
 
 
 def test_the_bound_reads_the_line_s_count() -> None:

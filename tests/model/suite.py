@@ -211,7 +211,7 @@ CI_DEPLOYMENTS = [
     Deployment(1, [
         {"name": "ci1_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace"}},
         {"name": "ci1_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
-                                         "lock_max_waiting": 2}},
+                                         "lock_max_waiting": 2, "lock_fair_on": ["duration"]}},
         {"name": "ci1_cool", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_cooldown": 1.5}},
     ], workers=2, faults=["kill-child", "pause-node"]),
     Deployment(2, [
@@ -517,6 +517,7 @@ class Bench:
                 a["start"],
                 a["rate_at"],
                 ends.get((a["id"], a["attempt"], a["start"])),
+                a.get("turn"),
             )
             for a in self._records("model:started")
             if mine(a)
