@@ -174,6 +174,61 @@ def test_a_finished_call_still_in_line_gives_its_place_up_when_woken(c: Cluster)
     assert len(c.runs(key)) == len(ids) + len(more), "a call ran twice, or not at all"
 
 
+def test_a_group_of_two_fair_tasks_keeps_the_bound_through_a_dialed_limit_and_retries(c: Cluster) -> None:
+    """Two tasks of one lock_group share one fair line; the callable lock_limit is dialed 2 -> 1 -> 3 mid-flood,
+    and some bodies retry themselves once (the retry hand-over): every call runs to its end once, every start is
+    counted once, and every attempt that waited in line waited at most the bound with L the largest limit (3)."""
+    key = new_key("fair-group")
+    mod = c.app_module()
+    ids: list[str] = []
+    retried: list[str] = []
+    for i in range(24):
+        task = mod.fair_group_a if i % 2 else mod.fair_group_b
+        ids.append(task.delay(key, "A", i, 0.02, i % 6 == 0).id)
+        retried += ids[-1:] if i % 6 == 0 else []
+    for i in range(4):
+        ids += [mod.fair_group_a.delay(key, "B", i, 0.02).id, mod.fair_group_b.delay(key, "C", i, 0.02, i == 1).id]
+        retried += ids[-1:] if i == 1 else []
+    c.wait_started(key, 4, timeout=60)
+    c.record.set(f"fair-limit:{key}", 1)
+    c.wait_started(key, 12, timeout=60)
+    c.record.set(f"fair-limit:{key}", 3)
+    for _ in polling(150, 0.2):
+        if len(c.runs(key)) >= len(ids) + len(retried):
+            break
+    runs = [r[1] for r in c.runs(key)]
+    assert sorted(set(runs)) == sorted(ids), "a call never ran"
+    assert sorted(runs) == sorted(ids + retried), "a call ran more often than once (plus its one retry)"
+    records = _records(c, key)
+    numbers = [r[6][0] for r in records if r[6] is not None and r[6][0] > 0]
+    assert len(numbers) == len(set(numbers)), "the line's node counted two starts as one"
+    assert {t for t, _, _ in line_turns(records)} == {"A", "B", "C"}, "too few calls waited in line to check the bound"
+    over = [(t, k, w) for t, k, w in line_turns(records) if w > bound(k, limit=3)]
+    assert not over, f"attempts waited past the bound (tenant, k, turns): {over}"
+
+
+def test_with_a_capped_line_every_start_is_counted(c: Cluster) -> None:
+    """lock_max_waiting=2: a call that takes a free slot out of its turn while the line is full runs on it (it is no
+    duplicate): that start is counted too, so the line's count of turns waited stays true. Every call runs at most
+    once; those refused were refused for the full line."""
+    key = new_key("fair-capped")
+    call = c.app_module().fair_capped
+    ids = [call.delay(key, "ABC"[i % 3], i, 0.05).id for i in range(30)]
+    for _ in polling(90, 0.2):
+        if all(s in ("SUCCESS", "REVOKED") for s in c.states(ids).values()):
+            break
+    states = c.states(ids)
+    assert set(states.values()) <= {"SUCCESS", "REVOKED"}, states
+    runs = [r[1] for r in c.runs(key)]
+    assert len(runs) == len(set(runs)) == sum(1 for s in states.values() if s == "SUCCESS")
+    records = _records(c, key)
+    counted = [r[6][0] for r in records if r[6] is not None and r[6][0] > 0]
+    first = [r for r in records if r[6] is not None and r[6][0] == 0]  # before anyone parked: nothing to count
+    assert len(counted) == len(set(counted)) == len(records) - len(first), (
+        f"starts the line did not count: {[r[2] for r in records if r[6] is None]}"
+    )
+
+
 def test_the_bound_reads_the_line_s_count() -> None:
     """The turn counter is not vacuous: a call's record carries the node's (start, turns waited, k)."""
     records = [["k", "A", 0, "a0", None, 0.0, [1, -1, -1]], ["k", "B", 0, "b0", 5, 1.0, [5, 3, 1]]]

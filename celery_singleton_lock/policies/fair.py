@@ -115,11 +115,24 @@ class FairTurns(Feature):
             logger.debug("cannot read the fair turn of lock %s: running", run.key, exc_info=True)
             return True
         if int(answer[0]) == 1:
-            if run.state is None:
-                run.state = {}
-            run.state[self.name] = Turn(*(int(x) for x in answer[1:4]))
+            self._note(run, Turn(*(int(x) for x in answer[1:4])))
             return True
-        return not delivery.wait_turn(wake=int(answer[0]) == 2)
+        if delivery.wait_turn(wake=int(answer[0]) == 2):
+            return False
+        # lock_max_waiting: the line is full, and this call runs on the slot it holds, out of its turn: the start
+        # is counted all the same, so every call's count of turns waited stays true.
+        try:
+            start = int(client.hincrby(turns, "starts", 1)) if client.exists(turns) else 0
+        except Exception:  # the count is the line's node's: unreachable, nothing to count on
+            logger.debug("cannot count the start of lock %s", run.key, exc_info=True)
+            start = 0
+        self._note(run, Turn(start, -1, -1))
+        return True
+
+    def _note(self, run: Any, turn: Turn) -> None:
+        if run.state is None:
+            run.state = {}
+        run.state[self.name] = turn
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,8 @@ def check(h: History) -> list[str]:
     """Every broken promise of the history, one line each."""
     out: list[str] = []
     for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_line, _check_replace_order,
-                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope, _check_cancel, _check_fair):  # fmt: skip
+                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope, _check_cancel,
+                    _check_fair):  # fmt: skip
         out += checker(h)
     return out
 

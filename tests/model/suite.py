@@ -172,6 +172,8 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
         for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on"):
             o.pop(name, None)
         o.pop("lock_enqueue_check", None)
+    if o.get("lock_on_duplicate") == "reschedule" and not o.get("lock_debounce") and rng.random() < 0.3:
+        o["lock_fair_on"] = ["duration"]  # turns across the calls' durations (refused beside a rate, a cooldown...)
     return o
 
 
