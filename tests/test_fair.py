@@ -135,6 +135,18 @@ def test_the_line_s_node_paused_every_call_still_runs(c: Cluster) -> None:
     assert sorted(r[1] for r in c.runs(key)) == sorted(ids)
 
 
+def test_the_line_s_node_restarted_empty_mid_flood_every_call_still_runs_once(c: Cluster) -> None:
+    """The first lock node (the line, its woken calls and turns) restarted empty while calls wait: the lock keeps a
+    quorum, each waiting call's fallback copy joins a new line at a new turn, and every call runs exactly once."""
+    key = new_key("fair-restart")
+    ids = _flood(c, key, 20, 4, 0.05)
+    c.wait_started(key, 6, timeout=60)
+    c.locks[0].restart()
+    _wait_all(c, key, ids, 150)
+    runs = [r[1] for r in c.runs(key)]
+    assert sorted(runs) == sorted(ids), "a call ran twice, or not at all"
+
+
 def test_a_finished_call_still_in_line_gives_its_place_up_when_woken(c: Cluster) -> None:
     """A call that ran while its leaving the line was lost (the line's node unreachable at that moment) is still in
     the line: woken later, its copy finds the job done. That copy gives the place up and wakes the next: the line,
