@@ -276,7 +276,15 @@ def carry_out(ctx: Context, run: Run, decision: Decision, facts: Facts, lock: Re
         by = cancel.read_marker(options.settings.nodes, run.key, task_id)
         if by is not None:  # a durable cancel (LockedTask.cancel, locks cancel), not a finished run
             dropped(ctx, run, by)
-        elif not settle_done(ctx, run, task_id):
+            return
+        request = ctx.request
+        if getattr(request, PARKED_HEADER, None):
+            # A copy from the key's line of a job that ran while its leaving the line was lost (the line's node
+            # unreachable then): its place is given up, and a woken copy passes its wake on to the next waiter.
+            line.unpark(ctx, run.key, task_id, options)
+            if getattr(request, WOKEN_HEADER, None) and options.waits_in_line:
+                line.wake_next(ctx, run.key, options, run.limit)
+        if not settle_done(ctx, run, task_id):
             resend.skip_quietly(ctx, run, Skipped("already ran", run.key, task_id, "done"))
     elif act is Act.RUN_UNGUARDED:
         unavailable(ctx, run, lock, task_id, options, "run")
@@ -393,7 +401,7 @@ def give_back(ctx: Context, run: Run, lock: Redlock | None, options: Options) ->
     if run.parked or getattr(ctx.request, PARKED_HEADER, None):
         line.unpark(ctx, run.key, run.task_id, options)
     if options.waits_in_line:
-        line.wake_next(ctx, run.key, options)
+        line.wake_next(ctx, run.key, options, run.limit)
 
 
 def wait_turn(ctx: Context, run: Run, lock: Redlock | None, options: Options, *, wake: bool) -> bool:
@@ -412,7 +420,7 @@ def wait_turn(ctx: Context, run: Run, lock: Redlock | None, options: Options, *,
         except Exception:  # it expires within its ttl
             logger.debug("releasing lock %s for the line's turn failed", run.key, exc_info=True)
     if wake:
-        line.wake_next(ctx, run.key, options)
+        line.wake_next(ctx, run.key, options, run.limit)
     headers: dict[str, Any] = {PARKED_HEADER: 1, REDELIVERY_HEADER: 1} if parked else {}
     countdown = options.ttl + 0.05 + 0.2 * random.random()  # noqa: S311 - jitter
     resend.defer(ctx, run, countdown, "duplicate", headers, f"lock {run.key}: waiting for its fair turn")
@@ -450,13 +458,13 @@ def wait_out(
             logger.debug("releasing lock %s after a refused start failed", run.key, exc_info=True)
         run.parked = line.park(ctx, run, task_id, options)
         if run.superseded_by is not None:  # a newer call waits: it runs, this one does not
-            line.wake_next(ctx, run.key, options)
+            line.wake_next(ctx, run.key, options, run.limit)
             line.replaced(ctx, run, task_id, run.superseded_by)
             return
         if run.parked:  # the only one waiting now (park_replacing took every older one out): nobody to wake
             headers = {**headers, PARKED_HEADER: 1}
         else:
-            line.wake_next(ctx, run.key, options)
+            line.wake_next(ctx, run.key, options, run.limit)
     else:
         give_back(ctx, run, lock, options)
     resend.defer(ctx, run, countdown, reason, headers, detail)
@@ -483,7 +491,7 @@ def hold(ctx: Context, run: Run, lock: Redlock, options: Options, request: Any) 
         lock.release()
         if run.parked or getattr(request, PARKED_HEADER, None):
             line.unpark(ctx, run.key, task_id, options)
-        line.wake_next(ctx, run.key, options)
+        line.wake_next(ctx, run.key, options, run.limit)
         return
     if run.parked or getattr(request, PARKED_HEADER, None):
         line.unpark(ctx, run.key, task_id, options)
@@ -681,7 +689,7 @@ def dropped(ctx: Context, run: Run, by: str) -> None:
     if getattr(request, PARKED_HEADER, None):
         line.unpark(ctx, run.key, run.task_id, options)
     if options.waits_in_line:
-        line.wake_next(ctx, run.key, options)
+        line.wake_next(ctx, run.key, options, run.limit)
 
 
 def unavailable(
@@ -777,4 +785,4 @@ def release(ctx: Context, run: Run, *, done: bool = False, succeeded: bool = Fal
     ctx.count("released")
     signals.lock_released.send(sender=ctx.task, key=run.key, task_id=run.task_id, held=held)
     if options.waits_in_line:
-        line.wake_next(ctx, run.key, options)
+        line.wake_next(ctx, run.key, options, run.limit)

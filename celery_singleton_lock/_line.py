@@ -240,16 +240,21 @@ def unpark(ctx: Context, key: str, task_id: str, options: Options) -> None:
         logger.debug("could not unpark %s[%s]", ctx.name, task_id, exc_info=True)
 
 
-def wake_next(ctx: Context, key: str, options: Options) -> None:
-    """After a release: send the oldest waiter of ``key`` to run now (it takes the lock, or waits again)."""
+def wake_next(ctx: Context, key: str, options: Options, limit: int | None = 1) -> None:
+    """After a release: send the oldest waiter of ``key`` to run now (it takes the lock, or waits again).
+
+    ``limit``: the key's slots (lock_fair_on wakes none while as many woken calls are on their way)."""
     try:
         client, line, messages = waiters(key, options)
         if FAIR.name in options.conf:
             # lock_fair_on: the head is the lowest turn; the turn served moves up to it, and the woken job is
-            # awaited for a lease (a woken copy always runs on a free slot; see policies/fair.py).
-            deadline = int((time.time() + options.ttl) * 1000)
+            # awaited for a lease, at most ``limit`` at once (policies/fair.py).
+            now = time.time()
+            deadline = int((now + options.ttl) * 1000)
             expire_ms = int(max(WAITERS_TTL, 3 * options.ttl) * 1000)
-            message = client.eval(_POP_WAITER, 4, line, messages, *FAIR.keys(key), deadline, expire_ms)
+            message = client.eval(
+                _POP_WAITER, 4, line, messages, *FAIR.keys(key), deadline, expire_ms, int(now * 1000), limit or 1
+            )
         else:
             message = client.eval(_POP_WAITER, 2, line, messages)
         if message is None:

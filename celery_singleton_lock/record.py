@@ -37,11 +37,14 @@ __all__ = [
     "F_SINCE",
     "F_STATE",
     "F_TRY",
+    "F_TURN_AHEAD",
     "F_TURN_COUNT",
+    "F_TURN_JOINED",
     "F_TURN_LAST",
     "F_TURN_NOW",
     "F_TURN_PARKS",
     "F_TURN_SCORE",
+    "F_TURN_STARTS",
     "F_TURN_VALUE",
     "F_WAITING",
     "F_WORKER",
@@ -112,6 +115,9 @@ F_TURN_LAST = "last:"  #: + value: the value's last turn
 F_TURN_COUNT = "n:"  #: + value: its jobs parked and not yet run
 F_TURN_SCORE = "s:"  #: + task id: the job's score in the line, until it runs
 F_TURN_VALUE = "v:"  #: + task id: the job's value, until it runs
+F_TURN_STARTS = "starts"  #: how many starts the line counted (a call's turns waited)
+F_TURN_JOINED = "p:"  #: + task id: the starts counted when the job first parked, until it runs
+F_TURN_AHEAD = "k:"  #: + task id: its value's jobs waiting when it first parked, until it runs
 
 #: Every field a holder record (or a pending burst, or a fair line's turns) may have.
 FIELDS = (
@@ -137,6 +143,9 @@ FIELDS = (
     F_TURN_COUNT,
     F_TURN_SCORE,
     F_TURN_VALUE,
+    F_TURN_STARTS,
+    F_TURN_JOINED,
+    F_TURN_AHEAD,
     F_ARGS,
     F_SENT,
     F_EXP,

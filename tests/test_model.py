@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 
+from tests.model.promises import Attempt, Call, History, Outcome, TaskOpts, check
 from tests.model.suite import (
     CI_DEPLOYMENTS,
     PAIR_DEPLOYMENTS,
@@ -44,6 +45,20 @@ def test_the_ci_deployments_are_supported_and_hold_no_known_open_pair() -> None:
     for d in CI_DEPLOYMENTS:
         assert not refused(d.tasks), d
         assert not open_pairs(d.tasks, bool(d.faults)), d
+
+
+def test_the_fair_promise_catches_a_call_waiting_past_its_bound() -> None:
+    """promises._check_fair is not vacuous: a call that waited past (k + 2)(W - 1) + k + L - 1 turns, and two starts
+    counted as one, are reported (W = 2 values of duration, L = 2, k = 0: a bound of 3)."""
+    opts = {"lock_on_duplicate": "reschedule", "lock_limit": 2, "lock_fair_on": ["duration"]}
+    calls = [Call(i, "f", "k-a", i, float(i), f"id{i}", duration=float(i % 2)) for i in range(4)]
+    turns = [[1, -1, -1], [2, 0, 0], [3, 3, 0], [3, 4, 0]]
+    attempts = [Attempt(f"id{i}", "f", "k-a", i, 0, 1, 10.0 + i, None, 11.0 + i, t) for i, t in enumerate(turns)]
+    h = History({"f": TaskOpts("f", opts)}, calls, attempts, {f"id{i}": Outcome("SUCCESS") for i in range(4)})
+    broken = check(h)
+    assert any("counted two starts as one" in v for v in broken), broken
+    assert [v for v in broken if "past the bound 3" in v] == [v for v in broken if "v3 waited 4 turns" in v], broken
+    assert len([v for v in broken if "past the bound" in v]) == 1, broken
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -5,22 +5,21 @@ Several tenants share a key's slots (``lock_unique_on`` without the tenant, or a
 so 1,000 calls of tenant A queued before tenant B's 10 make B wait for all of them. With ``lock_fair_on=["tenant"]``
 each waiting call's place in the line is its value's next *turn* (virtual-time fair queueing, lua/park_fair.lua):
 
-- a value with no call waiting starts at the line's current turn (the turn of the call served last): a value that
-  arrives late is owed no backlog of turns, and one that was idle gets no credit;
-- a value with calls waiting gets the turn after its last one; within a turn calls go in the order they parked;
-- the line pops the lowest turn first (lua/pop_waiter.lua), so each turn serves at most one call of each value.
+- a value's next turn is the turn after its last one, or the line's current turn (the turn of the call served last)
+  when that is later: a value that arrives late is owed no backlog, one that was idle gets no credit, one whose last
+  call just ran takes the next turn;
+- the line pops the lowest turn first (lua/pop_waiter.lua), so each turn serves at most one call of each value; at
+  most the key's limit of woken calls are on their way at once.
 
-The bound (docs/policies.md, "Fair turns"): while a call waits, every other value has at most ``k + 2`` of its calls
-served from the line, where ``k`` is the number of calls of the call's own value waiting ahead of it when it parked;
-plus the woken calls already on their way when it parked (at most the key's limit). So with ``W`` values waiting, it
-waits at most ``(k + 2) * (W - 1) + k + L`` turns (``L``: the limit): 3k + 6 for three tenants on two slots.
-
-A free slot belongs to the line: a call that takes one without having been woken (its first delivery, its fallback
-copy) runs only when nobody waits or it is the line's head (lua/fair_turn.lua); otherwise it parks, gives the slot
-back, and wakes the head. A woken call always runs when it gets a slot (it was the head when woken); one that loses
-the race goes back to its own turn, not the end. The line's node down: the check cannot be read, and every call runs
-when it gets a slot, in any order, none lost (each waiting call keeps its fallback copy). A feature imports nothing
-of Celery: the rooms call :meth:`FairTurns.after_lock`, and the line (``_line``) asks :meth:`FairTurns.value`.
+A slot runs a call only on its turn (lua/fair_turn.lua): nobody waits, or its place is the lowest of every call
+waiting in the line or woken and on its way (being woken gives no right of its own); otherwise it parks at its
+place, gives the slot back, and wakes the head. The line's node counts each start and notes when each call joined,
+so a call's turns waited are counted where they happen (:class:`Turn`, in ``run.state["fair"]``). The bound and its
+argument (docs/policies.md, "Fair turns"): a call that joined the line with ``k`` calls of its own value waiting
+waits at most ``(k + 2) * (W - 1) + k + L - 1`` starts (``W`` values, ``L`` the limit): 3k + 5 for three tenants on
+two slots. The line's node down: the turn cannot be read, and every call runs when it gets a slot, in any order, none
+lost (each waiting call keeps its fallback copy). A feature imports nothing of Celery: the rooms call
+:meth:`FairTurns.after_lock`, and the line (``_line``) asks :meth:`FairTurns.value`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from ..record import sibling_key
 from ..scripts import FAIR_TURN_CODE
 from .port import Delivery, Feature, check_names, parameters
 
-__all__ = ["FAIR", "FairConf", "FairTurns"]
+__all__ = ["FAIR", "FairConf", "FairTurns", "Turn"]
 
 logger = logging.getLogger("celery_singleton_lock.task")
 
@@ -95,27 +94,54 @@ class FairTurns(Feature):
         return sibling_key(key, ":turns"), sibling_key(key, ":woken")
 
     def after_lock(self, delivery: Delivery) -> bool:
-        """A slot taken without being woken runs only on its turn (lua/fair_turn.lua): else the call waits in line.
+        """A slot runs a call only on its turn (lua/fair_turn.lua): else the call waits in line at its place.
 
-        True: the body runs (its turn, nobody waits, it was woken, or the line cannot be read: any order then, none
-        lost); False: it parked, gave the slot back and woke the head when needed (``Delivery.wait_turn``).
+        True: the body runs (its turn, nobody waits, or the line cannot be read: any order then, none lost), with
+        :class:`Turn` in ``run.state["fair"]``; False: it parked, gave the slot back and woke the head when needed
+        (``Delivery.wait_turn``).
         """
-        if delivery.lock is None or delivery.woken:
+        if delivery.lock is None:
             return True
         ctx, run = delivery.ctx, delivery.run
         options = ctx.options
         try:
             client = options.settings.nodes.clients[0]
-            line, woken_key = sibling_key(run.key, ":waiters"), self.keys(run.key)[1]
-            answer = int(
-                client.eval(FAIR_TURN_CODE, 2, line, woken_key, run.task_id, int(time.time() * 1000), run.limit or 1)
+            line = sibling_key(run.key, ":waiters")
+            turns, woken_key = self.keys(run.key)
+            answer = client.eval(
+                FAIR_TURN_CODE, 3, line, woken_key, turns, run.task_id, int(time.time() * 1000), run.limit or 1
             )
         except Exception:  # the line's node down: no turns to keep, the call runs on the slot it has
             logger.debug("cannot read the fair turn of lock %s: running", run.key, exc_info=True)
             return True
-        if answer == 1:
+        if int(answer[0]) == 1:
+            self._note(run, Turn(*(int(x) for x in answer[1:4])))
             return True
-        return not delivery.wait_turn(wake=answer == 2)
+        if delivery.wait_turn(wake=int(answer[0]) == 2):
+            return False
+        # lock_max_waiting: the line is full, and this call runs on the slot it holds, out of its turn: the start
+        # is counted all the same, so every call's count of turns waited stays true.
+        try:
+            start = int(client.hincrby(turns, "starts", 1)) if client.exists(turns) else 0
+        except Exception:  # the count is the line's node's: unreachable, nothing to count on
+            logger.debug("cannot count the start of lock %s", run.key, exc_info=True)
+            start = 0
+        self._note(run, Turn(start, -1, -1))
+        return True
+
+    def _note(self, run: Any, turn: Turn) -> None:
+        if run.state is None:
+            run.state = {}
+        run.state[self.name] = turn
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A call's wait in its key's fair line, counted by the line's node (``run.state["fair"]`` when it ran)."""
+
+    start: int  #: its number among the line's starts (0: not counted, nobody had parked lately)
+    waited: int  #: the line's starts between this call first joining it and its own start (-1: it never joined)
+    ahead: int  #: the calls of its own value that waited (in line or on their way) when it joined (-1: never)
 
 
 FAIR = FairTurns()

@@ -777,12 +777,70 @@ def rebuild_retry_first(self: Any, key: str, n: int, countdown: float = 2.0) -> 
 )
 def fair_call(self: Any, key: str, tenant: str, item: int, duration: float = 0.0) -> int:
     """A call of ``tenant`` sharing ``key``'s two slots with other tenants (lock_fair_on, tests/test_fair.py): records
-    ``[key, tenant, item, task id, when its call first reached a worker (ms; None: this first delivery), start]`` in
-    start order, then runs for ``duration`` s."""
+    ``[key, tenant, item, task id, when its call first reached a worker (ms; None: this first delivery), start,
+    [start number, turns waited, own calls ahead] as the line's node counted them (None: uncounted)]`` in start
+    order, then runs for ``duration`` s."""
     arrived = getattr(self.request, "singleton_lock_since", None)
-    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time()]))
+    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time(), _turn(self)]))
     _run(self, key, duration)
     return item
+
+
+def _turn(task: Any) -> list[int] | None:
+    """The call's start number, turns waited and own value's calls ahead, as the line's node counted them."""
+    turn = (task.request._singleton_lock.state or {}).get("fair")
+    return None if turn is None else [turn.start, turn.waited, turn.ahead]
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_fair_on=["tenant"],
+    lock_limit=2,
+    lock_max_waiting=2,
+    lock_on_duplicate="reschedule",
+)
+def fair_capped(self: Any, key: str, tenant: str, item: int, duration: float = 0.0) -> int:
+    """fair_call with ``lock_max_waiting=2``: records as fair_call."""
+    arrived = getattr(self.request, "singleton_lock_since", None)
+    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time(), _turn(self)]))
+    _run(self, key, duration)
+    return item
+
+
+def fair_limit(key: str, *args: Any, **kwargs: Any) -> int:
+    """A ``lock_limit`` the test dials mid-flood (record key ``fair-limit:<key>``, 2 when unset)."""
+    return int(record.get(f"fair-limit:{key}") or 2)
+
+
+def _fair_group_body(self: Any, key: str, tenant: str, item: int, duration: float, retry: bool) -> int:
+    arrived = getattr(self.request, "singleton_lock_since", None)
+    record.rpush("fair", json.dumps([key, tenant, item, self.request.id, arrived, time.time(), _turn(self), self.name]))
+    _run(self, key, duration)
+    if retry and not self.request.retries:
+        raise self.retry(countdown=0.1, max_retries=1)
+    return item
+
+
+_FAIR_GROUP: dict[str, Any] = {
+    "shared": False, "base": LockedTask, "bind": True, "lock_group": "fairg", "lock_unique_on": ["key"],
+    "lock_fair_on": ["tenant"], "lock_limit": fair_limit, "lock_on_duplicate": "reschedule",
+}  # fmt: skip
+
+
+@app.task(**_FAIR_GROUP)
+def fair_group_a(self: Any, key: str, tenant: str, item: int, duration: float = 0.0, retry: bool = False) -> int:
+    """fair_call's group twin (``lock_group="fairg"`` with ``fair_group_b``, a limit dialed mid-flood by
+    ``fair_limit``, and a body that retries itself once when ``retry``): records as fair_call, plus its task name."""
+    return _fair_group_body(self, key, tenant, item, duration, retry)
+
+
+@app.task(**_FAIR_GROUP)
+def fair_group_b(self: Any, key: str, tenant: str, item: int, duration: float = 0.0, retry: bool = False) -> int:
+    """The other task of fair_group_a's group."""
+    return _fair_group_body(self, key, tenant, item, duration, retry)
 
 
 @app.task(

@@ -6,7 +6,8 @@ The spec: ``{"tasks": [{"name": "m0", "opts": {"lock_on_duplicate": "replace", .
 "per_key"`` stands for :func:`per_key_limit`. Every task has one signature, ``(key, ver, duration, fail, retries)``,
 and is keyed on ``key`` (``lock_unique_on=["key"]``; ``lock_limit=None``: no lock, no key); ``ver`` tells the calls
 of one key apart. Each attempt records
-``{"id", "task", "key", "ver", "attempt", "pid", "start", "rate_at"}`` on ``model:started`` when its body starts and
+``{"id", "task", "key", "ver", "attempt", "pid", "start", "rate_at", "turn"}`` on ``model:started`` when its body
+starts (``turn``: lock_fair_on's count of its wait, see ``_turn``) and
 the same with ``"end"`` on ``model:ended`` when it ends (a retry's attempt ends at its ``retry()``; a body stopped by
 ``lock_on_duplicate="cancel"`` ends where it stopped, with ``"cancelled": true``).
 """
@@ -40,7 +41,7 @@ def _body(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool =
     rate_at = getattr(self, "rate_started_at", None)
     attempt = {
         "id": self.request.id, "task": self.name, "key": key, "ver": ver, "attempt": self.request.retries,
-        "pid": os.getpid(), "start": time.time(), "rate_at": rate_at,
+        "pid": os.getpid(), "start": time.time(), "rate_at": rate_at, "turn": _turn(self),
     }  # fmt: skip
     record.rpush("model:started", json.dumps(attempt))
     end_by = time.monotonic() + duration
@@ -58,6 +59,14 @@ def _body(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool =
     if fail:
         raise RuntimeError("failing on purpose")
     return ver
+
+
+def _turn(task: Any) -> list[int] | None:
+    """lock_fair_on: [its number among the line's starts, turns waited, own value's calls ahead], as the line's node
+    counted them (policies/fair.py's Turn); None: not counted."""
+    run = getattr(task.request, "_singleton_lock", None)
+    turn = (getattr(run, "state", None) or {}).get("fair")
+    return None if turn is None else [turn.start, turn.waited, turn.ahead]
 
 
 def _define(spec: dict[str, Any]) -> None:

@@ -87,6 +87,7 @@ class Attempt:
     start: float
     rate_at: float | None
     end: float | None = None
+    turn: list[int] | None = None  # lock_fair_on: [start number, turns waited, own value's calls ahead] (the node's)
 
 
 @dataclass
@@ -159,7 +160,8 @@ def check(h: History) -> list[str]:
     """Every broken promise of the history, one line each."""
     out: list[str] = []
     for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_line, _check_replace_order,
-                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope, _check_cancel):  # fmt: skip
+                    _check_rate, _check_debounce, _check_cooldown, _check_queue_scope, _check_cancel,
+                    _check_fair):  # fmt: skip
         out += checker(h)
     return out
 
@@ -639,4 +641,32 @@ def _cancel_sent(h: History, space: str, key: str, calls: list[Call]) -> list[st
             if met and not (o.state == "REVOKED" and "cancelled by a newer call" in o.reason):
                 out.append(f"{space}/{key}: v{c.ver} ran {end - met[0].sent:.2f} s past the newer v{met[0].ver}'s "
                            f"send and was not cancelled: {o.state} {o.reason[:120]}")  # fmt: skip
+    return out
+
+
+def _check_fair(h: History) -> list[str]:
+    """lock_fair_on (docs/policies.md, "Fair turns"): the line's node counts each start once, and a call that joined
+    the line with k calls of its own value waiting waits at most (k + 2)(W - 1) + k + L - 1 turns (starts of its key
+    from its joining to its own start), W the values of its key's calls, L the key's limit. (Every call runs, once:
+    _check_once, as every reschedule.)"""
+    out = []
+    for (space, key), calls in _by_space(h).items():
+        fair = [c for c in calls if h.tasks[c.task].opts.get("lock_fair_on")]
+        if not fair:
+            continue
+        names = h.tasks[fair[0].task].opts["lock_fair_on"]
+        values = len({tuple(getattr(c, n) for n in names) for c in fair})
+        limit = max(h.tasks[c.task].limit(key) or 1 for c in fair)
+        ids = {c.returned for c in fair}
+        counted = [a for a in h.attempts if a.id in ids and a.turn is not None]
+        numbers = [a.turn[0] for a in counted if a.turn[0] > 0]
+        restarted = any("restart" in kind for _, kind in h.faults)  # a node restarted empty counts afresh
+        if len(numbers) != len(set(numbers)) and not restarted:
+            out.append(f"{space}/{key}: the fair line counted two starts as one: {sorted(numbers)}")
+        for a in counted:
+            _, waited, ahead = a.turn
+            bound = (ahead + 2) * (values - 1) + ahead + limit - 1
+            if waited >= 0 and waited > bound:
+                out.append(f"{space}/{key}: v{a.ver} waited {waited} turns with {ahead} of its value ahead, past the "
+                           f"bound {bound} ({values} values, limit {limit})")  # fmt: skip
     return out

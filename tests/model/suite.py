@@ -172,6 +172,8 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
         for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on"):
             o.pop(name, None)
         o.pop("lock_enqueue_check", None)
+    if o.get("lock_on_duplicate") == "reschedule" and not o.get("lock_debounce") and rng.random() < 0.3:
+        o["lock_fair_on"] = ["duration"]  # turns across the calls' durations (refused beside a rate, a cooldown...)
     return o
 
 
@@ -211,7 +213,7 @@ CI_DEPLOYMENTS = [
     Deployment(1, [
         {"name": "ci1_replace", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace"}},
         {"name": "ci1_resched", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
-                                         "lock_max_waiting": 2}},
+                                         "lock_max_waiting": 2, "lock_fair_on": ["duration"]}},
         {"name": "ci1_cool", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "skip", "lock_cooldown": 1.5}},
     ], workers=2, faults=["kill-child", "pause-node"]),
     Deployment(2, [
@@ -517,6 +519,7 @@ class Bench:
                 a["start"],
                 a["rate_at"],
                 ends.get((a["id"], a["attempt"], a["start"])),
+                a.get("turn"),
             )
             for a in self._records("model:started")
             if mine(a)
