@@ -30,7 +30,7 @@ test: lint
 # option pairs included, failures shrunk and written as JSON under $(CSL_MODEL_OUT) (default /tmp/model-soak).
 soak-model: $(BIN)/.installed
 	mkdir -p $${CSL_MODEL_OUT:-/tmp/model-soak}
-	CSL_MODEL_BUDGET=long CSL_MODEL_OUT=$${CSL_MODEL_OUT:-/tmp/model-soak} $(BIN)/pytest -q -s tests/test_model.py
+	CSL_MODEL_BUDGET=long CSL_MODEL_OUT=$${CSL_MODEL_OUT:-/tmp/model-soak} $(BIN)/pytest -q -s tests/testing/test_model.py
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'

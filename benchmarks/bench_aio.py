@@ -39,8 +39,8 @@ import _floors  # benchmarks/_floors.py
 import harness  # benchmarks/harness.py: run as `python benchmarks/<script>.py`
 import redis.asyncio as aioredis
 
-from celery_singleton_lock.aio import AsyncNodes, AsyncRedlock, aclose
-from celery_singleton_lock.redlock import Redlock
+from celery_singleton_lock.lock.aio import AsyncNodes, AsyncRedlock, aclose
+from celery_singleton_lock.lock.redlock import Redlock
 from celery_singleton_lock.testing import redis_servers
 
 TTL_S = 10

@@ -317,7 +317,7 @@ if os.environ.get("BENCH_FORCE_PRESKIP") == "1":
     # bench_skip.py --force-preskip: the pre-check in a pool where the library keeps it off (gevent, eventlet,
     # threads), to measure what it would save there. Not a supported setting: the pool's own decision is overridden
     # once the worker is ready (pool_started ran), and the patched-socket guard is lifted.
-    from celery_singleton_lock import _preskip
+    from celery_singleton_lock.task import _preskip
 
     @signals.worker_ready.connect(weak=False)
     def _force_preskip(**_: Any) -> None:
@@ -328,7 +328,7 @@ if os.environ.get("BENCH_FORCE_PRESKIP") == "1":
 if BLOCK > 0:
     _block_probe = _BlockProbe()
     signals.task_postrun.connect(_block_probe, weak=False)
-    from celery_singleton_lock import _preskip as _preskip_room
+    from celery_singleton_lock.task import _preskip as _preskip_room
 
     _skip_before_pool = _preskip_room._skip
 

@@ -85,7 +85,7 @@ def task_paths(url: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], Non
     from celery.app.trace import build_tracer  # noqa: PLC0415
 
     from celery_singleton_lock import LockedTask  # noqa: PLC0415
-    from celery_singleton_lock.redlock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.lock.redlock import Redlock  # noqa: PLC0415
 
     app = Celery(f"check-{secrets.token_hex(4)}", broker="memory://", set_as_current=False)
     app.conf.update(singleton_lock_urls=[url], task_ignore_result=True)
@@ -139,7 +139,7 @@ def task_paths(url: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], Non
 
 
 def per_use(url: str, key: str) -> Callable[[], None]:
-    from celery_singleton_lock.redlock import Redlock  # noqa: PLC0415
+    from celery_singleton_lock.lock.redlock import Redlock  # noqa: PLC0415
 
     def cycle() -> None:
         lock = Redlock(url, key, ttl=10)

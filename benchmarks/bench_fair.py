@@ -3,7 +3,8 @@
 A flood of ``--a`` calls of tenant A, then ``--others`` each of B and C, all sent at once to one key's two shared
 slots (tests/apps/locked_app.py: ``arrival_call`` wakes waiters in arrival order, ``fair_call`` has
 ``lock_fair_on=["tenant"]``), on one prefork worker of 3 processes and three lock nodes. A call's wait in turns is
-the number of starts between its arrival at a worker and its own start (tests/test_fair.py's ``turns``) before, and
+the number of starts between its arrival at a worker and its own start (tests/policies/test_fair.py's ``turns``)
+before, and
 as the line's node counts it (from joining the line, ``line_turns``) after. Prints, per tenant, the calls that
 waited, the min / median / max turns waited, and the largest excess over the bound 3k + 5 (at most 0: held)::
 

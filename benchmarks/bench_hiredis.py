@@ -35,7 +35,7 @@ import harness
 from redis.connection import Connection, _HiredisParser, _RESP2Parser
 from redis.utils import HIREDIS_AVAILABLE
 
-from celery_singleton_lock.redlock import NodeSet, Redlock
+from celery_singleton_lock.lock.redlock import NodeSet, Redlock
 
 FLOOR_PY, FLOOR_HI = "floor str, redis-py parser", "floor str, hiredis"
 OURS, OURS_HI, OURS_PY = "ours, own reader", "ours, hiredis", "ours, redis-py parser"

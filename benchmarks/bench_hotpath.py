@@ -59,7 +59,7 @@ import _floors
 import harness
 import redis
 
-from celery_singleton_lock.redlock import NodeSet, Redlock
+from celery_singleton_lock.lock.redlock import NodeSet, Redlock
 
 TTL_S = 10
 TTL_MS = TTL_S * 1000

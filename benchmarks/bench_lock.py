@@ -37,7 +37,7 @@ import _floors  # benchmarks/_floors.py
 import harness  # benchmarks/harness.py: run as `python benchmarks/<script>.py`
 import redis
 
-from celery_singleton_lock.redlock import Redlock
+from celery_singleton_lock.lock.redlock import Redlock
 from celery_singleton_lock.testing import redis_servers
 
 TTL_S = 10

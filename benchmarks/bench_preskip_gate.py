@@ -36,7 +36,7 @@ from celery.worker import state  # noqa: E402
 from celery.worker.request import Request, create_request_cls  # noqa: E402
 from kombu import Message  # noqa: E402
 
-from celery_singleton_lock._monitoring import LockedRequest  # noqa: E402
+from celery_singleton_lock.task._monitoring import LockedRequest  # noqa: E402
 
 app = bench_apps.app
 app.finalize()

@@ -48,10 +48,10 @@ from limits import RateLimitItemPerSecond
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from celery_singleton_lock.nodes import NodeSet
+from celery_singleton_lock.lock.nodes import NodeSet
+from celery_singleton_lock.lock.scripts import Script
 from celery_singleton_lock.policies.rate import Window as Rate
 from celery_singleton_lock.policies.rate import take, take_many
-from celery_singleton_lock.scripts import Script
 from celery_singleton_lock.testing import redis_servers
 
 OPEN = Rate(100, 1.0)

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from celery import Celery
 
-from celery_singleton_lock import metrics
-from celery_singleton_lock.record import sibling_key
+from celery_singleton_lock.lock import metrics
+from celery_singleton_lock.lock.record import sibling_key
+from celery_singleton_lock.ops.web import make_app, serve
 from celery_singleton_lock.testing import RedisServer
-from celery_singleton_lock.web import make_app, serve
 
 PREFIX = "bench:"
 

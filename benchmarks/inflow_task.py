@@ -28,7 +28,7 @@ import _common  # noqa: E402
 import harness  # noqa: E402
 import profile_task  # noqa: E402
 
-from celery_singleton_lock import redlock  # noqa: E402
+from celery_singleton_lock.lock import redlock  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(task_class, name):
                 timed(task_class, name, f"LockedTask.{name}")
             elif name in ("_key", "_new_lock"):  # since the seam (issue 31): the context's key builder and lock factory
-                timed(importlib.import_module("celery_singleton_lock._run").Context, name[1:], f"LockedTask.{name}")
+                timed(
+                    importlib.import_module("celery_singleton_lock.task._run").Context, name[1:], f"LockedTask.{name}"
+                )
             else:
-                timed(importlib.import_module("celery_singleton_lock._delivery"), moved[name], f"LockedTask.{name}")
+                timed(
+                    importlib.import_module("celery_singleton_lock.task._delivery"), moved[name], f"LockedTask.{name}"
+                )
         for name in ("__init__", "acquire", "_attempt", "finish"):
             timed(redlock.Redlock, name, f"Redlock.{name}")
         timed(redlock.NodeSet, "run", "NodeSet.run")

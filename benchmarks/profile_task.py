@@ -229,10 +229,10 @@ class Bench:
     # --- pieces of the hot path, each on its own ----------------------------------------------------------------
 
     def pieces(self) -> dict[str, Callable[[int], Any]]:
-        from celery_singleton_lock import signals  # noqa: PLC0415
-        from celery_singleton_lock.decision import decide  # noqa: PLC0415
-        from celery_singleton_lock.redlock import Redlock  # noqa: PLC0415
-        from celery_singleton_lock.renewal import watchdog  # noqa: PLC0415
+        from celery_singleton_lock.decide.decision import decide  # noqa: PLC0415
+        from celery_singleton_lock.lock.redlock import Redlock  # noqa: PLC0415
+        from celery_singleton_lock.lock.renewal import watchdog  # noqa: PLC0415
+        from celery_singleton_lock.task import signals  # noqa: PLC0415
 
         locked, options, nodes, serial = self.locked, self.options, self.nodes, self.serial
         blocker, held_key = self.blocker, self.held_key
@@ -281,7 +281,7 @@ class Bench:
             ctx.new_lock(held_key, "0c8a6e8e-1f7b-4a0c-9b1e-6d7f3c2a9e11", 0).acquire(blocking=False)
 
         try:  # the delivery room (since the redesign); before it, a method of LockedTask
-            from celery_singleton_lock._delivery import gather  # noqa: PLC0415
+            from celery_singleton_lock.task._delivery import gather  # noqa: PLC0415
 
             facts_of: Any = functools.partial(gather, locked)
         except ImportError:

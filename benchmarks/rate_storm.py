@@ -1,7 +1,7 @@
 """A storm for one rate key with real workers: ``--calls`` calls of ``rate_tasks.rated`` at (10, 1.0) on two prefork
 workers of 3 processes and three lock nodes (Redis broker). Prints the wall time, the busiest window (by the nodes'
 clock: must be <= 10), how many re-sends the waiting cost (``singleton_lock_rate_waits`` summed), and the most any
-one call waited. The CI test runs 60 calls (tests/test_rate_workers.py); this is the issue's 1,000-call run::
+one call waited. The CI test runs 60 calls (tests/policies/test_rate_workers.py); this is the issue's 1,000-call run::
 
     PYTHONPATH=$PWD python benchmarks/rate_storm.py --calls 1000      # ~100 s of rate, plus start-up
     PYTHONPATH=$PWD python benchmarks/rate_storm.py --quick           # 40 calls

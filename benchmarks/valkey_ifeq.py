@@ -33,7 +33,7 @@ import _common  # benchmarks/_common.py: run as `python benchmarks/<script>.py`
 import harness
 import redis
 
-from celery_singleton_lock.scripts import EXTEND_SCRIPT, RELEASE_SCRIPT
+from celery_singleton_lock.lock.scripts import EXTEND_SCRIPT, RELEASE_SCRIPT
 from celery_singleton_lock.testing import RedisServer, find_valkey_server
 
 LUA_DEL_STR = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"

@@ -2,8 +2,6 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._startup import ConfigurationRefusedError
-from .aio import AsyncRedlock
 from .errors import (
     ConfigurationError,
     DuplicateTaskError,
@@ -16,9 +14,11 @@ from .errors import (
     SlowDown,
     UnserializableArgumentsError,
 )
+from .lock.aio import AsyncRedlock
+from .lock.redlock import NodeSet, Redlock
 from .policies.rate import Rate
-from .redlock import NodeSet, Redlock
 from .task import LockedRequest, LockedTask, Skipped
+from .task._startup import ConfigurationRefusedError
 
 try:
     __version__ = version("celery-singleton-lock")

@@ -1,6 +1,7 @@
 """Throwaway servers for the web examples: four redis-servers (three lock nodes, one store) and two uvicorn
 instances of ``examples.fastapi_app:app`` as real processes on free loopback ports (two app instances behind one
-address, as a load balancer would spread clicks). Shared by the examples' ``__main__`` and tests/test_examples.py.
+address, as a load balancer would spread clicks). Shared by the examples' ``__main__`` and
+tests/project/test_examples.py.
 """
 
 from __future__ import annotations

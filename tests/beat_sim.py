@@ -1,4 +1,5 @@
-"""Simulated beat instances on simulated clocks, for the slot tests (tests/test_beat.py, tests/test_beat_dst.py).
+"""Simulated beat instances on simulated clocks, for the slot tests (tests/task/test_beat.py,
+tests/task/test_beat_dst.py).
 
 Each instance runs celery's own ``is_due`` the way ``SingletonSchedulerMixin`` asks it, and names its due runs with
 ``slot_for``; a timeline interleaves their ticks, and the first claim of a slot wins, as on Redis.
@@ -13,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_singleton_lock.beat import _before_repeat, slot_for
+from celery_singleton_lock.task.beat import _before_repeat, slot_for
 
 UTC = dt.timezone.utc
 

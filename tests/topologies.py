@@ -37,8 +37,8 @@ from types import TracebackType
 
 import redis
 
-from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.testing import find_redis_server, free_port, wait_for
+from celery_singleton_lock.testing.faults import FaultProxy
 
 __all__ = ["Cluster", "SentinelSet", "Server", "TLSFiles", "make_certs", "tls_binary"]
 

@@ -1,4 +1,5 @@
-"""The Celery app that ``tools/flower_screenshot.py`` and ``tests/test_flower.py`` run in real workers and in Flower.
+"""The Celery app that ``tools/flower_screenshot.py`` and ``tests/ops/test_flower.py`` run in real workers and in
+Flower.
 
 Configured from the environment, which they write: FLOWER_DEMO_BROKER (a RabbitMQ or Redis broker URL) and
 FLOWER_DEMO_LOCK_URLS (comma-separated lock node URLs). No result backend: Flower builds its task list from Celery

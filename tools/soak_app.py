@@ -30,7 +30,8 @@ import redis
 from celery import Celery
 from celery.signals import task_success
 
-from celery_singleton_lock import LockedTask, Skipped, signals
+from celery_singleton_lock import LockedTask, Skipped
+from celery_singleton_lock.task import signals
 
 app = Celery("soak_app", broker=os.environ["SOAK_BROKER"], backend=os.environ["SOAK_BACKEND"])
 _VISIBILITY = float(os.environ.get("SOAK_VISIBILITY", "15"))

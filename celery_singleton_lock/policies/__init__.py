@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NoReturn, Protocol
 
-from ..facts import Decision, Facts
+from ..decide.facts import Decision, Facts
 from .cancel import Cancel
 from .cooldown import COOLDOWN_FEATURE
 from .debounce import DEBOUNCE_FEATURE

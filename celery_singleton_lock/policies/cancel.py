@@ -60,13 +60,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..errors import JobCancelledError
-from ..record import DURABLE, cancels_key_for, done_key_for, durable_marker, pending_cancels, slot_keys
-from ..scripts import CANCEL, CANCEL_JOB
+from ..lock.record import DURABLE, cancels_key_for, done_key_for, durable_marker, pending_cancels, slot_keys
+from ..lock.scripts import CANCEL, CANCEL_JOB
 from .replace import Replace
 
 if TYPE_CHECKING:
-    from ..facts import Decision
-    from ..nodes import NodeSet
+    from ..decide.facts import Decision
+    from ..lock.nodes import NodeSet
     from . import Duplicate
 
 __all__ = [

@@ -62,8 +62,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from ..errors import ConfigurationError
-from ..record import burst_key_for, claimed_key_for, newest_run_key_for
-from ..scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
+from ..lock.record import burst_key_for, claimed_key_for, newest_run_key_for
+from ..lock.scripts import DEBOUNCE_CLAIM, DEBOUNCE_JOIN
 from .port import Call, Delivery, Feature
 
 __all__ = [

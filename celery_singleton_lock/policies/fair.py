@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import ConfigurationError
-from ..keys import lock_key
-from ..record import sibling_key
-from ..scripts import FAIR_TURN_CODE
+from ..lock.keys import lock_key
+from ..lock.record import sibling_key
+from ..lock.scripts import FAIR_TURN_CODE
 from .port import Delivery, Feature, check_names, parameters
 
 __all__ = ["FAIR", "FairConf", "FairTurns", "Turn"]

@@ -717,7 +717,7 @@ def render_markdown() -> str:
         "",
         "<!-- Generated from celery_singleton_lock/policies/matrix.py: do not edit by hand. Regenerate with",
         "     python -m celery_singleton_lock.policies.matrix > docs/options.md",
-        "     (tests/test_matrix.py fails when this file and the code differ). -->",
+        "     (tests/policies/test_matrix.py fails when this file and the code differ). -->",
         "",
         "Every pair of a LockedTask's options has one verdict: supported, or refused at registration, at worker",
         "start and by `celery locks doctor`, in one line saying what to use instead. The verdicts live in",

@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from ..config import did_you_mean
 from ..errors import ConfigurationError
+from ..lock.config import did_you_mean
 
 __all__ = [
     "HOOKS",

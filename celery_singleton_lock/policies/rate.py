@@ -37,11 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from ..config import did_you_mean
 from ..errors import ConfigurationError, LockUnavailableError, RateLimitedError
-from ..keys import lock_key
-from ..nodes import NodeSet
-from ..scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
+from ..lock.config import did_you_mean
+from ..lock.keys import lock_key
+from ..lock.nodes import NodeSet
+from ..lock.scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
 from .port import Delivery, Feature, check_names, parameters
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The Celery app of a Django project for tests/test_beat_django.py, shaped as ``proj/celery.py`` is: beat reads
+"""The Celery app of a Django project for tests/task/test_beat_django.py, shaped as ``proj/celery.py`` is: beat reads
 its schedule from django-celery-beat's tables (PostgreSQL) under SingletonDatabaseScheduler.
 
 Configured from the environment: CSL_BROKER, CSL_LOCK_URLS (comma-separated), CSL_PG_DB, optionally CSL_LIVENESS.

@@ -1,4 +1,4 @@
-"""Django settings for tests/test_beat_django.py: django-celery-beat's models in a throwaway PostgreSQL database
+"""Django settings for tests/task/test_beat_django.py: django-celery-beat's models in a throwaway PostgreSQL database
 (CSL_PG_DB, on 127.0.0.1:5432 as user postgres, trust auth)."""
 
 import os

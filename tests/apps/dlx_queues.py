@@ -1,4 +1,4 @@
-"""RabbitMQ queues for tests/test_copies.py's dead-letter retry (no tasks here: importable by the client)."""
+"""RabbitMQ queues for tests/task/test_copies.py's dead-letter retry (no tasks here: importable by the client)."""
 
 from __future__ import annotations
 

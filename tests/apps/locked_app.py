@@ -24,7 +24,8 @@ from celery import Celery
 from celery.signals import task_postrun
 from kombu.utils.json import register_type
 
-from celery_singleton_lock import LockedTask, LockLostError, aio
+from celery_singleton_lock import LockedTask, LockLostError
+from celery_singleton_lock.lock import aio
 
 BROKER = os.environ["CSL_BROKER"]
 app = Celery("locked_app", broker=BROKER, backend=os.environ.get("CSL_BACKEND") or BROKER.rsplit("/", 1)[0] + "/1")
@@ -196,7 +197,7 @@ def interruptible(self: Any, key: str, after: float = 10.0) -> dict[str, Any]:
 
 
 #: Seconds a ``blocked`` body blocks in one system call when nothing interrupts it (its socket read is ended then
-#: by a timer): far past tests/test_lock_on_lost.py's WAIT, so an interrupt that waits for the call to return is
+#: by a timer): far past tests/task/test_lock_on_lost.py's WAIT, so an interrupt that waits for the call to return is
 #: seen as none.
 BLOCK = 120.0
 
@@ -483,7 +484,7 @@ def limited_skip(self: Any, key: str, duration: float = 0.0) -> str:
     return key
 
 
-# -- one job however many messages of it exist (tests/test_copies.py) --------------------------------------------------
+# -- one job however many messages of it exist (tests/task/test_copies.py) ---------------------------------------------
 
 
 @app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule")
@@ -776,7 +777,8 @@ def rebuild_retry_first(self: Any, key: str, n: int, countdown: float = 2.0) -> 
     lock_on_duplicate="reschedule",
 )
 def fair_call(self: Any, key: str, tenant: str, item: int, duration: float = 0.0) -> int:
-    """A call of ``tenant`` sharing ``key``'s two slots with other tenants (lock_fair_on, tests/test_fair.py): records
+    """A call of ``tenant`` sharing ``key``'s two slots with other tenants (lock_fair_on,
+    tests/policies/test_fair.py): records
     ``[key, tenant, item, task id, when its call first reached a worker (ms; None: this first delivery), start,
     [start number, turns waited, own calls ahead] as the line's node counted them (None: uncounted)]`` in start
     order, then runs for ``duration`` s."""

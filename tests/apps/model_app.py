@@ -1,4 +1,5 @@
-"""The app the model-based suite (tests/test_model.py) runs in real workers: locked_app's configuration, plus the
+"""The app the model-based suite (tests/testing/test_model.py) runs in real workers: locked_app's configuration, plus
+the
 tasks of one drawn deployment, defined from the JSON spec in ``CSL_MODEL_SPEC`` so one worker start serves every
 schedule of that deployment.
 

@@ -1,4 +1,4 @@
-"""locked_app plus what tests/test_monitoring.py needs (not a test module)."""
+"""locked_app plus what tests/task/test_monitoring.py needs (not a test module)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""locked_app plus OpenTelemetry (not a test module): what tests/test_otel.py runs in real workers and its client.
+"""locked_app plus OpenTelemetry (not a test module): what tests/task/test_otel.py runs in real workers and its client.
 
 The process's tracer provider exports every ended span, as JSON, to the Redis list ``spans`` (CSL_RECORD): a worker's
 spans (its main process's and its pool children's) are in another process than the test, so the test reads them

@@ -1,4 +1,4 @@
-"""locked_app plus what tests/test_preskip.py needs (not a test module): every tracer run is recorded.
+"""locked_app plus what tests/task/test_preskip.py needs (not a test module): every tracer run is recorded.
 
 ``CSL_SKIP_BEFORE_POOL=0`` turns the pre-check off (``singleton_lock_skip_before_pool``).
 """

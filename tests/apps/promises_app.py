@@ -1,4 +1,4 @@
-"""locked_app plus the few tasks tests/test_promises_e2e.py needs (configured from the same environment).
+"""locked_app plus the few tasks tests/testing/test_promises_e2e.py needs (configured from the same environment).
 
 Importing locked_app registers its tasks on the same app; the worker runs ``-A promises_app``.
 """

@@ -1,4 +1,4 @@
-"""Extra queue-scope tasks for tests/test_queue_scope_races.py, on locked_app's app (same env, same records).
+"""Extra queue-scope tasks for tests/task/test_queue_scope_races.py, on locked_app's app (same env, same records).
 
 Run with ``celery -A queue_races_app worker``: importing this module imports locked_app and adds these tasks to its app.
 """

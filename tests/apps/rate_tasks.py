@@ -1,4 +1,4 @@
-"""``lock_rate`` tasks for tests/test_rate_workers.py, on ``locked_app``'s app (workers import this module with
+"""``lock_rate`` tasks for tests/policies/test_rate_workers.py, on ``locked_app``'s app (workers import this module with
 ``-I rate_tasks``; locked_app itself is left alone). Every run records ``[key, task_id, pid, node time of the counted
 start, wall start, rate waits, end]`` in the record list ``rate_runs`` (and its start in ``rate_started``)."""
 

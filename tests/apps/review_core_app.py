@@ -1,4 +1,4 @@
-"""Tasks for tests/test_copies.py, added to ``locked_app``'s app (same env, same run records).
+"""Tasks for tests/task/test_copies.py, added to ``locked_app``'s app (same env, same run records).
 
 A worker started with ``-A review_core_app`` runs these and every ``locked_app`` task.
 """

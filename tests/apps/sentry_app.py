@@ -1,4 +1,5 @@
-"""A beat schedule monitored by Sentry Crons, under the singleton scheduler (not a test module): tests/test_sentry.py.
+"""A beat schedule monitored by Sentry Crons, under the singleton scheduler (not a test module):
+tests/task/test_sentry.py.
 
 Configured from the environment: CSL_BROKER, CSL_LOCK_URLS, CSL_RECORD (a Redis URL), CSL_PROC (this process's name
 in what it records: ``beat-1``, ``worker``...), CSL_SKIP_BEFORE_POOL, CSL_SENTRY_INSTRUMENT (``0``: without

@@ -24,8 +24,8 @@ from typing import Any
 from hypothesis import strategies as st
 from worker_cluster import APPS, Cluster, cluster, polling
 
-from celery_singleton_lock.faults import FaultProxy
 from celery_singleton_lock.testing import CeleryWorker
+from celery_singleton_lock.testing.faults import FaultProxy
 
 from .promises import Attempt, Call, History, Outcome, TaskOpts, check
 
@@ -57,8 +57,8 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
     from celery import Celery  # noqa: PLC0415
 
     from celery_singleton_lock import LockedTask  # noqa: PLC0415
-    from celery_singleton_lock._startup import check_group, check_options  # noqa: PLC0415
     from celery_singleton_lock.errors import ConfigurationError  # noqa: PLC0415
+    from celery_singleton_lock.task._startup import check_group, check_options  # noqa: PLC0415
 
     def per_key(key: str, *args: Any, **kwargs: Any) -> int:
         return 2 if key.endswith("p") else 1

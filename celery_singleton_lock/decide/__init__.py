@@ -1,0 +1,1 @@
+"""The pure decision: what a delivery meets (facts) and what it does about it (decide)."""
