@@ -42,6 +42,9 @@ from celery_singleton_lock import LockedTask, Rate, SlowDown
 from examples._harness import outcomes, run_example, short
 from examples.example_app import app, records
 
+#: Not in docker-compose's demo: the fake API listens on the demo container's own 127.0.0.1, which the worker
+#: containers cannot reach (tests/project/test_compose.py reads this line).
+NOT_IN_COMPOSE_DEMO = True
 QUOTA = 1000  # the API's tokens per API_WINDOW for the account (and our account limit)
 API_WINDOW = 2.0
 RATE_WINDOW = 3.0  # ours: longer than the API's by more than the time from a counted start to the request
