@@ -267,12 +267,20 @@ def test_the_direction_checker_sees_an_arrow() -> None:
 
 
 def _is_shim(file: Path) -> bool:
-    """A root module that only re-exports a wing's module: a docstring, imports from a wing, and ``__all__``."""
+    """A root module that only re-exports a wing's module: a docstring, imports from a wing, ``__all__``, and a
+    module ``__getattr__`` forwarding to the wing's module (what it builds on first use, PEP 562)."""
     for node in parse(file).body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue
         if isinstance(node, ast.ImportFrom) and node.level == 1 and (node.module or "").split(".")[0] in WINGS:
             continue
+        if isinstance(node, ast.ImportFrom) and node.module == "typing":
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+            imports_a_wing = isinstance(body[0], ast.ImportFrom) and body[0].level == 1 and body[0].module in WINGS
+            if len(body) == 2 and imports_a_wing and ast.unparse(body[1]).startswith("return getattr("):
+                continue
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
             continue
         return False
