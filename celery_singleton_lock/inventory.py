@@ -1,6 +1,6 @@
-"""Kept for the code that imports this path: the module is ``celery_singleton_lock.ops.inventory``."""
+"""Kept for the code that imports this path: the module is ``celery_singleton_lock.lock.inventory``."""
 
-from .ops.inventory import (
+from .lock.inventory import (
     BATCH,
     KINDS,
     SCAN_COUNT,

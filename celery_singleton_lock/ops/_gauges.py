@@ -27,10 +27,10 @@ import redis
 from redis.exceptions import RedisError
 
 from ..lock.config import LockSettings
+from ..lock.inventory import _glob_escape, _is_fence_key, _is_metrics_key, done_marker_of
 from ..lock.nodes import NodeError
 from ..lock.record import sibling_key
 from ..lock.scripts import BRIEF as _BRIEF
-from .inventory import _glob_escape, _is_fence_key, _is_metrics_key, done_marker_of
 
 __all__ = ["MAX_TASKS", "SCANS_PER_SCRAPE", "SCAN_COUNT", "Gauges", "lock_of_line", "read_gauges"]
 

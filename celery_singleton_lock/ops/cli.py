@@ -34,13 +34,7 @@ from celery.states import READY_STATES
 
 from ..errors import ConfigurationError
 from ..lock.config import LockSettings, settings_for
-from ..lock.metrics import MetricsReport, parse_since, read_metrics
-from ..policies import cancel as cancel_policy
-from ..policies.limit import LIMIT
-from ..policies.waiting import WAITING
-from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
-from .health import DEFAULT_GRACE, Liveness, Readiness, liveness, readiness
-from .inventory import (
+from ..lock.inventory import (
     _TASK_STATES,  # noqa: F401 - tests read it here
     KINDS,
     STATES,
@@ -62,6 +56,12 @@ from .inventory import (
     scan_keys,
     show_lock,
 )
+from ..lock.metrics import MetricsReport, parse_since, read_metrics
+from ..policies import cancel as cancel_policy
+from ..policies.limit import LIMIT
+from ..policies.waiting import WAITING
+from .doctor import DEFAULT_MAX_CLOCK_DRIFT, DEFAULT_TIMEOUT, format_findings, run_doctor, to_json
+from .health import DEFAULT_GRACE, Liveness, Readiness, liveness, readiness
 
 __all__ = [
     "KINDS",

@@ -27,8 +27,15 @@ from typing import Any, Final, cast
 from redis.exceptions import ResponseError
 
 from ..lock.config import LockSettings, settings_for
-from ..task._brokers import Finding, Level, acks_late_finding, broker_findings, queue_findings, visibility_finding
-from ..task._startup import start_problems
+from ..task.checks import (
+    Finding,
+    Level,
+    acks_late_finding,
+    broker_findings,
+    queue_findings,
+    start_problems,
+    visibility_finding,
+)
 
 __all__ = [
     "CODES",
@@ -671,7 +678,7 @@ def _lasting_tasks(app: Any) -> list[str]:
     """The LockedTasks whose promise rests on records kept across time: ``lock_cooldown`` (no second run within it)
     and ``lock_scope='queue'`` (no second message while one waits)."""
     from ..policies.cooldown import COOLDOWN_FEATURE  # noqa: PLC0415
-    from ..task._run import is_locked_task  # noqa: PLC0415
+    from ..task.checks import is_locked_task  # noqa: PLC0415
 
     try:
         tasks = dict(app.tasks)

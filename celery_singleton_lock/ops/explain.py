@@ -16,11 +16,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..lock.config import LockSettings, settings_for
-from ..lock.nodes import NodeError
-from ..lock.record import COOLDOWN, slot_keys
-from ..policies.limit import LIMIT
-from ..policies.rate import RATE_FEATURE
-from .inventory import (
+from ..lock.inventory import (
     LockInfo,
     NodeState,
     RateWindow,
@@ -34,6 +30,10 @@ from .inventory import (
     read_rate,
     scan_keys,
 )
+from ..lock.nodes import NodeError
+from ..lock.record import COOLDOWN, slot_keys
+from ..policies.limit import LIMIT
+from ..policies.rate import RATE_FEATURE
 
 __all__ = ["Explanation", "explain", "explain_key", "explanation_facts", "format_explanation", "lock_of_key"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from ..lock._heartbeat import write_heartbeat
 from ..lock.config import LockSettings
+from ..lock.inventory import Report, read_keys
 from ..lock.nodes import NodeError
-from .inventory import Report, read_keys
 
 __all__ = [
     "DEFAULT_GRACE",

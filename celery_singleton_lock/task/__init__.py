@@ -380,7 +380,7 @@ class LockedTask(Task):  # type: ignore[misc]
         call holds nothing yet: cancel it by its task id. Returns what was found and done (``outcome``)."""
         ctx = self.lock_context()
         key = ctx.key(args, kwargs)
-        from ..ops.inventory import show_lock  # noqa: PLC0415 - the CLI's read, only here
+        from ..lock.inventory import show_lock  # noqa: PLC0415 - the CLI's read, only here
 
         info, _ = show_lock(ctx.options.settings, key).value
         if info is None or not info.task_id:
@@ -413,7 +413,7 @@ class LockedTask(Task):  # type: ignore[misc]
             key = ctx.key(call_args, call_kwargs)
             limit = ctx.limit_for(call_args, call_kwargs) or 1
         else:
-            from ..ops.inventory import list_locks  # noqa: PLC0415 - the CLI's scan, only here
+            from ..lock.inventory import list_locks  # noqa: PLC0415 - the CLI's scan, only here
 
             held = [i for i in list_locks(settings).value if i.task_id == task_id and i.kind == "task"]
             if held:

@@ -40,9 +40,9 @@ from celery.schedules import schedule as interval_schedule
 from celery.utils.time import maybe_make_aware
 from celery.utils.time import timezone as celery_timezone
 
+from ..lock._heartbeat import write_heartbeat
 from ..lock.config import LockSettings, settings_for
 from ..lock.redlock import Redlock
-from ..ops.health import write_heartbeat
 from ._reach import warn_unreachable
 from ._startup import StartError, check_start
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...lock.config import LockSettings
+from ...lock.inventory import LockInfo, Report, merge, read_burst, read_keys, scan_bursts, scan_keys
 from ...lock.record import burst_key_for
-from ..inventory import LockInfo, Report, merge, read_burst, read_keys, scan_bursts, scan_keys
 
 #: ``/locks.json``: locks per page unless ``?limit=`` says, and the most a page may ask for.
 JSON_LIMIT, JSON_MAX_LIMIT = 500, 5000

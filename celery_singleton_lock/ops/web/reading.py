@@ -12,11 +12,7 @@ from typing import cast
 from redis.exceptions import RedisError
 
 from ...lock.config import LockSettings
-from ...lock.nodes import NodeError
-from ...lock.record import pending_cancels
-from ...lock.scripts import BRIEF as _BRIEF
-from .._gauges import lock_of_line as _lock_of_line
-from ..inventory import (
+from ...lock.inventory import (
     _TASK_STATES,
     LockInfo,
     Report,
@@ -27,6 +23,10 @@ from ..inventory import (
     scan_bursts,
     scan_keys,
 )
+from ...lock.nodes import NodeError
+from ...lock.record import pending_cancels
+from ...lock.scripts import BRIEF as _BRIEF
+from .._gauges import lock_of_line as _lock_of_line
 
 #: Rows per table and page.
 PAGE_SIZE = 100

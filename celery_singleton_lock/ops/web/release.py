@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ...lock.config import LockSettings
-from ..inventory import release_lock, show_lock
+from ...lock.inventory import release_lock, show_lock
 
 logger = logging.getLogger("celery_singleton_lock.web")
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ...lock.inventory import LockInfo, burst_line, format_duration, holder_label
 from ...lock.metrics import OUTCOMES
 from ..doctor import Finding
 from ..explain import Explanation, explanation_facts
-from ..inventory import LockInfo, burst_line, format_duration, holder_label
 from .reading import PAGE_SIZE, Snapshot
 from .release import owner_digest
 

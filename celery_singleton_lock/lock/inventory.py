@@ -19,10 +19,10 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from redis.exceptions import RedisError
 
-from ..lock.config import LockSettings
-from ..lock.metrics import minute_key, total_key
-from ..lock.nodes import NodeError
-from ..lock.record import (
+from .config import LockSettings
+from .metrics import minute_key, total_key
+from .nodes import NodeError
+from .record import (
     COOLDOWN,
     ENDING,
     HANDOVER,
@@ -33,8 +33,8 @@ from ..lock.record import (
     fence_key_for,
     sibling_key,
 )
-from ..lock.scripts import FORCE_RELEASE as _FORCE_RELEASE
-from ..lock.scripts import READ as _READ
+from .scripts import FORCE_RELEASE as _FORCE_RELEASE
+from .scripts import READ as _READ
 
 __all__ = [
     "BATCH",
