@@ -307,3 +307,81 @@ def slow_rows(key: str) -> list[list[Any]]:
 def unrated_slow(self: Any, key: str) -> str:
     """No lock_rate: a SlowDown has no rate to pause, and fails the call."""
     raise SlowDown(1.0)
+
+
+# -- SlowDown beside the other features (issue 33, the attack) ----------------------------------------------------
+
+#: A pause longer than the window (1 s) plus the log's 1 s of slack: a log's expiry reset to window + 1 s ends it.
+LONG_PAUSE = 5.0
+#: The pause of the tests that only need the raising call's copy to wait a while.
+SHORT_PAUSE = 2.0
+
+
+def _slow_run(task: Any, key: str, n: int, pause: float) -> str:
+    """Records ``[key, n, task_id, node time of the counted start, raised, wall time, retries]`` in ``slow_runs``;
+    ``pause`` > 0: the first run of this task id raises SlowDown(pause)."""
+    raising = bool(pause > 0 and record.set(f"slow-raised:{task.request.id}", 1, nx=True))
+    row = [key, n, task.request.id, task.rate_started_at, raising, time.time(), task.request.retries]
+    record.rpush("slow_runs", json.dumps(row))
+    if raising:
+        record.set(f"slow-paused:{key}", 1)
+        raise SlowDown(pause)
+    return f"{key}:{n}"
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_spend(self: Any, key: str, n: int, mode: str) -> str:
+    """``mode`` "raise": SlowDown(LONG_PAUSE); "spend": once a call of ``key`` raised (a bounded wait), report 3
+    units (``rate_spent``: an extra charge written during the pause); "": run."""
+    if mode == "spend":
+        for _ in range(200):  # at most 10 s
+            if record.exists(f"slow-paused:{key}"):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # the raising body's pause is written after it raised
+        self.rate_spent(3)
+        record.rpush("slow_spent", json.dumps([key, time.time()]))
+    return _slow_run(self, key, n, LONG_PAUSE if mode == "raise" else 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_scope="queue",
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_queued(self: Any, key: str, n: int) -> str:
+    """Queue scope: one job per ``key`` from ``delay()`` to its end; its first run raises SlowDown(SHORT_PAUSE)."""
+    return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="replace",
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_latest(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """Keep-latest (replace): of the calls of ``key`` waiting, only the newest runs."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=None,
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+    autoretry_for=(Exception,),
+    retry_kwargs={"countdown": 0, "max_retries": 3},
+)
+def slow_autoretry(self: Any, key: str, n: int) -> str:
+    """autoretry_for=(Exception,) (retried at once): its first run raises SlowDown(SHORT_PAUSE)."""
+    return _slow_run(self, key, n, SHORT_PAUSE)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -319,13 +320,13 @@ def test_a_debounced_delivery_that_is_not_due_yet_uses_no_share_of_the_rate(c: C
     assert len(_rows(c, key)) == 1
 
 
-def _resent_for_rate(c: Cluster, task_id: str, timeout: float = 30.0) -> None:
-    """Wait until a worker logged ``task_id`` re-sent to wait for its rate's window (bounded)."""
+def _resent_for_rate(c: Cluster, task_id: str, timeout: float = 30.0, reason: str = "rate") -> None:
+    """Wait until a worker logged ``task_id`` re-sent to wait for its rate's window (or ``reason``; bounded)."""
     for _ in polling(timeout, 0.05):
         lines = "".join(w.log() for w in c.workers).splitlines()
-        if any(task_id in line and "re-sent to run in" in line and "(rate)" in line for line in lines):
+        if any(task_id in line and "re-sent to run in" in line and f"({reason})" in line for line in lines):
             return
-    raise AssertionError(f"{task_id} was not re-sent for its rate within {timeout} s")
+    raise AssertionError(f"{task_id} was not re-sent for its {reason} within {timeout} s")
 
 
 def _line_length(c: Cluster, lock_key: str) -> int:
@@ -495,3 +496,78 @@ def test_slow_down_without_a_rate_fails_the_call_with_it(c: Cluster, tasks: Modu
     with pytest.raises(SlowDown):
         result.get(timeout=60)
     assert result.state == "FAILURE"
+
+
+def _raised(tasks: ModuleType, key: str) -> list[Any]:
+    """The row of the run of ``key`` that raised SlowDown (bounded wait)."""
+    for _ in polling(30, 0.02):
+        raised = [r for r in tasks.slow_rows(key) if r[4]]
+        if raised:
+            return raised[0]
+    raise AssertionError(f"no run of {key} raised SlowDown")
+
+
+def test_a_charge_during_a_pause_longer_than_the_window_does_not_end_the_pause(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 1: a pause (5 s) longer than the window (1 s) lives in the rate log, whose expiry an
+    extra charge (``rate_spent`` above the estimate, by a run that started before the pause) reset to window + 1 s:
+    the log and its pause were dropped ~2 s later and a call sent 3 s into the pause started at once. Now no script
+    shortens a log's expiry: that call starts after the pause, and so does the raising call's copy."""
+    key = new_key("spend")
+    spender = tasks.slow_spend.apply_async((key, 0, "spend"), queue="rate")
+    raiser = tasks.slow_spend.apply_async((key, 1, "raise"), queue="rate")
+    raised = _raised(tasks, key)
+    assert spender.get(timeout=30) == f"{key}:0"
+    assert [json.loads(x)[0] for x in c.record.lrange("slow_spent", 0, -1)].count(key) == 1
+    for _ in polling(10, 0.05):  # until 3 s into the pause, by the wall clock of this machine (the nodes' too)
+        if time.time() >= raised[5] + 3.0:
+            break
+    late = tasks.slow_spend.apply_async((key, 2, ""), queue="rate")
+    assert late.get(timeout=60) == f"{key}:2"
+    assert raiser.get(timeout=60) == f"{key}:1"
+    pause_end = raised[3] + tasks.LONG_PAUSE
+    after = [r for r in tasks.slow_rows(key) if r[1] in (1, 2) and not r[4]]
+    assert len(after) == 2
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in after), [(r[1], r[3] - raised[3]) for r in after]
+
+
+def test_slow_down_in_queue_scope_keeps_the_job_reserved_during_the_pause(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 3: the raising call's lock was released outright, so the queue-scope reservation was
+    gone during the pause and a duplicate ``delay()`` published a second job (two runs after the pause). Now the
+    lock goes back to a reservation for the re-sent copy, as a call waiting for its window: the duplicate gets the
+    same job, which runs once after the pause."""
+    key = new_key("queued")
+    first = tasks.slow_queued.apply_async((key, 0), queue="rate")
+    _resent_for_rate(c, first.id, reason="slowed")  # its lock given up (or kept as a reservation): pausing
+    dup = tasks.slow_queued.apply_async((key, 1), queue="rate")
+    assert first.get(timeout=60) == f"{key}:0"
+    dup.get(timeout=60, propagate=False)
+    assert dup.id == first.id, "a duplicate published a second job during the pause"
+    assert [(r[1], r[4]) for r in tasks.slow_rows(key)] == [(0, True), (0, False)]
+
+
+def test_slow_down_with_replace_keeps_only_the_newest_waiting_call(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 4: with replace, the raising call's copy waited outside the key's line, so a newer
+    call sent during the pause ran and the older copy ran too (older arguments after newer ones, or both). Now the
+    copy waits in the line as a call waiting for its window: the newer call supersedes it (REVOKED naming it) and
+    runs alone after the pause."""
+    key = new_key("latest")
+    older = tasks.slow_latest.apply_async((key, 0, tasks.SHORT_PAUSE), queue="rate")
+    _resent_for_rate(c, older.id, reason="slowed")
+    newer = tasks.slow_latest.apply_async((key, 1), queue="rate")
+    assert newer.get(timeout=60) == f"{key}:1"
+    with pytest.raises(TaskRevokedError, match=f"superseded by task {newer.id}"):
+        older.get(timeout=30)
+    assert [(r[1], r[4]) for r in tasks.slow_rows(key)] == [(0, True), (1, False)]
+
+
+def test_slow_down_passes_through_autoretry_for(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 5: ``autoretry_for=(Exception,)`` caught SlowDown and retried the call at once (its
+    countdown), the rate never paused. SlowDown is the library's own exit, not an error to retry: it passes through
+    Celery's autoretry (and ``self.retry(exc=SlowDown(...))``), the rate pauses, the call runs once after the pause,
+    no retry spent."""
+    key = new_key("autoretry")
+    result = tasks.slow_autoretry.apply_async((key, 0), queue="rate")
+    assert result.get(timeout=60) == f"{key}:0"
+    rows = tasks.slow_rows(key)
+    assert [(r[4], r[6]) for r in rows] == [(True, 0), (False, 0)], rows
+    assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05
