@@ -385,3 +385,18 @@ def slow_latest(self: Any, key: str, n: int, pause: float = 0.0) -> str:
 def slow_autoretry(self: Any, key: str, n: int) -> str:
     """autoretry_for=(Exception,) (retried at once): its first run raises SlowDown(SHORT_PAUSE)."""
     return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_debounce=0.3,
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_debounced(self: Any, key: str, n: int) -> str:
+    """A burst of calls of ``key`` runs once, with its last call's ``n``; the burst's job raises SlowDown(SHORT_PAUSE)
+    on its first run."""
+    return _slow_run(self, key, n, SHORT_PAUSE)

@@ -571,3 +571,30 @@ def test_slow_down_passes_through_autoretry_for(c: Cluster, tasks: ModuleType) -
     rows = tasks.slow_rows(key)
     assert [(r[4], r[6]) for r in rows] == [(True, 0), (False, 0)], rows
     assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05
+
+
+def test_slow_down_in_a_debounced_burst_runs_the_burst_s_last_arguments_once(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 2 (cleared; a guard): a burst's job that raises SlowDown is re-sent with the arguments
+    it ran with (the burst's last call's, not its own message's). A call sent during the pause is a burst (a job) of
+    its own. After the pause, either the first burst's copy runs its arguments once, before the newer burst's run,
+    or the newer burst's run came first and the copy ends REVOKED, superseded by it: older arguments never run after
+    newer ones (debounce's order), and nothing runs within the pause."""
+    key = new_key("deb-slow")
+    calls = [tasks.slow_debounced.apply_async((key, n), queue="rate") for n in range(4)]
+    _raised(tasks, key)
+    later = tasks.slow_debounced.apply_async((key, 9), queue="rate")
+    for r in [*calls, later]:
+        r.get(timeout=60, propagate=False)
+    rows = tasks.slow_rows(key)
+    seen = [(r[1], r[2], r[4]) for r in rows]
+    job = calls[0].id  # the burst's job: its first call's task id
+    assert all(r.id == job for r in calls)
+    nine = [(9, later.id, True), (9, later.id, False)]  # it raises once too (its own first run), then runs
+    if calls[0].state == "SUCCESS":
+        assert seen == [(3, job, True), (3, job, False), *nine], seen
+    else:
+        with pytest.raises(TaskRevokedError, match=f"superseded by task {later.id}"):
+            calls[0].get(timeout=5)
+        assert seen == [(3, job, True), *nine], seen
+    pause_end = rows[0][3] + tasks.SHORT_PAUSE
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in rows[1:]), rows
