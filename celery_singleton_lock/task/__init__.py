@@ -507,12 +507,13 @@ class LockedTask(Task):  # type: ignore[misc]
         nothing is handed over. The retry does not inherit this delivery's lock headers (its outage attempts, its
         redelivery mark): it is a new attempt.
 
-        ``exc`` a :class:`SlowDown` in a run of a task with a ``lock_rate`` (Celery's ``autoretry_for`` hands every
-        exception it catches to this method): the SlowDown is raised instead, as if the body had raised it (the rate
-        pauses, the call is re-sent for after it); no retry is sent or spent.
+        ``exc`` a :class:`SlowDown` in a run of a task that a feature can pause (one with a ``lock_rate``; Celery's
+        ``autoretry_for`` hands every exception it catches to this method): the SlowDown is raised instead, as if the
+        body had raised it (the rate pauses, the call is re-sent for after it); no retry is sent or spent.
         """
         run: Run | None = self.request.__dict__.get("_singleton_lock")
-        if isinstance(exc, SlowDown) and run is not None and self.lock_rate is not None and not self.request.is_eager:
+        pausing = run.ctx if run is not None and not self.request.is_eager else None
+        if isinstance(exc, SlowDown) and pausing is not None and pausing.options.hooks.slowed:
             raise exc
         if run is None or run.lock is None or self.request.is_eager:
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
