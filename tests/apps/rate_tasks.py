@@ -400,3 +400,22 @@ def slow_debounced(self: Any, key: str, n: int) -> str:
     """A burst of calls of ``key`` runs once, with its last call's ``n``; the burst's job raises SlowDown(SHORT_PAUSE)
     on its first run."""
     return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=None,
+    lock_rate=[(10, 2.0), Rate("5/s", on=["key", "tenant"])],
+    lock_rate_on=["key"],
+)
+def slow_tenant(self: Any, key: str, tenant: str, n: int, raising: bool = False) -> str:
+    """Two stacked limits (10 per 2 s per key, 5/s per key and tenant); ``raising``: the first run raises
+    SlowDown(SHORT_PAUSE, limit="5/s"), pausing only its tenant's limit."""
+    raised = bool(raising and record.set(f"slow-raised:{self.request.id}", 1, nx=True))
+    row = [key, n, self.request.id, self.rate_started_at, raised, time.time(), tenant]
+    record.rpush("slow_runs", json.dumps(row))
+    if raised:
+        raise SlowDown(SHORT_PAUSE, limit="5/s")
+    return f"{key}:{tenant}:{n}"

@@ -634,3 +634,21 @@ def test_slow_down_in_a_debounced_burst_runs_the_burst_s_last_arguments_once(c: 
         assert seen == [(3, job, True), *nine], seen
     pause_end = rows[0][3] + tasks.SHORT_PAUSE
     assert all(r[3] >= pause_end - SLACK - 0.05 for r in rows[1:]), rows
+
+
+def test_slow_down_naming_one_stacked_limit_pauses_only_that_limit_s_keys(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 7 (cleared; a guard): ``SlowDown(limit="5/s")`` in tenant a's call pauses its
+    per-tenant limit only: tenant a's calls of the key start after the pause, tenant b's calls of the same key (which
+    share the key's other limit, not paused) start during it."""
+    key = new_key("tenant")
+    first = tasks.slow_tenant.apply_async((key, "a", 0, True), queue="rate")
+    raised = _raised(tasks, key)
+    more = [tasks.slow_tenant.apply_async((key, t, n), queue="rate") for n, t in enumerate("abab", start=1)]
+    assert first.get(timeout=60) == f"{key}:a:0"
+    assert [r.get(timeout=60) for r in more] == [f"{key}:{t}:{n}" for n, t in enumerate("abab", start=1)]
+    rows = [r for r in tasks.slow_rows(key) if not r[4]]
+    pause_end = raised[3] + tasks.SHORT_PAUSE
+    tenant_a = [r for r in rows if r[6] == "a"]
+    assert len(tenant_a) == 3
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in tenant_a), [(r[1], r[3] - raised[3]) for r in tenant_a]
+    assert min(r[3] for r in rows if r[6] == "b") < pause_end  # the other tenant was not held back
