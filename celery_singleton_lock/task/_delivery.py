@@ -652,8 +652,9 @@ def slowed(ctx: Context, run: Run, pause: float, limit: Any) -> Any:
     if ctx.request.is_eager:
         return None
     for feature in ctx.options.hooks.slowed:
-        countdown = feature.slowed(ctx, run, pause, limit)
-        if countdown is not None:
+        answer = feature.slowed(ctx, run, pause, limit)
+        if answer is not None:
+            countdown, headers = answer
             ctx.count("slowed")
             ctx.disarm(run)  # the body has ended: a loss noticed from now on must not interrupt what follows
             lock, lease = run.lock, run.lease
@@ -661,7 +662,7 @@ def slowed(ctx: Context, run: Run, pause: float, limit: Any) -> Any:
             if lease is not None:
                 watchdog().unregister(lease)
             detail = f"the body raised SlowDown({pause:g} s)"
-            wait_out(ctx, run, lock, ctx.options, countdown, "slowed", {}, detail)
+            wait_out(ctx, run, lock, ctx.options, countdown, "slowed", headers, detail)
             return run.outcome
     return None
 

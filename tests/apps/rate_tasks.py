@@ -419,3 +419,20 @@ def slow_tenant(self: Any, key: str, tenant: str, n: int, raising: bool = False)
     if raised:
         raise SlowDown(SHORT_PAUSE, limit="5/s")
     return f"{key}:{tenant}:{n}"
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), lock_rate_on=["key"], lock_on_rate_limit="skip"
+)
+def slow_skip(self: Any, key: str, n: int) -> str:
+    """Over the rate: skipped (REVOKED). Its first run raises SlowDown(LONG_PAUSE), longer than the workers' longest
+    countdown here (the broker's visibility timeout / 2: 4 s): its copy comes back within the pause."""
+    return _slow_run(self, key, n, LONG_PAUSE)
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), lock_rate_on=["key"], lock_on_rate_limit="fail"
+)
+def slow_fail(self: Any, key: str, n: int) -> str:
+    """As slow_skip, failing (RateLimitedError) over the rate."""
+    return _slow_run(self, key, n, LONG_PAUSE)
