@@ -437,8 +437,8 @@ def wait_out(
     headers: dict[str, Any],
     detail: str = "",
 ) -> None:
-    """Re-send this delivery to ask again in ``countdown`` s (a feature's wait: the rate's window, no quorum for it);
-    while it waits it keeps what its call holds against other calls:
+    """Re-send this delivery to ask again in ``countdown`` s (a feature's wait: the rate's window, no quorum for it,
+    a body's SlowDown); while it waits it keeps what its call holds against other calls:
 
     - queue scope: the key stays reserved for this job (the lock handed back to ``queued`` under its task id, as a
       reservation), so a later call of the key gets this job, and this job's copy takes the reservation over;
