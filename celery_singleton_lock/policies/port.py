@@ -22,7 +22,8 @@ hook               called by, when                          answers
 ``at_revoke``      a revoked message met by a worker, or    None: not the feature's; else whether it freed
                    ``revoke_queued``                        what the job held
 ``slowed``         the body, which raised ``SlowDown``      None: not the feature's (the call fails with it);
-                                                            else the seconds until the call is re-sent
+                                                            else the seconds until the call is re-sent, and
+                                                            the headers its copy carries
 =================  =======================================  ==================================================
 
 The rooms call the hooks of a task's *active* features (:meth:`Feature.active`), computed once per task into
@@ -176,7 +177,7 @@ class Feature:
     def at_revoke(self, ctx: Any, key: str, task_id: str) -> bool | None:
         return None
 
-    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> float | None:
+    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> tuple[float, dict[str, Any]] | None:
         return None
 
 

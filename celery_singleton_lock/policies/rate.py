@@ -49,6 +49,7 @@ __all__ = [
     "RATE_FEATURE",
     "RATE_HEADER",
     "RATE_MAX_COUNTDOWN",
+    "SLOWED_HEADER",
     "Limit",
     "Rate",
     "RateFeature",
@@ -461,6 +462,9 @@ def undo(nodes: NodeSet, key: str | Sequence[str], token: str, on: Any = None) -
 # -- the feature: its options, its key, its hooks ----------------------------------------------------------------
 
 RATE_HEADER = "singleton_lock_rate_waits"  # how many times this call waited for the window
+#: A copy of a call whose body raised SlowDown (kept by its later copies): the pause is the call's own, so over the
+#: rate it waits for the window, never skipped or failed for it (``lock_on_rate_limit`` is for calls not yet started).
+SLOWED_HEADER = "singleton_lock_slowed"
 #: The longest countdown a delivery waiting for its rate's window is re-sent with (a longer wait takes several).
 RATE_MAX_COUNTDOWN = 900.0
 
@@ -511,7 +515,7 @@ class RateFeature(Feature):
 
     name: ClassVar[str] = "rate"
     options: ClassVar[tuple[str, ...]] = ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")
-    headers: ClassVar[tuple[str, ...]] = (RATE_HEADER,)
+    headers: ClassVar[tuple[str, ...]] = (RATE_HEADER, SLOWED_HEADER)
     scripts: ClassVar[tuple[str, ...]] = (
         "rate",
         "rate_undo",
@@ -701,8 +705,9 @@ class RateFeature(Feature):
         said = f"rate {rate} of {key} reached"
         ctx.signal("rate_limited", key=key, task_id=task_id, rate=str(rate), policy=conf.on_limit)
         # Contenders split the free slots on every attempt: the rate is not known to be reached, so the call is not
-        # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told).
-        contended = verdict.contended and not request.is_eager
+        # skipped or failed for it; it asks again shortly (an eager call cannot wait: it is told). A copy of a call
+        # whose body raised SlowDown waits for the window too: the pause is its own (SLOWED_HEADER).
+        contended = (verdict.contended or bool(getattr(request, SLOWED_HEADER, None))) and not request.is_eager
         if not contended and conf.on_limit != "wait" and not delivery.may_refuse():
             return False  # another feature took it elsewhere (a burst's job not due yet: re-sent for its due time)
         if not contended and (conf.on_limit == "fail" or request.is_eager):
@@ -732,13 +737,15 @@ class RateFeature(Feature):
             undo(delivery.ctx.options.settings.nodes, share.keys or share.key, share.token)
             share.token, share.at, share.slot = "", None, None
 
-    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> float | None:
+    def slowed(self, ctx: Any, run: Any, pause: float, limit: Any) -> tuple[float, dict[str, Any]] | None:
         """A body raised ``SlowDown(pause, limit)``: every start of this call's rate (its limits, or the one named:
         an index in ``lock_rate``, or a notation such as ``"60/m"``) waits ``pause`` s, cluster-wide. The pause is
         written into the rate logs themselves (lua/rate_pause.lua: each log filled until the pause ends), so the
         decision's script and its cost do not change, and a node that holds the pause refuses every start: with a
         majority holding it, no quorum can grant one. Returns the countdown the call is re-sent with (the pause and
-        a few ms: its copy asks the rate again, never early); None for a start the rate did not count (no share)."""
+        a few ms: its copy asks the rate again, never early) and its copy's header (:data:`SLOWED_HEADER`: the copy
+        waits for the window whatever ``lock_on_rate_limit`` says); None for a start the rate did not count (no
+        share)."""
         share = self.share(run)
         if share is None:
             return None
@@ -773,7 +780,7 @@ class RateFeature(Feature):
         except Exception:  # best effort: the call is re-sent for after the pause all the same
             logger.warning("Task %s: its rate's pause could not be written", ctx.name, exc_info=True)
         countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
-        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN)
+        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), {SLOWED_HEADER: 1}
 
     def spent(self, ctx: Any, run: Any, units: Any) -> int:
         """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): the window is corrected

@@ -506,8 +506,15 @@ class LockedTask(Task):  # type: ignore[misc]
         Celery sends nothing after all (max retries exceeded, the exception re-raised, the publish failed),
         nothing is handed over. The retry does not inherit this delivery's lock headers (its outage attempts, its
         redelivery mark): it is a new attempt.
+
+        ``exc`` a :class:`SlowDown` in a run of a task that a feature can pause (one with a ``lock_rate``; Celery's
+        ``autoretry_for`` hands every exception it catches to this method): the SlowDown is raised instead, as if the
+        body had raised it (the rate pauses, the call is re-sent for after it); no retry is sent or spent.
         """
         run: Run | None = self.request.__dict__.get("_singleton_lock")
+        pausing = run.ctx if run is not None and not self.request.is_eager else None
+        if isinstance(exc, SlowDown) and pausing is not None and pausing.options.hooks.slowed:
+            raise exc
         if run is None or run.lock is None or self.request.is_eager:
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         # Anything but Retry raised (MaxRetriesExceededError, the exception re-raised, Reject for a failed

@@ -437,8 +437,8 @@ def wait_out(
     headers: dict[str, Any],
     detail: str = "",
 ) -> None:
-    """Re-send this delivery to ask again in ``countdown`` s (a feature's wait: the rate's window, no quorum for it);
-    while it waits it keeps what its call holds against other calls:
+    """Re-send this delivery to ask again in ``countdown`` s (a feature's wait: the rate's window, no quorum for it,
+    a body's SlowDown); while it waits it keeps what its call holds against other calls:
 
     - queue scope: the key stays reserved for this job (the lock handed back to ``queued`` under its task id, as a
       reservation), so a later call of the key gets this job, and this job's copy takes the reservation over;
@@ -645,15 +645,24 @@ class _Duplicate:
 def slowed(ctx: Context, run: Run, pause: float, limit: Any) -> Any:
     """The body raised ``SlowDown``: a feature pauses what it limits (the rate, cluster-wide) and names a countdown;
     this call is re-sent for it (same task id: the call again, never a new one) and this delivery stores nothing.
-    Its lock is released by the caller without a done marker (the job has not run to its end: its copy runs it).
-    None: no feature took it (no rate, or an eager call): the SlowDown fails the call."""
+    Its copy waits as a call waiting for its rate's window does (:func:`wait_out`): in queue scope the lock goes back
+    to a reservation for it, with replace / cancel it waits in the key's line (a newer call supersedes it), else the
+    lock is given back without a done marker (the job has not run to its end: its copy runs it). The caller's
+    release then finds no lock. None: no feature took it (no rate, or an eager call): the SlowDown fails the call."""
     if ctx.request.is_eager:
         return None
     for feature in ctx.options.hooks.slowed:
-        countdown = feature.slowed(ctx, run, pause, limit)
-        if countdown is not None:
+        answer = feature.slowed(ctx, run, pause, limit)
+        if answer is not None:
+            countdown, headers = answer
             ctx.count("slowed")
-            resend.defer(ctx, run, countdown, "slowed", {}, f"the body raised SlowDown({pause:g} s)")
+            ctx.disarm(run)  # the body has ended: a loss noticed from now on must not interrupt what follows
+            lock, lease = run.lock, run.lease
+            run.lock = run.lease = None
+            if lease is not None:
+                watchdog().unregister(lease)
+            detail = f"the body raised SlowDown({pause:g} s)"
+            wait_out(ctx, run, lock, ctx.options, countdown, "slowed", headers, detail)
             return run.outcome
     return None
 

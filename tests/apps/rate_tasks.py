@@ -307,3 +307,132 @@ def slow_rows(key: str) -> list[list[Any]]:
 def unrated_slow(self: Any, key: str) -> str:
     """No lock_rate: a SlowDown has no rate to pause, and fails the call."""
     raise SlowDown(1.0)
+
+
+# -- SlowDown beside the other features (issue 33, the attack) ----------------------------------------------------
+
+#: A pause longer than the window (1 s) plus the log's 1 s of slack: a log's expiry reset to window + 1 s ends it.
+LONG_PAUSE = 5.0
+#: The pause of the tests that only need the raising call's copy to wait a while.
+SHORT_PAUSE = 2.0
+
+
+def _slow_run(task: Any, key: str, n: int, pause: float) -> str:
+    """Records ``[key, n, task_id, node time of the counted start, raised, wall time, retries]`` in ``slow_runs``;
+    ``pause`` > 0: the first run of this task id raises SlowDown(pause)."""
+    raising = bool(pause > 0 and record.set(f"slow-raised:{task.request.id}", 1, nx=True))
+    row = [key, n, task.request.id, task.rate_started_at, raising, time.time(), task.request.retries]
+    record.rpush("slow_runs", json.dumps(row))
+    if raising:
+        record.set(f"slow-paused:{key}", 1)
+        raise SlowDown(pause)
+    return f"{key}:{n}"
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_spend(self: Any, key: str, n: int, mode: str) -> str:
+    """``mode`` "raise": SlowDown(LONG_PAUSE); "spend": once a call of ``key`` raised (a bounded wait), report 3
+    units (``rate_spent``: an extra charge written during the pause); "": run."""
+    if mode == "spend":
+        for _ in range(200):  # at most 10 s
+            if record.exists(f"slow-paused:{key}"):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # the raising body's pause is written after it raised
+        self.rate_spent(3)
+        record.rpush("slow_spent", json.dumps([key, time.time()]))
+    return _slow_run(self, key, n, LONG_PAUSE if mode == "raise" else 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_scope="queue",
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_queued(self: Any, key: str, n: int) -> str:
+    """Queue scope: one job per ``key`` from ``delay()`` to its end; its first run raises SlowDown(SHORT_PAUSE)."""
+    return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="replace",
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_latest(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """Keep-latest (replace): of the calls of ``key`` waiting, only the newest runs."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=None,
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+    autoretry_for=(Exception,),
+    retry_kwargs={"countdown": 0, "max_retries": 3},
+)
+def slow_autoretry(self: Any, key: str, n: int) -> str:
+    """autoretry_for=(Exception,) (retried at once): its first run raises SlowDown(SHORT_PAUSE)."""
+    return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_debounce=0.3,
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_debounced(self: Any, key: str, n: int) -> str:
+    """A burst of calls of ``key`` runs once, with its last call's ``n``; the burst's job raises SlowDown(SHORT_PAUSE)
+    on its first run."""
+    return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=None,
+    lock_rate=[(10, 2.0), Rate("5/s", on=["key", "tenant"])],
+    lock_rate_on=["key"],
+)
+def slow_tenant(self: Any, key: str, tenant: str, n: int, raising: bool = False) -> str:
+    """Two stacked limits (10 per 2 s per key, 5/s per key and tenant); ``raising``: the first run raises
+    SlowDown(SHORT_PAUSE, limit="5/s"), pausing only its tenant's limit."""
+    raised = bool(raising and record.set(f"slow-raised:{self.request.id}", 1, nx=True))
+    row = [key, n, self.request.id, self.rate_started_at, raised, time.time(), tenant]
+    record.rpush("slow_runs", json.dumps(row))
+    if raised:
+        raise SlowDown(SHORT_PAUSE, limit="5/s")
+    return f"{key}:{tenant}:{n}"
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), lock_rate_on=["key"], lock_on_rate_limit="skip"
+)
+def slow_skip(self: Any, key: str, n: int) -> str:
+    """Over the rate: skipped (REVOKED). Its first run raises SlowDown(LONG_PAUSE), longer than the workers' longest
+    countdown here (the broker's visibility timeout / 2: 4 s): its copy comes back within the pause."""
+    return _slow_run(self, key, n, LONG_PAUSE)
+
+
+@app.task(
+    shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), lock_rate_on=["key"], lock_on_rate_limit="fail"
+)
+def slow_fail(self: Any, key: str, n: int) -> str:
+    """As slow_skip, failing (RateLimitedError) over the rate."""
+    return _slow_run(self, key, n, LONG_PAUSE)

@@ -604,3 +604,10 @@ def test_slow_down_reads_retry_after_seconds_and_http_dates() -> None:
         SlowDown(-1)
     assert "\n" not in str(info.value)
     assert SlowDown(2.0, 1).args == (2.0, 1)  # rebuilt by pickle as cls(*args)
+    # Issue 33 attack, suspect 7: odd pauses are refused in one line in the body (the call fails with it, FAILURE:
+    # nothing paused, nothing lost silently); a huge or infinite one is capped at 30 days; 0 pauses nothing.
+    for bad in (float("nan"), "5", None, True, -0.1):
+        with pytest.raises(ValueError, match=r"^SlowDown\(retry_after=\) must be"):
+            SlowDown(bad)  # type: ignore[arg-type]
+    assert SlowDown(float("inf")).retry_after == SlowDown(1e12).retry_after == 30 * 86400.0
+    assert SlowDown(0).retry_after == 0.0

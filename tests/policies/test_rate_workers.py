@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -319,13 +320,13 @@ def test_a_debounced_delivery_that_is_not_due_yet_uses_no_share_of_the_rate(c: C
     assert len(_rows(c, key)) == 1
 
 
-def _resent_for_rate(c: Cluster, task_id: str, timeout: float = 30.0) -> None:
-    """Wait until a worker logged ``task_id`` re-sent to wait for its rate's window (bounded)."""
+def _resent_for_rate(c: Cluster, task_id: str, timeout: float = 30.0, reason: str = "rate") -> None:
+    """Wait until a worker logged ``task_id`` re-sent to wait for its rate's window (or ``reason``; bounded)."""
     for _ in polling(timeout, 0.05):
         lines = "".join(w.log() for w in c.workers).splitlines()
-        if any(task_id in line and "re-sent to run in" in line and "(rate)" in line for line in lines):
+        if any(task_id in line and "re-sent to run in" in line and f"({reason})" in line for line in lines):
             return
-    raise AssertionError(f"{task_id} was not re-sent for its rate within {timeout} s")
+    raise AssertionError(f"{task_id} was not re-sent for its {reason} within {timeout} s")
 
 
 def _line_length(c: Cluster, lock_key: str) -> int:
@@ -455,6 +456,42 @@ def test_costs_estimated_then_corrected_by_the_runs_hold_the_window_to_the_corre
     assert all(after[5][node] - charged[5][node] >= 2.0 - 1e-6 for node in common), (charged, after)
 
 
+def test_stacked_limits_and_cost_corrections_with_a_lock_node_restarted_empty_mid_window(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """Issue 33 attack, suspect 6 (cleared; a guard): the stacked storm and costed calls reporting their real units
+    (refunds racing the restart) while lock node 0 is restarted empty mid-window. Every call runs once, and no
+    window of any limit holds more than the bound docs/rate.md promises for a node restarted without persistence
+    (2 N: it forgot its logs), for the estimates and for the units each run kept after its correction."""
+    key, cost_key = new_key("stack-restart"), new_key("cost-restart")
+    tenants = ["a", "b", "c"]
+    results = [tasks.stacked.apply_async((key, tenants[n % 3], n), queue="rate") for n in range(30)]
+    costs = [tasks.costed.apply_async((cost_key, "ab"[n % 2], 4, 1 + n % 4), queue="rate") for n in range(8)]
+    for _ in polling(30, 0.02):
+        if len(tasks.stack_rows(key)) >= 6 and tasks.stack_rows(cost_key):
+            break
+    c.stop_locks(1)
+    c.start_locks()
+    for r in results + costs:
+        r.get(timeout=120, propagate=False)
+    assert [r.state for r in results + costs].count("SUCCESS") == 38
+    rows, cost_rows = tasks.stack_rows(key), tasks.stack_rows(cost_key)
+    assert sorted(r[1] for r in rows) == sorted(r.id for r in results)  # each ran once
+    assert sorted(r[1] for r in cost_rows) == sorted(r.id for r in costs)
+
+    def busiest(limit_rows: list[list[Any]], period: float) -> int:  # per key of the limit
+        per_key: dict[str, list[list[Any]]] = {}
+        for r in limit_rows:
+            per_key.setdefault(r[0], []).append(r)
+        return max(tasks.busiest_window(mine, period) for mine in per_key.values())
+
+    for limit, on_tenant, period, n in [(0, False, 1.0, 4), (1, False, 2.0, 6), (2, True, 1.5, 3)]:
+        assert busiest(tasks.limit_rows(rows, limit, on_tenant), period) <= 2 * n, limit
+    for limit, on_tenant, n in ((0, False, 10), (1, True, 6)):
+        for kept in (False, True):
+            assert busiest(tasks.limit_rows(cost_rows, limit, on_tenant, kept=kept), 2.0) <= 2 * n, (limit, kept)
+
+
 def test_slow_down_pauses_its_key_cluster_wide_while_another_key_goes_on(c: Cluster, tasks: ModuleType) -> None:
     """A body raises SlowDown(6 s) (read from a Retry-After): no start of its key comes within the pause, on the
     nodes' clock (the other calls of that key, on both workers, wait for it); the raising call is re-sent and runs
@@ -495,3 +532,141 @@ def test_slow_down_without_a_rate_fails_the_call_with_it(c: Cluster, tasks: Modu
     with pytest.raises(SlowDown):
         result.get(timeout=60)
     assert result.state == "FAILURE"
+
+
+def _raised(tasks: ModuleType, key: str) -> list[Any]:
+    """The row of the run of ``key`` that raised SlowDown (bounded wait)."""
+    for _ in polling(30, 0.02):
+        raised = [r for r in tasks.slow_rows(key) if r[4]]
+        if raised:
+            return raised[0]
+    raise AssertionError(f"no run of {key} raised SlowDown")
+
+
+def test_a_charge_during_a_pause_longer_than_the_window_does_not_end_the_pause(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 1: a pause (5 s) longer than the window (1 s) lives in the rate log, whose expiry an
+    extra charge (``rate_spent`` above the estimate, by a run that started before the pause) reset to window + 1 s:
+    the log and its pause were dropped ~2 s later and a call sent 3 s into the pause started at once. Now no script
+    shortens a log's expiry: that call starts after the pause, and so does the raising call's copy."""
+    key = new_key("spend")
+    spender = tasks.slow_spend.apply_async((key, 0, "spend"), queue="rate")
+    raiser = tasks.slow_spend.apply_async((key, 1, "raise"), queue="rate")
+    raised = _raised(tasks, key)
+    assert spender.get(timeout=30) == f"{key}:0"
+    assert [json.loads(x)[0] for x in c.record.lrange("slow_spent", 0, -1)].count(key) == 1
+    for _ in polling(10, 0.05):  # until 3 s into the pause, by the wall clock of this machine (the nodes' too)
+        if time.time() >= raised[5] + 3.0:
+            break
+    late = tasks.slow_spend.apply_async((key, 2, ""), queue="rate")
+    assert late.get(timeout=60) == f"{key}:2"
+    assert raiser.get(timeout=60) == f"{key}:1"
+    pause_end = raised[3] + tasks.LONG_PAUSE
+    after = [r for r in tasks.slow_rows(key) if r[1] in (1, 2) and not r[4]]
+    assert len(after) == 2
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in after), [(r[1], r[3] - raised[3]) for r in after]
+
+
+def test_slow_down_in_queue_scope_keeps_the_job_reserved_during_the_pause(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 3: the raising call's lock was released outright, so the queue-scope reservation was
+    gone during the pause and a duplicate ``delay()`` published a second job (two runs after the pause). Now the
+    lock goes back to a reservation for the re-sent copy, as a call waiting for its window: the duplicate gets the
+    same job, which runs once after the pause."""
+    key = new_key("queued")
+    first = tasks.slow_queued.apply_async((key, 0), queue="rate")
+    _resent_for_rate(c, first.id, reason="slowed")  # its lock given up (or kept as a reservation): pausing
+    dup = tasks.slow_queued.apply_async((key, 1), queue="rate")
+    assert first.get(timeout=60) == f"{key}:0"
+    dup.get(timeout=60, propagate=False)
+    assert dup.id == first.id, "a duplicate published a second job during the pause"
+    assert [(r[1], r[4]) for r in tasks.slow_rows(key)] == [(0, True), (0, False)]
+
+
+def test_slow_down_with_replace_keeps_only_the_newest_waiting_call(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 4: with replace, the raising call's copy waited outside the key's line, so a newer
+    call sent during the pause ran and the older copy ran too (older arguments after newer ones, or both). Now the
+    copy waits in the line as a call waiting for its window: the newer call supersedes it (REVOKED naming it) and
+    runs alone after the pause."""
+    key = new_key("latest")
+    older = tasks.slow_latest.apply_async((key, 0, tasks.SHORT_PAUSE), queue="rate")
+    _resent_for_rate(c, older.id, reason="slowed")
+    newer = tasks.slow_latest.apply_async((key, 1), queue="rate")
+    assert newer.get(timeout=60) == f"{key}:1"
+    with pytest.raises(TaskRevokedError, match=f"superseded by task {newer.id}"):
+        older.get(timeout=30)
+    assert [(r[1], r[4]) for r in tasks.slow_rows(key)] == [(0, True), (1, False)]
+
+
+def test_slow_down_passes_through_autoretry_for(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 5: ``autoretry_for=(Exception,)`` caught SlowDown and retried the call at once (its
+    countdown), the rate never paused. SlowDown is the library's own exit, not an error to retry: it passes through
+    Celery's autoretry (and ``self.retry(exc=SlowDown(...))``), the rate pauses, the call runs once after the pause,
+    no retry spent."""
+    key = new_key("autoretry")
+    result = tasks.slow_autoretry.apply_async((key, 0), queue="rate")
+    assert result.get(timeout=60) == f"{key}:0"
+    rows = tasks.slow_rows(key)
+    assert [(r[4], r[6]) for r in rows] == [(True, 0), (False, 0)], rows
+    assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05
+
+
+def test_slow_down_in_a_debounced_burst_runs_the_burst_s_last_arguments_once(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 2 (cleared; a guard): a burst's job that raises SlowDown is re-sent with the arguments
+    it ran with (the burst's last call's, not its own message's). A call sent during the pause is a burst (a job) of
+    its own. After the pause, either the first burst's copy runs its arguments once, before the newer burst's run,
+    or the newer burst's run came first and the copy ends REVOKED, superseded by it: older arguments never run after
+    newer ones (debounce's order), and nothing runs within the pause."""
+    key = new_key("deb-slow")
+    calls = [tasks.slow_debounced.apply_async((key, n), queue="rate") for n in range(4)]
+    _raised(tasks, key)
+    later = tasks.slow_debounced.apply_async((key, 9), queue="rate")
+    for r in [*calls, later]:
+        r.get(timeout=60, propagate=False)
+    rows = tasks.slow_rows(key)
+    seen = [(r[1], r[2], r[4]) for r in rows]
+    job = calls[0].id  # the burst's job: its first call's task id
+    assert all(r.id == job for r in calls)
+    nine = [(9, later.id, True), (9, later.id, False)]  # it raises once too (its own first run), then runs
+    if calls[0].state == "SUCCESS":
+        assert seen == [(3, job, True), (3, job, False), *nine], seen
+    else:
+        with pytest.raises(TaskRevokedError, match=f"superseded by task {later.id}"):
+            calls[0].get(timeout=5)
+        assert seen == [(3, job, True), *nine], seen
+    pause_end = rows[0][3] + tasks.SHORT_PAUSE
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in rows[1:]), rows
+
+
+def test_slow_down_naming_one_stacked_limit_pauses_only_that_limit_s_keys(c: Cluster, tasks: ModuleType) -> None:
+    """Issue 33 attack, suspect 7 (cleared; a guard): ``SlowDown(limit="5/s")`` in tenant a's call pauses its
+    per-tenant limit only: tenant a's calls of the key start after the pause, tenant b's calls of the same key (which
+    share the key's other limit, not paused) start during it."""
+    key = new_key("tenant")
+    first = tasks.slow_tenant.apply_async((key, "a", 0, True), queue="rate")
+    raised = _raised(tasks, key)
+    more = [tasks.slow_tenant.apply_async((key, t, n), queue="rate") for n, t in enumerate("abab", start=1)]
+    assert first.get(timeout=60) == f"{key}:a:0"
+    assert [r.get(timeout=60) for r in more] == [f"{key}:{t}:{n}" for n, t in enumerate("abab", start=1)]
+    rows = [r for r in tasks.slow_rows(key) if not r[4]]
+    pause_end = raised[3] + tasks.SHORT_PAUSE
+    tenant_a = [r for r in rows if r[6] == "a"]
+    assert len(tenant_a) == 3
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in tenant_a), [(r[1], r[3] - raised[3]) for r in tenant_a]
+    assert min(r[3] for r in rows if r[6] == "b") < pause_end  # the other tenant was not held back
+
+
+def test_the_raising_call_s_copy_waits_out_the_pause_whatever_lock_on_rate_limit_says(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """Issue 33 attack: with ``lock_on_rate_limit`` skip / fail, the raising call's copy that came back before the
+    pause's end (a countdown capped by the broker's visibility timeout, here 4 s of a 5 s pause; or a worker clock
+    behind the nodes') was refused by the pause and ended REVOKED / FAILED: never run. The pause is the call's own,
+    not a new call over the rate: its copies wait for the window, and it runs once after the pause."""
+    skip, fail = new_key("slow-skip"), new_key("slow-fail")
+    skipped = tasks.slow_skip.apply_async((skip, 0), queue="rate")
+    failed = tasks.slow_fail.apply_async((fail, 0), queue="rate")
+    assert skipped.get(timeout=60) == f"{skip}:0"
+    assert failed.get(timeout=60) == f"{fail}:0"
+    for key in (skip, fail):
+        rows = tasks.slow_rows(key)
+        assert [r[4] for r in rows] == [True, False], rows
+        assert rows[1][3] >= rows[0][3] + tasks.LONG_PAUSE - SLACK - 0.05, rows

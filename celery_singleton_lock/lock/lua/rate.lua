@@ -50,7 +50,10 @@ if ARGV[5] ~= '1' then
     end
   end
   redis.call('ZADD', KEYS[1], string.format('%.0f', now), slot .. ':' .. ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+  -- Extended, never shortened: a pause (rate_pause.lua) may keep the log longer than a window.
+  if redis.call('PTTL', KEYS[1]) < math.ceil(window / 1000) + 1000 then
+    redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+  end
   return {1, slot, now}
 end
 local log = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
@@ -84,5 +87,8 @@ if not slot or slot >= n or taken[slot] then
   end
 end
 redis.call('ZADD', KEYS[1], string.format('%.0f', now), slot .. ':' .. ARGV[1])
-redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+-- Extended, never shortened: a pause (rate_pause.lua) may keep the log longer than a window.
+if redis.call('PTTL', KEYS[1]) < math.ceil(window / 1000) + 1000 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+end
 return detail({1, slot, now}, 0)

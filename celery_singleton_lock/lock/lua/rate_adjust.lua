@@ -38,7 +38,10 @@ for i = 1, #KEYS do
       redis.call('ZADD', KEYS[i], string.format('%.0f', now), 'x' .. (extra + j) .. '-' .. now .. suffix)
       changed = changed + 1
     end
-    redis.call('PEXPIRE', KEYS[i], math.ceil(window / 1000) + 1000)
+    -- Extended, never shortened: a pause (rate_pause.lua) may keep the log longer than a window.
+    if redis.call('PTTL', KEYS[i]) < math.ceil(window / 1000) + 1000 then
+      redis.call('PEXPIRE', KEYS[i], math.ceil(window / 1000) + 1000)
+    end
   end
   if i == 1 then
     done = changed

@@ -16,5 +16,8 @@ if not score or tonumber(score) <= now - window then
   return {0}
 end
 redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+-- Extended, never shortened: a pause (rate_pause.lua) may keep the log longer than a window.
+if redis.call('PTTL', KEYS[1]) < math.ceil(window / 1000) + 1000 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+end
 return {1, now}

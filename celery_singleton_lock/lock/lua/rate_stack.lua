@@ -92,7 +92,10 @@ if wait < 0 then
       redis.call('ZADD', KEYS[i], string.format('%.0f', now), s .. ':' .. ARGV[1])
       answer[#answer + 1] = s
     end
-    redis.call('PEXPIRE', KEYS[i], math.ceil(window / 1000) + 1000)
+    -- Extended, never shortened: a pause (rate_pause.lua) may keep the log longer than a window.
+    if redis.call('PTTL', KEYS[i]) < math.ceil(window / 1000) + 1000 then
+      redis.call('PEXPIRE', KEYS[i], math.ceil(window / 1000) + 1000)
+    end
   end
 end
 if detail then

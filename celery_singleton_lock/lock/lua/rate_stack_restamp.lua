@@ -24,6 +24,9 @@ for i = 1, k do
   for s in string.gmatch(ARGV[1 + k + i], '%d+') do
     redis.call('ZADD', KEYS[i], 'XX', string.format('%.0f', now), s .. ':' .. ARGV[1])
   end
-  redis.call('PEXPIRE', KEYS[i], math.ceil(window / 1000) + 1000)
+  -- Extended, never shortened: a pause (rate_pause.lua) may keep the log longer than a window.
+  if redis.call('PTTL', KEYS[i]) < math.ceil(window / 1000) + 1000 then
+    redis.call('PEXPIRE', KEYS[i], math.ceil(window / 1000) + 1000)
+  end
 end
 return {1, now}
