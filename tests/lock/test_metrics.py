@@ -172,9 +172,11 @@ def test_a_producer_that_exits_flushes_its_counts(c: Cluster) -> None:
     mod = c.app_module()
     name = mod.q_work.name
     k = new_key()
-    first = mod.q_work.delay(k, 1.5)
+    # The first job runs 4 s: long enough for the producer (a fresh interpreter importing Celery, slow under load) to
+    # send both of its calls while the job is still reserved or running, so both join it.
+    first = mod.q_work.delay(k, 4.0)
     before = counts(c, name)
-    code = f"import locked_app as m\nfor _ in range(2): m.q_work.delay({k!r}, 1.5)\n"
+    code = f"import locked_app as m\nfor _ in range(2): m.q_work.delay({k!r}, 4.0)\n"
     env = {**os.environ, **c.env, "PYTHONPATH": os.pathsep.join([str(APPS), *sys.path])}
     subprocess.run([sys.executable, "-c", code], env=env, cwd=str(APPS), check=True, timeout=60)
     assert first.get(timeout=30) == k
