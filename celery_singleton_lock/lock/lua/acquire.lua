@@ -28,6 +28,23 @@
 --         {DONE} when the done marker exists: this job already finished (nothing is changed)
 -- A record taken over is kept in our record's '_prev' field (its fields and its expiry, absolute ms), so that
 -- UNDO_SCRIPT can put it back if this attempt fails its quorum.
+-- A plain lock (one slot, ARGV[6] '1', no done marker) looks at its key once, with TYPE: free, it is taken at once
+-- (the general path below does the same steps, with nothing to look at after them); held, that look is not repeated
+-- below (a refusal, a duplicate's hot path, then costs TYPE, HMGET and PTTL).
+local first = nil
+if ARGV[6] == '1' and #KEYS == 2 then
+  first = redis.call('TYPE', KEYS[1]).ok
+  if first == 'none' then
+    local fence, text = 0, '0'
+    if ARGV[3] == '1' then
+      fence = redis.call('INCR', KEYS[2])
+      text = string.format('%d', fence)
+    end
+    redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', text, unpack(ARGV, 7))
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, fence, 0}
+  end
+end
 local n = tonumber(ARGV[6])
 local m = n
 if not n then  -- 'n/m' (a pattern match only then: a plain lock's hot path skips it)
@@ -44,7 +61,7 @@ local function refusal(k, brief, owners)
     local out = {}
     for i = 1, 5 do
       local v = brief[i] or ''
-      out[i] = #v .. ':' .. v
+      out[i] = string.format('%d:', #v) .. v
     end
     text = table.concat(out)
   end
@@ -58,14 +75,15 @@ local owners = n > 1 and {} or nil
 for s = 1, m do
   local k = KEYS[s == 1 and 1 or s + 1]
   local within = s <= n
-  if redis.call('EXISTS', k) == 0 then
+  local kind = s == 1 and first or redis.call('TYPE', k).ok
+  if kind == 'none' then
     if within and not key then
       key, slot = k, s - 1
     end
     if within and owners then
       owners[s] = '0:'
     end
-  elseif redis.call('TYPE', k).ok ~= 'hash' then
+  elseif kind ~= 'hash' then
     if within then
       busy = busy or k
       if owners then
@@ -76,7 +94,7 @@ for s = 1, m do
     local brief = redis.call('HMGET', k, 'owner', 'job', 'state', 'try', 'worker', 'open')
     if within and owners then
       local o = brief[1] or ''
-      owners[s] = #o .. ':' .. o
+      owners[s] = string.format('%d:', #o) .. o
     end
     if brief[1] == ARGV[1] or (ARGV[4] ~= '' and brief[1] == ARGV[4]) then
       key, slot, owner = k, s - 1, brief[1]
@@ -114,11 +132,12 @@ if owner then
   waiting = redis.call('HGET', key, 'waiting')
   redis.call('DEL', key)
 end
-local fence = 0
+local fence, text = 0, '0'
 if ARGV[3] == '1' then
   fence = redis.call('INCR', KEYS[2])
+  text = string.format('%d', fence)
 end
-redis.call('HSET', key, 'owner', ARGV[1], 'fence', fence, unpack(ARGV, 7))
+redis.call('HSET', key, 'owner', ARGV[1], 'fence', text, unpack(ARGV, 7))
 if waiting then
   redis.call('HSET', key, 'waiting', waiting)
 end
