@@ -410,6 +410,22 @@ def bursts(calls: Iterable[Call], quiet: float) -> list[list[Call]]:
     return out
 
 
+def _waited(h: History, t: TaskOpts, groups: list[list[Call]]) -> list[list[Call]]:
+    """lock_debounce x lock_rate (wait): a due burst waiting for its rate window runs once, with its last arguments
+    (docs/options.md): a call sent while it still waited (its job not started yet) joins it, however late."""
+    if not t.rate or t.opts.get("lock_on_rate_limit", "wait") != "wait":
+        return groups
+    out: list[list[Call]] = []
+    for burst in groups:
+        prior = {c.returned for c in out[-1]} - {None} if out else set()
+        starts = [a.start for a in h.attempts if a.id in prior]
+        if prior & {c.returned for c in burst} and (not starts or min(starts) > burst[0].sent - ORDER):
+            out[-1] = out[-1] + burst
+        else:
+            out.append(burst)
+    return out
+
+
 def _check_debounce(h: History) -> list[str]:
     """lock_debounce=S: a burst (calls less than S apart) runs once, with its last call's arguments; every call of
     it gets the burst's one AsyncResult. With lock_debounce_max, a long burst may run more than once, never older
@@ -421,7 +437,7 @@ def _check_debounce(h: History) -> list[str]:
         if not quiet:
             continue
         seen: set[str | None] = set()
-        for burst in bursts(calls, float(quiet)):
+        for burst in _waited(h, t, bursts(calls, float(quiet))):
             ids = {c.returned for c in burst}
             last = burst[-1]
             stale = (ids & seen) - {None}

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 RATE_CLOCK = 0.05  # rate windows are counted on the nodes' clock: starts closer than window - this break it
 PAUSE_LANDS = 0.5  # SlowDown: the pause is written on the nodes within this of the raise (the handler's round trip)
+CHARGE_SEEN = 0.2  # a charge reported this long before a start's count was seen by it (a late grant's restamp aside)
 NODE_FAULTS = ("pause-node", "restart-node-empty", "restart-node-data", "pause-node-bg")
 
 
@@ -71,11 +72,12 @@ def _logs(h: History) -> dict[tuple[str, int, str], list[Attempt]]:
 
 
 def check_windows(h: History) -> list[str]:
-    """Every limit (stacked or one): (1) the estimates of the starts of any window never sum past N; (2) the
-    corrected units (after rate_spent) exceed N by at most the under-estimates (real minus estimate) of the starts of
-    that window whose report the last start of the window could not have seen (reported after its count): with all
-    nodes up and one run at a time that is the last run's error alone; after a node fault, every start's of the
-    window (docs/rate.md, "A cost per start", promises 1-3)."""
+    """Every limit (stacked or one), per window of its starts, the last start's admission (docs/rate.md, "A cost per
+    start"): (1) the units the window's starts held when its last start was counted never sum past N: each start its
+    estimate, less a refund reported before that count (a refund frees its slots for the next start); (2) with all
+    nodes up, an extra charge reported before that count counts too (a later start is admitted only if the charges
+    reported so far fit). So the corrected units of a window exceed N by at most the under-estimates of its starts
+    whose report came after its last start's count (promise 3: one at a time, the last run's error alone)."""
     out = []
     faulted = any(kind in NODE_FAULTS for _, kind in h.faults)
     for (space, i, rkey), attempts in _logs(h).items():
@@ -83,20 +85,17 @@ def check_windows(h: History) -> list[str]:
         starts = sorted(attempts, key=_at)
         for j, first in enumerate(starts):
             window = [a for a in starts[j:] if _at(a) < _at(first) + secs - RATE_CLOCK]
-            units = [_units(h, a) for a in window]
-            est = sum(u[0] for u in units)
-            if est > n:
-                out.append(f"rate {space}/{i}/{rkey}: {est} units estimated within {secs - RATE_CLOCK:.2f} s from "
-                           f"{_at(first):.3f} ({len(window)} starts; limit {n}/{secs} s)")  # fmt: skip
-                break
             last = _at(window[-1])
-            unseen = [u for u, a in zip(units, window, strict=True)
-                      if faulted or a is window[-1] or u[2] is None or u[2] + RATE_CLOCK >= last]  # fmt: skip
-            bound = n + sum(max(0, real - e) for e, real, _ in unseen)
-            corrected = sum(u[1] for u in units)
-            if corrected > bound:
-                out.append(f"rate {space}/{i}/{rkey}: {corrected} corrected units within {secs:.2f} s from "
-                           f"{_at(first):.3f}, past {n} + the unseen under-estimates = {bound}")  # fmt: skip
+            units = [(_units(h, a), a is not window[-1]) for a in window]
+            refunds = sum(min(e, real) if before and at is not None and at < last else e
+                          for (e, real, at), before in units)  # fmt: skip
+            charges = sum(real if before and at is not None and at + CHARGE_SEEN < last else e
+                          for (e, real, at), before in units)  # fmt: skip
+            if refunds > n or (charges > n and not faulted):
+                what = "estimated (refunds seen)" if refunds > n else "held (charges seen)"
+                out.append(f"rate {space}/{i}/{rkey}: {max(refunds, charges)} units {what} when the start at "
+                           f"{last:.3f} was counted, within {secs - RATE_CLOCK:.2f} s from {_at(first):.3f} "
+                           f"({len(window)} starts; limit {n}/{secs} s)")  # fmt: skip
                 break
     return out
 
@@ -135,9 +134,10 @@ def _ran_once_after(h: History, a: Attempt) -> list[str]:
     o = h.outcomes.get(a.id)
     reason = o.reason if o else ""
     runs = [b for b in h.attempts if b.id == a.id and not b.slowed and b.start > (a.end or a.start)]
-    excused = any(w in reason for w in ("superseded", "cancelled")) or (
-        t.opts.get("lock_on_rate_limit") in ("skip", "fail") and ("rate" in reason or "RateLimited" in reason)
-    )
+    ended = (o.done if o and o.done is not None else 0.0) >= (a.end or a.start) + float(a.slowed[0])  # type: ignore[index]
+    excused = any(w in reason for w in ("superseded", "cancelled")) or (  # skipped or failed for the rate after the
+        t.opts.get("lock_on_rate_limit") in ("skip", "fail") and ("rate" in reason or "RateLimited" in reason) and ended
+    )  # pause (a full window): asked during its own pause, the copy came early
     if not runs and not excused and not any(kind == "kill-worker" for _, kind in h.faults):
         return [f"call {call.index} ({a.task} {a.key} v{a.ver}) raised SlowDown and never ran after it: "
                 f"{o and o.state} {reason[:120]}"]  # fmt: skip

@@ -345,6 +345,12 @@ PAIR_DEPLOYMENTS = [
     Deployment(49, [{"name": "p49_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
                      "lock_rate": [2, 1.5], "lock_rate_on": ["key"]}}],
                workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "pause-node-bg"]),
+    # Issue 33, found by the long budget (seed 127): a SlowDown longer than half the visibility timeout (1.2 s vs
+    # 1 s here): the raising call's copy is re-sent capped at 1 s, asks the rate within its own pause, and a 'skip'
+    # rate skips it: it never runs (docs/rate.md: runs once after the pause, never early). Broken on a8adf25.
+    Deployment(54, [{"name": "p54_slow_capped", "opts": {"lock_ttl": TTL, "lock_rate": STACKS[1],
+                     "lock_on_rate_limit": "skip", "lock_rate_on": ["key"]}}], workers=1, short_visibility=True,
+               rate_body=True, schedule=[_call("a", 0.0, slow=[SLOW, None]), _call("bp", 0.3)]),
 ]  # fmt: skip
 
 

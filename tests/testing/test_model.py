@@ -152,15 +152,20 @@ def test_the_stacked_rate_promise_counts_every_limit_and_the_cost() -> None:
 
 
 def test_the_corrected_units_may_exceed_a_limit_by_the_unseen_under_estimates_only() -> None:
-    """rates.check_windows, rate_spent (docs/rate.md, promise 3): an extra charge of the last start of a window may
+    """rates.check_windows, rate_spent (docs/rate.md, promises 1-3): an extra charge of the last start of a window may
     take the window past N; one reported before a later start was counted may not (the later start should have
-    waited for it)."""
+    waited for it); a refund reported before a later start's count frees its units, one reported after does not."""
     one = {"lock_rate": [2, 1.0]}
     last_charged = [("k-a", 10.0, {}), ("k-a", 10.3, {"spent": [2, 3], "spent_at": 10.31})]
     assert _rated(one, last_charged) == []
     seen = [("k-a", 10.0, {"spent": [1, 2], "spent_at": 10.01}), ("k-a", 10.3, {})]
     broken = _rated(one, seen)
-    assert any("3 corrected units" in v and "= 2" in v for v in broken), broken
+    assert any("3 units held (charges seen)" in v for v in broken), broken
+    # Seed 113: a refund frees its slots for the next start (a retry of cost 2 after rate_spent(0), at (3, 2.0)).
+    cost = {"lock_rate": [3, 2.0], "lock_rate_cost": 2}
+    assert _rated(cost, [("k-a", 10.0, {"spent": [-2, 0], "spent_at": 10.01}), ("k-a", 11.2, {})]) == []
+    broken = _rated(cost, [("k-a", 10.0, {"spent": [-2, 0], "spent_at": 11.3}), ("k-a", 11.2, {})])
+    assert any("4 units estimated (refunds seen)" in v for v in broken), broken
 
 
 def test_the_slowdown_promises_catch_a_start_within_the_pause_and_a_lost_call() -> None:
@@ -176,3 +181,19 @@ def test_the_slowdown_promises_catch_a_start_within_the_pause_and_a_lost_call() 
     assert run(1, "k-bp", True) == []
     assert any("k-a v1 started" in v for v in run(1, "k-a", True)), run(1, "k-a", True)
     assert any("raised SlowDown and never ran after it" in v for v in run(1, "k-bp", False)), run(1, "k-bp", False)
+
+
+def test_a_call_joining_a_debounced_burst_that_waits_for_its_rate_is_that_burst() -> None:
+    """lock_debounce x lock_rate (wait), seed 120's storm: a due burst waiting for its rate window gathers a call sent
+    2.5 s later and runs its arguments once (docs/options.md); a call given a burst's id after its run started is a
+    broken promise still."""
+    opts = {"lock_debounce": 0.8, "lock_on_duplicate": "reschedule", "lock_rate": [3, 2.0], "lock_rate_cost": 2}
+    calls = [Call(0, "d", "k-a", 0, 10.0, "x"), Call(1, "d", "k-a", 1, 12.5, "x")]
+    outcomes = {"x": Outcome("SUCCESS", "", 13.6)}
+
+    def broken(start: float) -> list[str]:
+        attempts = [Attempt("x", "d", "k-a", 1, 0, 1, start, start, start + 0.01)]
+        return check(History({"d": TaskOpts("d", opts)}, calls, attempts, outcomes))
+
+    assert broken(13.5) == []
+    assert any("got an earlier burst's AsyncResult" in v for v in broken(11.0)), broken(11.0)
