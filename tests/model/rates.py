@@ -89,8 +89,8 @@ def check_windows(h: History) -> list[str]:
             units = [(_units(h, a), a is not window[-1]) for a in window]
             refunds = sum(min(e, real) if before and at is not None and at < last else e
                           for (e, real, at), before in units)  # fmt: skip
-            charges = sum(real if before and at is not None and at + CHARGE_SEEN < last else e
-                          for (e, real, at), before in units)  # fmt: skip
+            charges = refunds + sum(max(0, real - e) for (e, real, at), before in units  # a refund counts
+                                    if before and at is not None and at + CHARGE_SEEN < last)  # as in (1)  # fmt: skip
             if refunds > n or (charges > n and not faulted):
                 what = "estimated (refunds seen)" if refunds > n else "held (charges seen)"
                 out.append(f"rate {space}/{i}/{rkey}: {max(refunds, charges)} units {what} when the start at "

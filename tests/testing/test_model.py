@@ -166,6 +166,9 @@ def test_the_corrected_units_may_exceed_a_limit_by_the_unseen_under_estimates_on
     assert _rated(cost, [("k-a", 10.0, {"spent": [-2, 0], "spent_at": 10.01}), ("k-a", 11.2, {})]) == []
     broken = _rated(cost, [("k-a", 10.0, {"spent": [-2, 0], "spent_at": 11.3}), ("k-a", 11.2, {})])
     assert any("4 units estimated (refunds seen)" in v for v in broken), broken
+    # Seed 13: a refund reported 20 ms before a later start's count is seen (a charge that close may not be).
+    refund = [("k-a", 10.0, {"duration": 1.0, "spent": [-1, 1], "spent_at": 10.005}), ("k-a", 10.02, {})]
+    assert _rated({"lock_rate": [2, 1.5], "lock_rate_cost": "by_duration"}, refund) == []
 
 
 def test_the_slowdown_promises_catch_a_start_within_the_pause_and_a_lost_call() -> None:
