@@ -452,9 +452,9 @@ def _check_debounce(h: History) -> list[str]:
             if last.revoked:
                 continue
             o = h.outcomes.get(last.returned or "", Outcome(""))
-            if (o.state == "REVOKED" and re.search(r"rate", o.reason) and o.done is not None
+            if (o.state in ("REVOKED", "FAILURE") and re.search(r"rate|RateLimited", o.reason) and o.done is not None
                     and _rate_full(h, t, last.returned or "", key, o.done)):  # fmt: skip
-                continue  # a burst due while its rate window was full, skipped for it (lock_on_rate_limit="skip")
+                continue  # a burst due while its rate window was full, skipped or failed for it (docs/policies.md)
             if last.expires is not None and last.expires < float(quiet) + DECIDE and not vers:
                 continue  # its own expiry came before its due time
             if not vers and o.state not in ("SUCCESS", "FAILURE", "REVOKED") and _worker_killed_after(h, last.sent):

@@ -200,3 +200,18 @@ def test_a_call_joining_a_debounced_burst_that_waits_for_its_rate_is_that_burst(
 
     assert broken(13.5) == []
     assert any("got an earlier burst's AsyncResult" in v for v in broken(11.0)), broken(11.0)
+
+
+def test_a_debounced_burst_failed_for_a_full_rate_window_is_no_lost_run() -> None:
+    """lock_debounce x lock_on_rate_limit="fail" (seed 37): a burst refused by its rate ends (docs/policies.md); its
+    FAILURE RateLimitedError while its window held its own SlowDown start's charge (3 units of 3) is no lost run."""
+    opts = {
+        "lock_debounce": 0.8,
+        "lock_on_duplicate": "reschedule",
+        "lock_rate": [3, 2.0],
+        "lock_on_rate_limit": "fail",
+    }
+    calls = [Call(0, "d", "k-a", 0, 10.0, "x")]
+    attempts = [Attempt("x", "d", "k-a", 0, 0, 1, 10.8, 10.8, 10.81, None, [2, 3], 10.805, [1.2, None])]
+    outcomes = {"x": Outcome("FAILURE", "RateLimitedError: singleton_lock:rate:{d}:2s:v2:ab d 3 per 2 s 0.77", 12.05)}
+    assert check(History({"d": TaskOpts("d", opts)}, calls, attempts, outcomes)) == []
