@@ -10,7 +10,11 @@ of one key apart. Each attempt records
 ``{"id", "task", "key", "ver", "attempt", "pid", "start", "rate_at", "turn"}`` on ``model:started`` when its body
 starts (``turn``: lock_fair_on's count of its wait, see ``_turn``) and
 the same with ``"end"`` on ``model:ended`` when it ends (a retry's attempt ends at its ``retry()``; a body stopped by
-``lock_on_duplicate="cancel"`` ends where it stopped, with ``"cancelled": true``).
+``lock_on_duplicate="cancel"`` ends where it stopped, with ``"cancelled": true``). Two optional arguments act on the
+rate (issue 33): ``spent=n`` reports ``self.rate_spent(n)`` first (the end record then holds ``"spent": [units
+applied, n]`` and ``"spent_at"``); ``slow=[retry_after, limit]`` raises ``SlowDown`` on the call's first attempt
+only (its end record holds ``"slowed"``; the re-sent copy runs the body). A spec's ``lock_rate`` may be a stacked
+list (:func:`rate_of`) and ``lock_rate_cost`` ``"by_duration"`` (:func:`cost_by_duration`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from typing import Any
 
 from locked_app import app, record
 
-from celery_singleton_lock import LockedTask
+from celery_singleton_lock import LockedTask, Rate, SlowDown
 from celery_singleton_lock.errors import JobCancelledError
 
-__all__ = ["app", "dialed_limit", "per_key_limit"]
+__all__ = ["app", "cost_by_duration", "dialed_limit", "per_key_limit", "rate_of"]
 
 
 def per_key_limit(key: str, *args: Any, **kwargs: Any) -> int:
@@ -38,13 +42,41 @@ def dialed_limit(key: str, *args: Any, **kwargs: Any) -> int:
     return int(record.get(f"limit:{key}") or 2)
 
 
-def _body(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0) -> int:
+def cost_by_duration(key: str, ver: int = 0, duration: float = 0.0, *args: Any, **kwargs: Any) -> int:
+    """A ``lock_rate_cost`` computed per call: 2 units for a run of 1 s or more, else 1 ("by_duration" in a spec)."""
+    return 2 if duration >= 1.0 else 1
+
+
+def rate_of(spec: Any) -> Any:
+    """A spec's ``lock_rate``: ``[N, S]`` is one limit; a list of ``[N, S]`` and ``{"rate": [N, S], "on": [...]}``
+    items is a stacked list (a dict is a ``Rate`` of its own arguments)."""
+    if isinstance(spec, list) and spec and isinstance(spec[0], list | dict):
+        return [Rate(tuple(i["rate"]), on=i.get("on", [])) if isinstance(i, dict) else tuple(i) for i in spec]
+    return tuple(spec) if isinstance(spec, list) else spec
+
+
+def _body(
+    self: Any,
+    key: str,
+    ver: int = 0,
+    duration: float = 0.0,
+    fail: bool = False,
+    retries: int = 0,
+    spent: int | None = None,
+    slow: list[Any] | None = None,
+) -> int:
     rate_at = getattr(self, "rate_started_at", None)
     attempt = {
         "id": self.request.id, "task": self.name, "key": key, "ver": ver, "attempt": self.request.retries,
         "pid": os.getpid(), "start": time.time(), "rate_at": rate_at, "turn": _turn(self),
     }  # fmt: skip
     record.rpush("model:started", json.dumps(attempt))
+    if spent is not None:  # lock_rate_cost: what the start really cost, reported before the run (and when)
+        attempt["spent"], attempt["spent_at"] = [self.rate_spent(spent), spent], time.time()
+    if slow is not None and record.set(f"model:slowed:{self.request.id}", 1, nx=True, ex=600):
+        # The API said "slow down" (once per call: its re-sent copy runs): [retry_after, limit index or None].
+        record.rpush("model:ended", json.dumps({**attempt, "end": time.time(), "slowed": slow}))
+        raise SlowDown(slow[0], limit=slow[1])
     end_by = time.monotonic() + duration
     try:
         for _ in range(int(duration / 0.02) + 2):  # bounded by count and by duration
@@ -78,10 +110,21 @@ def _define(spec: dict[str, Any]) -> None:
         elif opts.get("lock_limit") == "dialed":
             opts["lock_limit"] = dialed_limit
         if isinstance(opts.get("lock_rate"), list):
-            opts["lock_rate"] = tuple(opts["lock_rate"])
+            opts["lock_rate"] = rate_of(opts["lock_rate"])
+        if opts.get("lock_rate_cost") == "by_duration":
+            opts["lock_rate_cost"] = cost_by_duration
 
-        def run(self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0) -> int:
-            return _body(self, key, ver, duration, fail, retries)
+        def run(
+            self: Any,
+            key: str,
+            ver: int = 0,
+            duration: float = 0.0,
+            fail: bool = False,
+            retries: int = 0,
+            spent: int | None = None,
+            slow: list[Any] | None = None,
+        ) -> int:
+            return _body(self, key, ver, duration, fail, retries, spent, slow)
 
         run.__name__ = task["name"]
         if opts.get("lock_limit", 1) is not None:  # lock_limit=None (no lock, a rate only) has no job key to name

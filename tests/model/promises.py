@@ -15,11 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .rates import check_slowdown, check_windows, rate_ran, window_full
+
 # Margins (seconds). Every time here is time.time() of one host (the workers, the test, the result backend's
 # date_done) or a lock node's clock on that host (rate_started_at): one clock.
 DECIDE = 0.5  # a worker's decision precedes its stored date_done by at most this (the store's round trip, load)
 ORDER = 0.6  # two calls sent closer than this may reach workers in either order (prefetch, two workers)
-RATE_CLOCK = 0.05  # rate windows are counted on the nodes' clock: starts closer than window - this break it
 COOLDOWN_CLOCK = 0.2  # the cooldown starts at the release, a little after the recorded end
 CANCEL_SEEN = 1.0  # lock_on_duplicate="cancel": a run stops within ORDER + lock_ttl / 3 (its renewal) + this of a
 # newer call's send (the newer call's refusal writes the request; the next renewal answers it; the body unwinds)
@@ -50,9 +51,8 @@ class TaskOpts:
         return None if limit is None else int(limit)
 
     @property
-    def rate(self) -> tuple[int, float] | None:
-        rate = self.opts.get("lock_rate")
-        return None if rate is None else (int(rate[0]), float(rate[1]))
+    def rate(self) -> bool:
+        return self.opts.get("lock_rate") is not None
 
 
 @dataclass
@@ -88,6 +88,9 @@ class Attempt:
     rate_at: float | None
     end: float | None = None
     turn: list[int] | None = None  # lock_fair_on: [start number, turns waited, own value's calls ahead] (the node's)
+    spent: list[int] | None = None  # rate_spent: [units applied (the difference), units reported]
+    spent_at: float | None = None  # when rate_spent returned
+    slowed: list[Any] | None = None  # it raised SlowDown: [retry_after, limit index or None]; its end is the raise
 
 
 @dataclass
@@ -135,7 +138,7 @@ def _named(reason: str) -> str | None:
 
 def _ran(h: History, task_id: str) -> list[Attempt]:
     """Completed final attempts of a task id (a retried attempt is not the job's end)."""
-    return [a for a in h.attempts if a.id == task_id and a.end is not None and a.attempt >= _retries(h, task_id)]
+    return [a for a in h.attempts if a.id == task_id and rate_ran(h, a) and a.attempt >= _retries(h, task_id)]
 
 
 def _retries(h: History, task_id: str) -> int:
@@ -161,7 +164,7 @@ def check(h: History) -> list[str]:
     out: list[str] = []
     for checker in (_check_ends, _check_limit, _check_duplicates, _check_once, _check_line, _check_replace_order,
                     _check_rate, _check_debounce, _check_cooldown, _check_queue_scope, _check_cancel,
-                    _check_fair):  # fmt: skip
+                    _check_fair, check_windows, check_slowdown):  # fmt: skip
         out += checker(h)
     return out
 
@@ -348,44 +351,26 @@ def _check_replace_order(h: History) -> list[str]:
 
 
 def _check_rate(h: History) -> list[str]:
-    """lock_rate=(N, S): never more than N starts in any S-second window per rate key (the task's or group's name,
-    plus lock_rate_on's arguments), counted at the nodes' start time (rate_started_at); RATE_CLOCK is the margin."""
-    out = []
-    windows: dict[tuple[str, str], list[Attempt]] = defaultdict(list)
-    for a in h.attempts:
-        t = h.tasks[a.task]
-        if t.rate is None:
+    """lock_rate: every limit's windows (tests/model/rates.py, check_windows: one limit of cost 1 is N starts per
+    window); and a call skipped or failed for its rate met a full window or a SlowDown's pause of one of its rate
+    keys (another key's pause never stops it). Not judged under a node fault: an undo that did not arrive leaves a
+    node's window fuller than the starts (docs/rate.md, What a failure does)."""
+    out: list[str] = []
+    for c in h.calls:
+        o = h.outcomes.get(c.returned or "")
+        t = h.tasks[c.task]
+        if o is None or o.done is None or not t.rate or _faulted(h) or c.revoked:
             continue
-        windows[(t.space, _rate_key(h, t, a.id, a.key))].append(a)
-    for (space, key), attempts in windows.items():
-        n, secs = h.tasks[attempts[0].task].rate  # type: ignore[misc]
-        starts = sorted(a.rate_at if a.rate_at is not None else a.start for a in attempts)
-        for i in range(len(starts) - n):
-            if starts[i + n] - starts[i] < secs - RATE_CLOCK:
-                out.append(
-                    f"rate {space}/{key}: {n + 1} starts within {starts[i + n] - starts[i]:.3f} s (rate {n}/{secs} s)"
-                )
-                break
+        over = ("RateLimited" in o.reason) or (o.state == "REVOKED" and re.search(r"rate .* reached", o.reason))
+        if over and not window_full(h, t, c.returned or "", c.key, o.done, DECIDE):
+            out.append(f"call {c.index} ({c.task} {c.key} v{c.ver}) refused for its rate at {o.done:.3f} with room "
+                       f"in every window of it: {o.reason[:120]}")  # fmt: skip
     return out
-
-
-def _rate_key(h: History, t: TaskOpts, task_id: str, key: str) -> str:
-    """The part of a call's rate key its lock_rate_on arguments make ("*": the task's or group's one window)."""
-    on = t.opts.get("lock_rate_on") or []
-    call = next((c for c in h.calls if c.returned == task_id), None)
-    values = {"key": key, "duration": call.duration if call else None, "ver": call.ver if call else None}
-    return "|".join(str(values[n]) for n in on) or "*"
 
 
 def _rate_full(h: History, t: TaskOpts, task_id: str, key: str, at: float) -> bool:
     """Whether the rate window of this call's rate key held N starts around ``at`` (a rate skip may be due)."""
-    if t.rate is None:
-        return False
-    n, secs = t.rate
-    mine = _rate_key(h, t, task_id, key)
-    starts = [a.rate_at if a.rate_at is not None else a.start for a in h.attempts
-              if h.tasks[a.task].space == t.space and _rate_key(h, h.tasks[a.task], a.id, a.key) == mine]  # fmt: skip
-    return sum(1 for s in starts if at - secs - DECIDE <= s <= at + DECIDE) >= n
+    return t.rate and window_full(h, t, task_id, key, at, DECIDE)
 
 
 def _check_line(h: History) -> list[str]:
@@ -425,6 +410,22 @@ def bursts(calls: Iterable[Call], quiet: float) -> list[list[Call]]:
     return out
 
 
+def _waited(h: History, t: TaskOpts, groups: list[list[Call]]) -> list[list[Call]]:
+    """lock_debounce x lock_rate (wait): a due burst waiting for its rate window runs once, with its last arguments
+    (docs/options.md): a call sent while it still waited (its job not started yet) joins it, however late."""
+    if not t.rate or t.opts.get("lock_on_rate_limit", "wait") != "wait":
+        return groups
+    out: list[list[Call]] = []
+    for burst in groups:
+        prior = {c.returned for c in out[-1]} - {None} if out else set()
+        starts = [a.start for a in h.attempts if a.id in prior]
+        if prior & {c.returned for c in burst} and (not starts or min(starts) > burst[0].sent - ORDER):
+            out[-1] = out[-1] + burst
+        else:
+            out.append(burst)
+    return out
+
+
 def _check_debounce(h: History) -> list[str]:
     """lock_debounce=S: a burst (calls less than S apart) runs once, with its last call's arguments; every call of
     it gets the burst's one AsyncResult. With lock_debounce_max, a long burst may run more than once, never older
@@ -436,7 +437,7 @@ def _check_debounce(h: History) -> list[str]:
         if not quiet:
             continue
         seen: set[str | None] = set()
-        for burst in bursts(calls, float(quiet)):
+        for burst in _waited(h, t, bursts(calls, float(quiet))):
             ids = {c.returned for c in burst}
             last = burst[-1]
             stale = (ids & seen) - {None}
@@ -446,14 +447,14 @@ def _check_debounce(h: History) -> list[str]:
             seen |= ids
             if len(ids) != 1 and not _faulted(h):
                 out.append(f"{space}/{key}: one burst got {len(ids)} AsyncResults (v{[c.ver for c in burst]})")
-            runs = [a for a in h.attempts if a.id in ids and a.end is not None and a.attempt == 0]
+            runs = [a for a in h.attempts if a.id in ids and rate_ran(h, a) and a.attempt == 0]
             vers = [a.ver for a in sorted(runs, key=lambda a: a.start)]
             if last.revoked:
                 continue
             o = h.outcomes.get(last.returned or "", Outcome(""))
-            if (o.state == "REVOKED" and re.search(r"rate", o.reason) and o.done is not None
+            if (o.state in ("REVOKED", "FAILURE") and re.search(r"rate|RateLimited", o.reason) and o.done is not None
                     and _rate_full(h, t, last.returned or "", key, o.done)):  # fmt: skip
-                continue  # a burst due while its rate window was full, skipped for it (lock_on_rate_limit="skip")
+                continue  # a burst due while its rate window was full, skipped or failed for it (docs/policies.md)
             if last.expires is not None and last.expires < float(quiet) + DECIDE and not vers:
                 continue  # its own expiry came before its due time
             if not vers and o.state not in ("SUCCESS", "FAILURE", "REVOKED") and _worker_killed_after(h, last.sent):
@@ -497,7 +498,7 @@ def _debounce_versions(h: History, space: str, key: str, calls: list[Call]) -> l
                 out.append(f"{space}/{key}: job {job} (last v{last.ver}) superseded by a run of no newer call: {newer}")
         elif o is not None and o.state == "SUCCESS" and last.ver not in {a.ver for a in runs}:
             out.append(f"{space}/{key}: job {job}'s last call v{last.ver} never ran: {[a.ver for a in runs]}")
-    firsts = sorted((a for a in h.attempts if a.ver in sent and a.attempt == 0), key=lambda a: a.start)
+    firsts = sorted((a for a in h.attempts if a.ver in sent and a.attempt == 0 and not a.slowed), key=lambda a: a.start)
     finished = [a.ver for a in firsts if a.end is not None]
     twice = sorted({v for v in finished if finished.count(v) > 1})
     if twice:

@@ -30,6 +30,9 @@ from celery_singleton_lock.testing.faults import FaultProxy
 from .promises import Attempt, Call, History, Outcome, TaskOpts, check
 
 TTL = 2.0
+# Stacked lock_rate lists (issue 33): a plain item (of lock_rate_on's arguments) beside a Rate of its own, or two.
+STACKS = ([[3, 2.0], {"rate": [2, 1.0], "on": ["key"]}], [[2, 1.5], [4, 3.0]])
+SLOW = 1.2  # a SlowDown's retry_after (s): past promises.DECIDE, within the schedule's gaps
 QUIET = 0.8  # lock_debounce of a debounced task; the schedule's gaps stay far from it (promises.bursts)
 GAPS = (0.0, 0.05, 0.2, 2.5)  # seconds between two steps: within a debounce burst, or well past its quiet period
 VISIBILITY = 2.0  # a deployment with a short broker visibility timeout redelivers every run longer than this
@@ -51,9 +54,9 @@ KNOWN_OPEN: frozenset[frozenset[str]] = frozenset()
 # -- the matrix ------------------------------------------------------------------------------------------------------
 
 
-def refused(specs: list[dict[str, Any]]) -> list[str]:
-    """Why registration refuses this deployment (empty: supported). The one stand-in for the declared matrix
-    (celery_singleton_lock.policies.matrix): until it exists, registration's own checks decide."""
+def refused(specs: list[dict[str, Any]], seen: list[frozenset[str]] | None = None) -> list[str]:
+    """Why registration refuses this deployment (empty: supported): registration's own checks and the options
+    matrix (celery_singleton_lock.policies.matrix). ``seen`` gets each task's matrix facets."""
     from celery import Celery  # noqa: PLC0415
 
     from celery_singleton_lock import LockedTask  # noqa: PLC0415
@@ -71,10 +74,19 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
             if opts.get("lock_limit") in ("per_key", "dialed"):
                 opts["lock_limit"] = per_key
             if isinstance(opts.get("lock_rate"), list):
-                opts["lock_rate"] = tuple(opts["lock_rate"])
+                opts["lock_rate"] = _rate_of(opts["lock_rate"])
+            if opts.get("lock_rate_cost") == "by_duration":
+                opts["lock_rate_cost"] = per_key
 
             def run(
-                self: Any, key: str, ver: int = 0, duration: float = 0.0, fail: bool = False, retries: int = 0
+                self: Any,
+                key: str,
+                ver: int = 0,
+                duration: float = 0.0,
+                fail: bool = False,
+                retries: int = 0,
+                spent: int | None = None,
+                slow: list[Any] | None = None,
             ) -> int:
                 return ver
 
@@ -96,11 +108,22 @@ def refused(specs: list[dict[str, Any]]) -> list[str]:
                 out.append(str(exc))
             if matrix is not None:
                 out += [str(r) for r in matrix.refusals(matrix.facets(task))]
+                if seen is not None:
+                    seen.append(matrix.facets(task))
         return out
     except ConfigurationError as exc:
         return [str(exc)]
     finally:
         app.close()
+
+
+def _rate_of(spec: list[Any]) -> Any:
+    """A spec's lock_rate as tests/apps/model_app.py's rate_of builds it (a stacked list, or one limit)."""
+    from celery_singleton_lock import Rate  # noqa: PLC0415
+
+    if spec and isinstance(spec[0], list | dict):
+        return [Rate(tuple(i["rate"]), on=i.get("on", [])) if isinstance(i, dict) else tuple(i) for i in spec]
+    return tuple(spec)
 
 
 def facets(spec: dict[str, Any], specs: list[dict[str, Any]], faults: bool) -> frozenset[str]:
@@ -112,6 +135,8 @@ def facets(spec: dict[str, Any], specs: list[dict[str, Any]], faults: bool) -> f
         ("limit_callable", o.get("lock_limit") in ("per_key", "dialed")),
         ("queue", o.get("lock_scope") == "queue"), ("replace", o.get("lock_on_duplicate") == "replace"),
         ("debounce", bool(o.get("lock_debounce"))), ("group", bool(o.get("lock_group"))),
+        ("rate_stacked", isinstance((o.get("lock_rate") or [0])[0], list | dict)),
+        ("rate_cost", o.get("lock_rate_cost") is not None),
     ] if on}  # fmt: skip
     group = o.get("lock_group")
     if (
@@ -140,6 +165,7 @@ class Deployment:
     schedule: list[dict[str, Any]] | None = None  # an explicit schedule run before the storm (PAIR_DEPLOYMENTS)
     broker: str = "redis"  # or "rabbitmq": the machine's RabbitMQ, a vhost of this deployment's own (tests/rabbitmq.py)
     pool: str = "prefork"  # threads, gevent, solo: bodies run in the worker's process (no kill-child fault then)
+    rate_body: bool = False  # the schedule's calls of a rated task may report rate_spent(n) and raise SlowDown
 
     def spec(self) -> str:
         return json.dumps({"tasks": self.tasks})
@@ -157,6 +183,10 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
         o["lock_on_rate_limit"] = rng.choice(["wait", "wait", "skip", "fail"])
         if rng.random() < 0.5:
             o["lock_rate_on"] = ["key"]
+        if rng.random() < 0.4:  # stacked limits (issue 33): a list's plain item of lock_rate_on, a Rate of its own
+            o["lock_rate"] = rng.choice(STACKS)
+        if rng.random() < 0.3:
+            o["lock_rate_cost"] = rng.choice([2, "by_duration"])
     if rng.random() < 0.25:  # debounce keeps a drawn lock_rate (issue 29 finding 7's pair), drops the rest
         rate = {k: v for k, v in o.items() if k.startswith("lock_rate") or k == "lock_on_rate_limit"}
         o = {"lock_ttl": TTL, "lock_debounce": QUIET, "lock_on_duplicate": "reschedule", **rate}
@@ -169,11 +199,15 @@ def _draw_opts(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.15:
         o["lock_enqueue_check"] = True
     if o.get("lock_on_duplicate") == "cancel":  # refused beside these (docs/options.md): drop them, keep the draw
-        for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on"):
+        for name in ("lock_scope", "lock_limit", "lock_rate", "lock_on_rate_limit", "lock_rate_on", "lock_rate_cost"):
             o.pop(name, None)
         o.pop("lock_enqueue_check", None)
     if o.get("lock_on_duplicate") == "reschedule" and not o.get("lock_debounce") and rng.random() < 0.3:
         o["lock_fair_on"] = ["duration"]  # turns across the calls' durations (refused beside a rate, a cooldown...)
+    if "lock_limit" in o and o["lock_limit"] is None and o.get("lock_rate"):  # no lock: only the rate decides, so
+        for name in ("lock_on_duplicate", "lock_scope", "lock_max_waiting", "lock_cooldown", "lock_enqueue_check",
+                     "lock_fair_on"):  # nothing that needs a lock (refused beside lock_limit=None)  # fmt: skip
+            o.pop(name, None)
     return o
 
 
@@ -185,7 +219,8 @@ def draw_deployment(seed: int, *, known_open: bool, faults: bool = True) -> Depl
         tasks = [{"name": f"m{seed}_{i}", "opts": _draw_opts(rng)} for i in range(rng.choice([2, 3]))]
         if rng.random() < 0.3:
             shared = {k: v for k, v in tasks[0]["opts"].items() if k != "lock_on_duplicate"}
-            tasks[1]["opts"] = {**shared, "lock_on_duplicate": tasks[1]["opts"]["lock_on_duplicate"]}
+            policy = tasks[1]["opts"].get("lock_on_duplicate")  # none beside lock_limit=None
+            tasks[1]["opts"] = {**shared, **({"lock_on_duplicate": policy} if policy else {})}
             if shared.get("lock_debounce"):
                 tasks[1]["opts"]["lock_on_duplicate"] = "reschedule"
             for t in tasks[:2]:
@@ -197,7 +232,9 @@ def draw_deployment(seed: int, *, known_open: bool, faults: bool = True) -> Depl
             continue
         # A whole worker's SIGKILL leaves its unacked messages to the visibility timeout: keep it short then.
         short = rng.random() < 0.3 or "kill-worker" in fault_kinds
-        return Deployment(seed, tasks, workers=rng.choice([1, 2]), short_visibility=short, faults=fault_kinds)
+        body = any(t["opts"].get("lock_rate") for t in tasks) and rng.random() < 0.6
+        return Deployment(seed, tasks, workers=rng.choice([1, 2]), short_visibility=short, faults=fault_kinds,
+                          rate_body=body)  # fmt: skip
     raise RuntimeError(f"no supported deployment drawn from seed {seed} in 200 tries")
 
 
@@ -236,6 +273,14 @@ CI_DEPLOYMENTS = [
     Deployment(4, [{"name": "ci4_cancel", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "cancel"}}], workers=2,
                schedule=[_call("a", 0.0, 4.0), _call("a", 0.7, 1.0), _call("a", 0.05, 1.0), _call("a", 0.05, 0.3),
                          _call("a", 2.5)]),
+    # Issue 33: stacked limits (3 per 2 s for the task, 2 per 1 s per key), a cost per call (2 units for a 1 s run),
+    # rate_spent corrections and a SlowDown of the per-key limit, beside lock_limit=2 and reschedule. Its schedule:
+    # an extra charge, a SlowDown of key "a" met by a call of "a" (waits out the pause) and calls of "bp" (go on),
+    # then a refund.
+    Deployment(5, [{"name": "ci5_stack", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "reschedule", "lock_limit": 2,
+                    "lock_rate": STACKS[0], "lock_rate_cost": "by_duration"}}], workers=2, rate_body=True,
+               schedule=[_call("a", 0.0, 0.3, spent=3), _call("a", 0.05, 0.0, slow=[SLOW, 1]), _call("a", 0.3),
+                         _call("bp", 0.05), _call("bp", 0.05, 1.0, spent=1), _call("a", 2.5, 1.0, spent=0)]),
 ]  # fmt: skip
 
 
@@ -300,7 +345,21 @@ PAIR_DEPLOYMENTS = [
     Deployment(49, [{"name": "p49_replace_rate", "opts": {"lock_ttl": TTL, "lock_on_duplicate": "replace",
                      "lock_rate": [2, 1.5], "lock_rate_on": ["key"]}}],
                workers=2, short_visibility=True, faults=["kill-child", "kill-worker", "pause-node-bg"]),
+    # Issue 33, found by the long budget (seed 127): a SlowDown longer than half the visibility timeout (1.2 s vs
+    # 1 s here): the raising call's copy is re-sent capped at 1 s, asks the rate within its own pause, and a 'skip'
+    # rate skips it: it never runs (docs/rate.md: runs once after the pause, never early). Broken on a8adf25.
+    Deployment(54, [{"name": "p54_slow_capped", "opts": {"lock_ttl": TTL, "lock_rate": STACKS[1],
+                     "lock_on_rate_limit": "skip", "lock_rate_on": ["key"]}}], workers=1, short_visibility=True,
+               rate_body=True, schedule=[_call("a", 0.0, slow=[SLOW, None]), _call("bp", 0.3)]),
 ]  # fmt: skip
+
+
+# Issue 33: between them, these drawn deployments hold every supported pair of rate_stacked and rate_cost with a facet
+# the model draws (test_model checks it against the matrix); the long budget runs them with CSL_MODEL_SEEDS.
+RATE_SEEDS = (7, 9, 13, 15, 22, 25, 26, 27, 29, 37, 58, 95, 98, 386)
+# Matrix facets the model never draws (no task of it has a lock_key, lock_on_lost="interrupt" or lock_on_unavailable):
+# their pairs are tested elsewhere (tests/task, tests/lock), not here.
+UNDRAWN = frozenset({"key_fn", "lost:interrupt", "unavailable:run", "unavailable:fail"})
 
 
 def storm(d: Deployment) -> list[dict[str, Any]]:
@@ -335,6 +394,13 @@ def schedules(d: Deployment, max_steps: int = 10) -> st.SearchStrategy[list[dict
             "retries": st.sampled_from([0, 0, 0, 1]),
         }
     )
+    if d.rate_body:  # rate_spent(n) reported (a refund, an extra charge); SlowDown on every limit, or the first
+        call = st.builds(
+            lambda c, spent, slow: {**c, "spent": spent, "slow": slow},
+            call,
+            st.sampled_from([None, None, 0, 1, 3]),
+            st.sampled_from([None, None, None, [SLOW, None], [SLOW, 0]]),
+        )
     steps = [call, call, call, call]
     if d.faults:
         steps.append(st.fixed_dictionaries({"op": st.just("fault"), "kind": st.sampled_from(d.faults)}))
@@ -456,8 +522,10 @@ class Bench:
                             expires=step.get("expires"))  # fmt: skip
                 try:
                     extra = {"expires": step["expires"]} if step.get("expires") is not None else {}
+                    rated = self.tasks[name].rate  # spent / slow act on the rate: none without one
+                    kwargs = {k: step[k] for k in ("spent", "slow") if step.get(k) is not None and rated}
                     r = self.mod.app.tasks[name].apply_async((key, call.ver, step["duration"], step["fail"],
-                                                             step["retries"]), **extra)  # fmt: skip
+                                                             step["retries"]), kwargs, **extra)  # fmt: skip
                     call.returned = r.id
                 except Exception as exc:  # delay() itself may refuse: fail policy in queue scope
                     call.raised = f"{type(exc).__name__}: {exc}"
@@ -507,7 +575,7 @@ class Bench:
                    for a in self._records("model:started") if mine(a)):  # fmt: skip
                 break
         time.sleep(0.3)  # a revoked call's body, if it started, records its end
-        ends = {(a["id"], a["attempt"], a["start"]): a["end"] for a in self._records("model:ended") if mine(a)}
+        ends = {(a["id"], a["attempt"], a["start"]): a for a in self._records("model:ended") if mine(a)}
         attempts = [
             Attempt(
                 a["id"],
@@ -518,8 +586,9 @@ class Bench:
                 a["pid"],
                 a["start"],
                 a["rate_at"],
-                ends.get((a["id"], a["attempt"], a["start"])),
+                ends.get((a["id"], a["attempt"], a["start"]), {}).get("end"),
                 a.get("turn"),
+                *[ends.get((a["id"], a["attempt"], a["start"]), {}).get(k) for k in ("spent", "spent_at", "slowed")],
             )
             for a in self._records("model:started")
             if mine(a)
