@@ -35,7 +35,7 @@ __all__ = ["BOOKING_HEADER", "SHORT", "book", "claim", "decide", "parse_booking"
 #: The header of a booked call's re-sent copy: ``<slot>:<owner token>``, its entry in the rate log.
 BOOKING_HEADER = "singleton_lock_rate_booking"
 #: Attempts of one booking when contenders split the slots between the nodes.
-_SPLIT_ATTEMPTS = 3
+_SPLIT_ATTEMPTS = 5
 #: A booked moment at most this many seconds away is waited for in the worker instead of by a re-send.
 SHORT = 0.2
 
@@ -128,11 +128,12 @@ def book(nodes: NodeSet, key: str, rate: Window) -> Verdict:
         if len(nodes) - len(errors) < nodes.quorum:
             return _verdict("unavailable", errors=errors)
         preferred = str(slot)
-        if count >= nodes.quorum:
-            # The majority named different moments (a node that missed or kept a start the others did not): book
-            # again, every node at the latest of them by its own clock, so that their chains stay in step.
-            after = max(delays[i] for i in holders)
-        elif attempt + 1 < _SPLIT_ATTEMPTS:
+        # The majority named different moments (a node that missed or kept a start the others did not), or the nodes
+        # split the slots (contenders booking at once, in another order on each node): book again, every node at the
+        # latest moment named, by its own clock, taking the most named slot if it is free by then, so that the
+        # nodes' chains stay in step.
+        after = max(delays.values(), default=0.0)
+        if count < nodes.quorum and attempt + 1 < _SPLIT_ATTEMPTS:
             time.sleep(0.005 * random.random())  # noqa: S311 - jitter
     return _verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
 
@@ -143,23 +144,27 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int) -> Verd
     booking is lost, or a window late: book anew (the late entry stays counted)."""
     member = f"{slot}:{token}"
     late_us = round(_late() * 1_000_000)
-    for _ in range(2):
+    move = ""  # first ask only; once a quorum said it may start, again moving the entries where it starts
+    for _ in range(3):
         began = time.monotonic()
-        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us])
+        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move])
         ok: dict[int, float] = {}
         early: list[float] = []
         errors: list[str] = []
+        moves = False
         for i, answer in enumerate(answers):
             if isinstance(answer, BaseException):
                 errors.append(str(nodes.error(i, answer)))
             elif int(answer[0]) == 1:
                 ok[i] = int(answer[1]) / 1_000_000
+                moves = moves or int(answer[3]) == 1
             elif int(answer[0]) == 2:
                 early.append(int(answer[1]) / 1_000_000)
         if len(ok) >= nodes.quorum:
-            if time.monotonic() - began <= _late():
+            if not moves and time.monotonic() - began <= _late():
                 return _verdict("granted", token=token, slot=slot, at=min(ok.values()), times=ok)
-            continue  # the answers came back late: ask again (late now: moved to now where allowed)
+            move = "1"
+            continue  # moved now (or the answers came back late: asked again, late now: moved to now)
         if early and len(ok) + len(early) >= nodes.quorum:
             return _verdict("booked", wait=max(early), token=token, slot=slot, times=ok)
         if len(nodes) - len(errors) < nodes.quorum:

@@ -52,7 +52,7 @@ def _check_window(tasks: ModuleType, key: str, starts: int) -> None:
 
 def test_waiting_calls_book_their_slots_and_start_in_arrival_order(c: Cluster, tasks: ModuleType) -> None:
     """40 calls of one key at (10, 1.0), sent one after another: 10 start, 30 book and are re-sent about once each;
-    no call sent after another starts a window or more before it; no window over 10."""
+    no call sent after another starts two windows or more before it; no window over 10."""
     key = new_key("order")
     results = [tasks.rated.apply_async((key, n, 0.0), queue="book") for n in range(40)]
     for r in results:
@@ -64,13 +64,18 @@ def test_waiting_calls_book_their_slots_and_start_in_arrival_order(c: Cluster, t
     waits = [r[5] for r in rows]
     waited = [w for w in waits if w]
     assert len(waited) >= 20  # most waited (10 per window, 40 calls sent at once)
-    assert sum(waited) <= 1.5 * len(waited), waits  # about once each (today: several, most for the first moment)
+    assert sum(waited) <= 1.5 * len(waited), sorted(waits)[
+        -8:
+    ]  # about once each (today: several, most for the first moment)
     soonest, overtaken = float("inf"), []
     for n, at in sorted(((sent[r[1]], r[3]) for r in rows), reverse=True):
-        if soonest < at - 1.0:  # a call sent after it started more than a window before it
+        # A call sent after it started two windows or more before it. Calls are served in the order they ask, at a
+        # worker; each worker prefetches 12 messages of the 40 sent at once and asks for them in its own order, so
+        # send order holds to about a window (one window's 10 calls).
+        if soonest < at - 2.0:
             overtaken.append(n)
         soonest = min(soonest, at)
-    assert not overtaken, overtaken  # arrival order, to the window
+    assert not overtaken, overtaken  # arrival order, to the prefetch
     _check_window(tasks, key, 40)
 
 

@@ -5,7 +5,7 @@
 -- ARGV[1] - owner token of this attempt (fresh for every attempt)
 -- ARGV[2] - n, the starts allowed in any window
 -- ARGV[3] - the window, microseconds
--- ARGV[4] - the slot to take if it is free as early as the earliest one, or '' for the lowest of those
+-- ARGV[4] - '' (a first round: the slot free soonest, the lowest of those) or the slot to take (a second round)
 -- ARGV[5] - not before: µs from now ('' or 0: now), the latest moment a majority named in a first round (its
 --           nodes book the same moment, each by its own clock, instead of each its own)
 -- Each slot is a chain of entries, each holding it for one window from its score: the slot is free from the end of
@@ -37,8 +37,10 @@ for s = 0, n - 1 do
   end
 end
 local preferred = tonumber(ARGV[4])
-if preferred and preferred < n and math.max(floor, frees[preferred] or now) <= at then
-  best = preferred
+if preferred and preferred < n then
+  -- A second round: the slot the most nodes named, at the latest moment named or when it is free here, if later
+  -- (the nodes then agree on the slot whatever order contenders reached each of them in).
+  best, at = preferred, math.max(floor, frees[preferred] or now)
 end
 redis.call('ZADD', KEYS[1], string.format('%.0f', at), best .. ':' .. ARGV[1])
 local ttl = math.ceil((at + window - now) / 1000) + 1000

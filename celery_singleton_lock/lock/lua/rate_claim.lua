@@ -4,6 +4,7 @@
 -- ARGV[1] - the booking's entry, '<slot>:<owner token>'
 -- ARGV[2] - the window, microseconds
 -- ARGV[3] - the lateness allowed, microseconds: on time when now - the booked moment <= it
+-- ARGV[4] - '1': move the entry where it starts (a second call, once a quorum said it may start); '': only say so
 -- A booked call that arrives asks each node whether its moment has come. Before it, or while another entry of its
 -- slot (a predecessor that started late, moved to its real start) or an entry that holds no slot (a pause) still
 -- covers now: wait. Its moment is its booking's, or the end of such a covering entry if later (its entry moves
@@ -11,7 +12,8 @@
 -- it starts now and its entry moves to now, so the slot's next start waits a window from this real start (that
 -- one's claim finds this entry covering its moment: it waits). A window late or more (its slot may be its
 -- successor's now): it does not start on it, and books anew.
--- returns {1, the entry's score now, now} when it may start here; {2, µs to wait} when early or covered;
+-- Only a call that will start moves its entry (ARGV[4]): a claim that fails its quorum never pushes its successors.
+-- returns {1, where it starts (µs), now, 1 if its entry must move there} when it may start here; {2, µs to wait} when early or covered;
 --         {3} when a window late; {0} when the entry is not here (lost, expired or undone)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -47,7 +49,8 @@ end
 if now - due > late then
   due = now
 end
-if due ~= score then
+if due ~= score and ARGV[4] == '1' then
   redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', due), ARGV[1])
+  score = due
 end
-return {1, due, now}
+return {1, due, now, due ~= score and 1 or 0}
