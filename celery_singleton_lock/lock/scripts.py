@@ -58,6 +58,10 @@ __all__ = [
     "RATE",
     "RATE_ADJUST",
     "RATE_ADJUST_SCRIPT",
+    "RATE_BOOK",
+    "RATE_BOOK_SCRIPT",
+    "RATE_CLAIM",
+    "RATE_CLAIM_SCRIPT",
     "RATE_PAUSE",
     "RATE_PAUSE_SCRIPT",
     "RATE_RESTAMP",
@@ -122,6 +126,8 @@ RATE_STACK_SCRIPT = _load("rate_stack")  # several limits, or a cost (lock_rate 
 RATE_STACK_RESTAMP_SCRIPT = _load("rate_stack_restamp")
 RATE_ADJUST_SCRIPT = _load("rate_adjust")  # a run's reported cost (LockedTask.rate_spent)
 RATE_PAUSE_SCRIPT = _load("rate_pause")  # a body's SlowDown
+RATE_BOOK_SCRIPT = _load("rate_book")  # a waiting call's booked slot (policies/rate_booking.py)
+RATE_CLAIM_SCRIPT = _load("rate_claim")
 
 
 def _code(text: str) -> str:
@@ -199,6 +205,8 @@ RATE_STACK = Script(RATE_STACK_SCRIPT)
 RATE_STACK_RESTAMP = Script(RATE_STACK_RESTAMP_SCRIPT)
 RATE_ADJUST = Script(RATE_ADJUST_SCRIPT)
 RATE_PAUSE = Script(RATE_PAUSE_SCRIPT)
+RATE_BOOK = Script(RATE_BOOK_SCRIPT)
+RATE_CLAIM = Script(RATE_CLAIM_SCRIPT)
 READ = Script(READ_SCRIPT, batch=(1, 0))  # split by slot on a Redis Cluster node
 BRIEF = Script(BRIEF_SCRIPT, batch=(1, 0))
 FORCE_RELEASE = Script(FORCE_RELEASE_SCRIPT)
@@ -232,6 +240,8 @@ SCRIPTS: dict[str, Script] = {
     "rate_stack_restamp": RATE_STACK_RESTAMP,
     "rate_adjust": RATE_ADJUST,
     "rate_pause": RATE_PAUSE,
+    "rate_book": RATE_BOOK,
+    "rate_claim": RATE_CLAIM,
     "read": READ,
     "brief": BRIEF,
     "force_release": FORCE_RELEASE,

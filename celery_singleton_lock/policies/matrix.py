@@ -284,7 +284,8 @@ _refuse(
     "fair",
     [*_RATES, "rate_on", "rate_stacked", "rate_cost"],
     "lock_fair_on of {task} cannot be used with lock_rate yet: a call waiting for its rate window is re-sent on its "
-    "own, outside the line's turns (until booked slots exist, issue 33); remove one of them",
+    "own, outside the line's turns (a booked slot of the rate's own line, issue 33, not the fair turns; the pair is "
+    "untested); remove one of them",
 )
 _refuse(
     "fair",

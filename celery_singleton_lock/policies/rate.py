@@ -43,6 +43,7 @@ from ..lock.keys import lock_key
 from ..lock.nodes import NodeSet
 from ..lock.scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
 from .port import Delivery, Feature, check_names, parameters
+from .rate_booking import BOOKING_HEADER, decide
 
 __all__ = [
     "ON_RATE_LIMIT",
@@ -200,8 +201,9 @@ def units_of(cost: Any, where: str) -> int:
 class Verdict:
     """What the nodes said of one start."""
 
-    outcome: Literal["granted", "limited", "unavailable"]
-    wait: float = 0.0  #: limited: seconds until the window lets a start in on a quorum of the nodes
+    outcome: Literal["granted", "limited", "unavailable", "booked"]
+    #: limited: seconds until the window lets a start in on a quorum of the nodes; booked: until its booked moment
+    wait: float = 0.0
     token: str = ""  #: granted: the owner token of the counted start (for :func:`undo`)
     slot: int = -1  #: granted: the slot it holds
     at: float = 0.0  #: granted: when it was counted, by the clock of a node that counted it (Unix seconds)
@@ -509,22 +511,28 @@ class Share:
     slots: tuple[tuple[int, ...], ...] = ()  #: the slots it holds, per limit (before any correction)
 
 
+#: The rate windows' scripts (lock/lua): one limit, several stacked, a charge, a pause, a booking and its claim.
+SCRIPTS = (
+    "rate",
+    "rate_undo",
+    "rate_restamp",
+    "rate_stack",
+    "rate_stack_restamp",
+    "rate_adjust",
+    "rate_pause",
+    "rate_book",
+    "rate_claim",
+)
+
+
 class RateFeature(Feature):
     """``lock_rate``, ``lock_rate_on``, ``lock_on_rate_limit``, ``lock_rate_cost``: asked after the lock is taken,
     before the body."""
 
     name: ClassVar[str] = "rate"
     options: ClassVar[tuple[str, ...]] = ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")
-    headers: ClassVar[tuple[str, ...]] = (RATE_HEADER, SLOWED_HEADER)
-    scripts: ClassVar[tuple[str, ...]] = (
-        "rate",
-        "rate_undo",
-        "rate_restamp",
-        "rate_stack",
-        "rate_stack_restamp",
-        "rate_adjust",
-        "rate_pause",
-    )
+    headers: ClassVar[tuple[str, ...]] = (RATE_HEADER, SLOWED_HEADER, BOOKING_HEADER)
+    scripts: ClassVar[tuple[str, ...]] = SCRIPTS
 
     def check(self, cls: Any) -> None:
         """Each option alone (ConfigurationError); what they need of each other is the matrix's."""
@@ -665,7 +673,11 @@ class RateFeature(Feature):
             run.state = {}
         run.state[self.name] = share
         nodes = options.settings.nodes
-        if len(keys) == 1 and units == 1:
+        request = ctx.request
+        if len(keys) == 1 and units == 1 and conf.on_limit == "wait" and not request.is_eager:
+            # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send.
+            verdict = decide(nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None))
+        elif len(keys) == 1 and units == 1:
             verdict = take(nodes, key, conf.limits[0].window)  # the hot path: lua/rate.lua, as before stacking
         else:
             windows = tuple(limit.window for limit in conf.limits)
@@ -675,7 +687,6 @@ class RateFeature(Feature):
             share.at, share.slot, share.token = verdict.at, (verdict.slot, verdict.times), verdict.token
             share.slots = verdict.slots or ((verdict.slot,),)
             return True
-        request = ctx.request
         task_id = run.task_id
         if verdict.outcome == "unavailable":
             policy = options.on_unavailable
@@ -723,10 +734,14 @@ class RateFeature(Feature):
         # wait: for the moment the window lets a start in on a quorum (a few ms after it: never early; that copy asks
         # again, and one that loses the moment to another waiter is re-sent for the next one).
         countdown = verdict.wait + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
+        headers: dict[str, Any] = {RATE_HEADER: waits + 1}
+        if verdict.outcome == "booked":  # re-sent for the moment it owns: a few ms after it, no jitter needed
+            countdown = verdict.wait + 0.002
+            headers[BOOKING_HEADER] = f"{verdict.slot}:{verdict.token}"
         # A long wait ("5/h") goes in steps: a countdown message waits unacked in a worker, which RabbitMQ's
         # consumer_timeout (30 min by default) and a Redis broker's visibility timeout do not allow for long.
         countdown = min(countdown, RATE_MAX_COUNTDOWN, options.max_countdown or RATE_MAX_COUNTDOWN)
-        delivery.wait_out(countdown, "rate", {RATE_HEADER: waits + 1}, said)
+        delivery.wait_out(countdown, "rate", headers, said)
         return False
 
     def body_skipped(self, delivery: Delivery) -> None:

@@ -1,0 +1,126 @@
+"""Booked slots with real workers (policies/rate_booking.py): calls over their rate book the moment they own and are
+re-sent once for it, served in arrival order; a worker SIGKILLed holding booked copies, a lock node restarted empty.
+Two prefork workers of 3 processes, three lock nodes, a Redis broker; every start's slot and node times are recorded
+by the run (``rate_tasks``) and checked: no window ever holds more than N starts. Bounded loops, no timing asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from celery.exceptions import TimeoutError as ResultTimeout
+from worker_cluster import Cluster, cluster, new_key, polling
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster(tmp_path_factory.mktemp("booked"), ttl=3.0, env={"CSL_VISIBILITY": "8"}) as cl:
+        cl.app_module()
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def workers(c: Cluster) -> list[Any]:
+    return [c.worker(name, queues="book", concurrency=3, extra=["-I", "rate_tasks"]) for name in ("book-a", "book-b")]
+
+
+@pytest.fixture(scope="module")
+def tasks(c: Cluster, workers: list[Any]) -> ModuleType:
+    sys.modules.pop("rate_tasks", None)
+    import rate_tasks  # noqa: PLC0415 - imported with the cluster's env, after locked_app
+
+    return rate_tasks
+
+
+def _rows(c: Cluster, key: str, what: str = "rate_runs") -> list[list[Any]]:
+    return [r for r in (json.loads(x) for x in c.record.lrange(what, 0, -1)) if r[0] == key]
+
+
+def _check_window(tasks: ModuleType, key: str, starts: int) -> None:
+    rows = tasks.slot_rows(key)
+    assert len(rows) == starts
+    assert not tasks.slot_violations(rows, 1.0)
+    assert tasks.busiest_window(rows, 1.0) <= 10
+
+
+def test_waiting_calls_book_their_slots_and_start_in_arrival_order(c: Cluster, tasks: ModuleType) -> None:
+    """40 calls of one key at (10, 1.0), sent one after another: 10 start, 30 book and are re-sent about once each;
+    no call sent after another starts two windows or more before it; no window over 10."""
+    key = new_key("order")
+    results = [tasks.rated.apply_async((key, n, 0.0), queue="book") for n in range(40)]
+    for r in results:
+        r.get(timeout=120, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 40
+    sent = {r.id: n for n, r in enumerate(results)}
+    rows = _rows(c, key)
+    assert len(rows) == 40
+    waits = [r[5] for r in rows]
+    waited = [w for w in waits if w]
+    assert len(waited) >= 20  # most waited (10 per window, 40 calls sent at once)
+    assert sum(waited) <= 1.5 * len(waited), sorted(waits)[
+        -8:
+    ]  # about once each (today: several, most for the first moment)
+    soonest, overtaken = float("inf"), []
+    for n, at in sorted(((sent[r[1]], r[3]) for r in rows), reverse=True):
+        # A call sent after it started two windows or more before it. Calls are served in the order they ask, at a
+        # worker; each worker prefetches 12 messages of the 40 sent at once and asks for them in its own order, so
+        # send order holds to about a window (one window's 10 calls).
+        if soonest < at - 2.0:
+            overtaken.append(n)
+        soonest = min(soonest, at)
+    assert not overtaken, overtaken  # arrival order, to the prefetch
+    _check_window(tasks, key, 40)
+
+
+def test_a_worker_sigkilled_holding_bookings_wastes_at_most_their_slots(c: Cluster, tasks: ModuleType) -> None:
+    """One worker alone on a queue takes 16 calls: 10 start, 6 book and wait in it as countdown messages; it is
+    SIGKILLed. The broker gives their messages back (visibility 8 s) to a new worker: a window late, they book anew
+    and run; meanwhile 10 more calls book after the dead bookings. Every call runs, no window over 10."""
+    key = new_key("killed")
+    lone = c.worker("book-lone", queues="lone", concurrency=3, extra=["-I", "rate_tasks"])
+    results = [tasks.rated.apply_async((key, n, 0.0), queue="lone") for n in range(16)]
+    for _ in polling(30, 0.05):
+        booked = [line for line in lone.log().splitlines() if "re-sent to run in" in line]
+        if len(_rows(c, key, "rate_started")) >= 10 and len(booked) >= 6:
+            break
+    else:
+        pytest.fail("the 6 calls over the rate did not book")
+    lone.kill()
+    more = [tasks.rated.apply_async((key, n, 0.0), queue="book") for n in range(16, 26)]
+    fresh = c.worker("book-lone2", queues="lone", concurrency=3, extra=["-I", "rate_tasks"])
+    lost = []
+    for r in results + more:
+        try:
+            r.get(timeout=90, propagate=False)
+        except ResultTimeout:
+            lost.append(r.id)
+    # docs/reliability.md, Finding 2 (kombu's Redis transport): a copy handed to the dead worker's BRPOP may vanish.
+    assert len(lost) <= 1, lost
+    assert [r.state for r in results + more].count("SUCCESS") + len(lost) == 26
+    starts = len(_rows(c, key, "rate_started"))
+    assert starts >= 25
+    _check_window(tasks, key, starts)
+    fresh.stop()
+
+
+def test_a_lock_node_restarted_empty_mid_storm_keeps_the_window(c: Cluster, tasks: ModuleType) -> None:
+    """30 calls; once 12 started (the rest booked), one lock node of three is stopped and restarted empty: the
+    bookings it forgot are still held by the other two, every call runs, no window over 10."""
+    key = new_key("restart")
+    results = [tasks.rated.apply_async((key, n, 0.0), queue="book") for n in range(30)]
+    for _ in polling(30, 0.05):
+        if len(_rows(c, key, "rate_started")) >= 12:
+            break
+    c.stop_locks(1)
+    c.start_locks()
+    for r in results:
+        r.get(timeout=120, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 30
+    _check_window(tasks, key, 30)
