@@ -216,18 +216,23 @@ def test_reschedule_across_versions(sides: Sides, first: str) -> None:
 
 
 def test_lock_limit_two_is_shared_across_versions(sides: Sides) -> None:
-    """lock_limit=2: twelve calls split across both sides; never three runs at once, and some were refused."""
+    """lock_limit=2: one slot taken by the old worker, one by the new; six more calls split across both sides are
+    refused while both run: never three runs at once across the versions."""
     mod = sides.client()
     k = key()
-    calls = [mod.limited.apply_async((k, i, 0.8), queue=("old", "new")[i % 2]) for i in range(12)]
+    holders = [mod.limited.apply_async((k, 0, 2.0), queue="old")]
+    sides.wait_started("limited", k, 1)
+    holders.append(mod.limited.apply_async((k, 1, 2.0), queue="new"))
+    sides.wait_started("limited", k, 2)
+    extras = [mod.limited.apply_async((k, i, 0.1), queue=("old", "new")[i % 2]) for i in range(2, 8)]
     for _ in polling(20, 0.1):
-        if all(c.state != "PENDING" for c in calls):
+        if all(c.state != "PENDING" for c in extras):
             break
-    states = [c.state for c in calls]
-    runs = sides.wait_runs("limited", k, states.count("SUCCESS"), 5)
+    states = [c.state for c in extras]
+    assert [h.get(timeout=15) for h in holders] == ["old", "new"]
+    runs = sides.wait_runs("limited", k, 2 + states.count("SUCCESS"), 5)
     assert most_at_once(runs) <= 2, runs
     assert states.count("REVOKED") >= 1, states
-    assert {r[3] for r in runs} == {"old", "new"}, runs
 
 
 def test_lock_rate_window_is_shared_across_versions(sides: Sides) -> None:
@@ -263,3 +268,88 @@ def test_debounce_burst_from_both_versions_runs_once_with_the_newest_args(sides:
     runs = sides.runs("settle", k)
     assert len(runs) == 1, runs
     assert runs[0][6] == last, runs
+
+
+def test_queue_scope_reservation_is_shared_across_versions(sides: Sides) -> None:
+    """lock_scope="queue": a job reserved at send by one version is the job a duplicate send by the other version
+    gets (same task id, nothing published), in both directions; each job runs once."""
+    mod = sides.client()
+    k1, k2 = key(), key()
+    first = mod.queued.apply_async((k1, 0.3), queue="old", countdown=1)  # new code reserves
+    relayed = mod.relay.apply_async(("rolling_app.queued", [k1, 0.3], {"queue": "new"}), queue="old")
+    assert relayed.get(timeout=10) == first.id  # old code's duplicate send got the new code's job
+    old_first = mod.relay.apply_async(("rolling_app.queued", [k2, 0.3], {"queue": "new", "countdown": 1}), queue="old")
+    old_id = old_first.get(timeout=10)
+    assert mod.queued.apply_async((k2, 0.3), queue="old").id == old_id  # new code's duplicate got the old job
+    assert len(sides.wait_runs("queued", k1, 1)) == 1
+    assert len(sides.wait_runs("queued", k2, 1)) == 1
+    time.sleep(0.5)
+    assert [r[2] for r in sides.runs("queued", k1)] == [first.id]
+    assert [r[2] for r in sides.runs("queued", k2)] == [old_id]
+
+
+def test_cli_lists_a_lock_the_old_worker_holds(sides: Sides) -> None:
+    """The new CLI (`locks list --json`) reads a lock taken by the old worker: its task id, name and worker."""
+    mod = sides.client()
+    k = key()
+    holder = mod.hold.apply_async((k, 2.0), queue="old")
+    sides.wait_started("hold", k)
+    app = Celery("rolling_cli", broker="memory://", set_as_current=False)
+    app.conf.update(singleton_lock_urls=[sides.server.url], singleton_lock_prefix="rolling:")
+    result = CliRunner().invoke(locks, ["list", "--json"], obj=CLIContext(app=app, no_color=True, workdir=None))
+    assert result.exit_code == 0, result.output
+    entries = [e for e in json.loads(result.stdout) if holder.id in json.dumps(e)]
+    assert len(entries) == 1, result.stdout
+    print("CLI entry of the old worker's lock:", entries[0])
+    entry = entries[0]
+    assert (entry["key"], entry["task_id"], entry["state"]) == (mod.hold.lock_key_for(k, 0.0), holder.id, "running")
+    assert entry["record"]["name"] == "rolling_app.hold"
+    assert holder.get(timeout=15) == "old"
+    app.close()
+
+
+def test_cancel_old_run_stopped_by_a_newer_call_on_the_new_worker(sides: Sides) -> None:
+    """lock_on_duplicate="cancel", old holds: the new worker's newer call stops the old run (old cancel field, old
+    release) and runs after it, never beside it. The gap between the stopped run's end and its start is printed."""
+    mod = sides.client()
+    k = key()
+    running = mod.newest.apply_async((k, 8.0), queue="old")
+    sides.wait_started("newest", k)
+    newer = mod.newest.apply_async((k, 0.2), queue="new")
+    runs = sides.wait_runs("newest", k, 2, 20)
+    by_id = {r[2]: r for r in runs}
+    assert set(by_id) == {running.id, newer.id}, runs
+    assert by_id[running.id][6] == "cut", runs
+    assert by_id[newer.id][3] == "new", runs
+    assert not overlapping(runs), runs
+    gap = by_id[newer.id][4] - by_id[running.id][5]
+    print(f"cancel old -> new: the newer call started {gap:.3f} s after the stopped run ended")
+    assert newer.get(timeout=10) == "new"
+
+
+def test_cancel_hand_over_to_an_old_worker_waits_out_the_hand_over(sides: Sides) -> None:
+    """lock_on_duplicate="cancel", new holds, the newer call is on the OLD worker (a known incompatibility, see
+    docs/migration.md "Rolling upgrade"): the new run stops and HANDS its lock to the waiting call (state ``handed``,
+    job = that call, leased max(3 lock_ttl, 30 s)). fd86d2e does not know ``handed``: it takes the record for another
+    delivery of its own job and defers until the record expires. Safe (nothing runs beside the lock: no second
+    holder), but late by up to that hand-over lease, far more than one lock_ttl. This test pins the safe half and the
+    cause; it does not wait the 30 s out (the module must stay short)."""
+    mod = sides.client()
+    k = key()
+    name = mod.newest.lock_key_for(k, 0.0)
+    running = mod.newest.apply_async((k, 8.0), queue="new")
+    sides.wait_started("newest", k)
+    newer = mod.newest.apply_async((k, 0.2), queue="old")
+    runs = sides.wait_runs("newest", k, 1, 15)
+    assert [(r[2], r[6]) for r in runs] == [(running.id, "cut")], runs
+    record: dict[bytes, bytes] = {}
+    for _ in polling(5, 0.05):
+        record = dict(sides.lock.hgetall(name))
+        if record.get(b"state") == b"handed":
+            break
+    assert record.get(b"state") == b"handed" and record.get(b"job") == newer.id.encode(), record
+    time.sleep(3 * 1.5)  # three of newest's leases: the old worker has met the handed record by now (it deferred)
+    assert sides.started("newest", k)[1:] == [], "the old worker ran a second holder over a handed lock"
+    assert dict(sides.lock.hgetall(name)).get(b"state") == b"handed"
+    print(f"cancel new -> old: still handed {sides.lock.pttl(name) / 1000:.1f} s more; the newer call waits it out")
+    newer.forget()
