@@ -3,7 +3,8 @@
 Imports only the public API that commit fd86d2e (the last before the package moved into wings) already exported,
 so an old worker (the fd86d2e package first on PYTHONPATH) and a new one (this checkout) run the same tasks.
 Configured from the environment: CSL_BROKER (also the result backend's and the records' server), CSL_LOCK_URLS,
-CSL_TTL, CSL_SIDE (``old`` or ``new``: written into each record). Every run records
+CSL_TTL, CSL_SIDE (``old``, ``new`` or ``compat``: written into each record), CSL_HAND_ON (``0``: a new
+worker with ``singleton_lock_hand_on=False``). Every run records
 ``[task, key, task_id, side, start, end, extra]`` in the list ``rolling:runs`` (db 2).
 """
 
@@ -35,6 +36,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+if os.environ.get("CSL_HAND_ON") == "0":
+    # Only on new workers: fd86d2e refuses a setting it does not know (docs/migration.md, Rolling upgrade).
+    app.conf.singleton_lock_hand_on = False
 record = redis.Redis.from_url(BASE + "/2")
 
 

@@ -54,14 +54,14 @@ class Sides:
         self.mod: ModuleType | None = None
         self._saved: dict[str, str | None] = {}
 
-    def start(self, side: str, root: Path) -> CeleryWorker:
-        env = {**self.env, "CSL_SIDE": side, "PYTHONPATH": f"{root}{os.pathsep}{APPS}"}
+    def start(self, side: str, root: Path, **extra: str) -> CeleryWorker:
+        env = {**self.env, "CSL_SIDE": side, "PYTHONPATH": f"{root}{os.pathsep}{APPS}", **extra}
         worker = CeleryWorker(
             "rolling_app",
             side,
             cwd=str(APPS),
             log_path=str(self.tmp / f"{side}.log"),
-            concurrency=4,
+            concurrency=3,
             env=env,
             extra=["-Q", side],
         )
@@ -144,6 +144,7 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sides]:
         try:
             s.start("old", old_root)
             s.start("new", ROOT)
+            s.start("compat", ROOT, CSL_HAND_ON="0")  # a new worker set for the upgrade: singleton_lock_hand_on=False
             s.client()
             yield s
         finally:
@@ -353,3 +354,23 @@ def test_cancel_hand_over_to_an_old_worker_waits_out_the_hand_over(sides: Sides)
     assert dict(sides.lock.hgetall(name)).get(b"state") == b"handed"
     print(f"cancel new -> old: still handed {sides.lock.pttl(name) / 1000:.1f} s more; the newer call waits it out")
     newer.forget()
+
+
+def test_cancel_hand_on_off_lets_an_old_waiter_run_after_the_stopped_run(sides: Sides) -> None:
+    """The fix for the above: a new worker with ``singleton_lock_hand_on=False`` frees the stopped run's lock and
+    wakes the line, as fd86d2e did: the newer call waiting on the OLD worker runs after the stopped run, never beside
+    it, well within the 30 s hand-over (bounded wait: 12 s). Failed before hand_to_newest read the setting."""
+    mod = sides.client()
+    k = key()
+    running = mod.newest.apply_async((k, 8.0), queue="compat")
+    sides.wait_started("newest", k)
+    newer = mod.newest.apply_async((k, 0.2), queue="old")
+    runs = sides.wait_runs("newest", k, 2, 12)
+    by_id = {r[2]: r for r in runs}
+    assert set(by_id) == {running.id, newer.id}, runs
+    assert (by_id[running.id][3], by_id[running.id][6]) == ("compat", "cut"), runs
+    assert by_id[newer.id][3] == "old", runs
+    assert not overlapping(runs), runs
+    gap = by_id[newer.id][4] - by_id[running.id][5]
+    print(f"cancel new (hand_on off) -> old: the newer call started {gap:.3f} s after the stopped run ended")
+    assert newer.get(timeout=10) == "old"
