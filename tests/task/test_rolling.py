@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -142,9 +143,15 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sides]:
     with redis_servers(1) as servers:
         s = Sides(servers[0], old_root, tmp_path_factory.mktemp("rolling-logs"))
         try:
-            s.start("old", old_root)
-            s.start("new", ROOT)
-            s.start("compat", ROOT, CSL_HAND_ON="0")  # a new worker set for the upgrade: singleton_lock_hand_on=False
+            with ThreadPoolExecutor(3) as pool:  # the three start side by side (each waits for its "ready" line)
+                started = [
+                    pool.submit(s.start, "old", old_root),
+                    pool.submit(s.start, "new", ROOT),
+                    # a new worker set for the upgrade: singleton_lock_hand_on=False
+                    pool.submit(s.start, "compat", ROOT, CSL_HAND_ON="0"),
+                ]
+                for f in started:
+                    f.result()
             s.client()
             yield s
         finally:
@@ -237,7 +244,7 @@ def test_lock_limit_two_is_shared_across_versions(sides: Sides) -> None:
 
 
 def test_lock_rate_window_is_shared_across_versions(sides: Sides) -> None:
-    """lock_rate="3/4s": eight calls split across both sides; no 4 s window ever holds more than three starts."""
+    """lock_rate=(3, 4.0): eight calls split across both sides; no 4 s window ever holds more than three starts."""
     mod = sides.client()
     k = key()
     calls = [mod.rated.apply_async((k, i), queue=("old", "new")[i % 2]) for i in range(8)]
@@ -350,7 +357,7 @@ def test_cancel_hand_over_to_an_old_worker_waits_out_the_hand_over(sides: Sides)
         if record.get(b"state") == b"handed":
             break
     assert record.get(b"state") == b"handed" and record.get(b"job") == newer.id.encode(), record
-    time.sleep(3 * 1.5)  # three of newest's leases: the old worker has met the handed record by now (it deferred)
+    time.sleep(2 * 1.5)  # two of newest's leases: the old worker has met the handed record by now (it deferred)
     assert sides.started("newest", k)[1:] == [], "the old worker ran a second holder over a handed lock"
     assert dict(sides.lock.hgetall(name)).get(b"state") == b"handed"
     print(f"cancel new -> old: still handed {sides.lock.pttl(name) / 1000:.1f} s more; the newer call waits it out")
