@@ -71,6 +71,9 @@ class LockSettings:
                                                                        dotted path) for every node connection
     ``singleton_lock_liveness_file``      None                         a heartbeat file the worker's watchdog and
                                                                        beat rewrite (``locks health --liveness``)
+    ``singleton_lock_hand_on``            True                         "cancel": hand a stopped run's lock to the
+                                                                       newest waiting call; False frees it instead
+                                                                       (a rolling upgrade from before hand-on)
     ===================================== ============================ ==============================================
     """
 
@@ -86,6 +89,7 @@ class LockSettings:
     renew_fraction: float = 1 / 3
     skip_before_pool: bool = True
     liveness_file: str | None = None
+    hand_on: bool = True
     credential_provider: Any = field(default=None, repr=False)  # repr: its class only (it may hold a secret)
     nodes: NodeSet = field(init=False, repr=False, compare=False)
 
@@ -109,6 +113,8 @@ class LockSettings:
             raise ConfigurationError(
                 f"singleton_lock_skip_before_pool must be True or False, got {self.skip_before_pool!r}"
             )
+        if not isinstance(self.hand_on, bool):
+            raise ConfigurationError(f"singleton_lock_hand_on must be True or False, got {self.hand_on!r}")
         if self.liveness_file is not None and (not isinstance(self.liveness_file, str) or not self.liveness_file):
             raise ConfigurationError(
                 f"singleton_lock_liveness_file must be a file path (e.g. '/tmp/celery-liveness.json') or None, "
@@ -159,6 +165,7 @@ _FIELDS: Final = {
     "renew_fraction",
     "skip_before_pool",
     "liveness_file",
+    "hand_on",
     "credential_provider",
 }
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.utils import json as kombu_json
 
+from ..lock.config import settings_for
 from ..lock.record import HANDED, sibling_key
 from ..lock.scripts import PARK_CAPPED_CODE as _PARK_CAPPED
 from ..lock.scripts import PARK_FAIR_CODE as _PARK_FAIR
@@ -279,7 +280,13 @@ def hand_to_newest(ctx: Context, run: Run, lock: Redlock, options: Options) -> b
     changed: the caller releases and wakes the line as before) when nobody waits, or the line's node does not answer;
     also when the hand-over reached fewer than a quorum of the nodes, or the waiting call's job has ended (cancelled
     by task id while it waited): then undone, the lock is free.
+
+    ``singleton_lock_hand_on=False`` (a rolling upgrade from a version without hand-on, which reads a ``handed``
+    record as another delivery of its own job and waits the hand-over out): False at once, the lock is freed and the
+    line woken, as before hand-on.
     """
+    if not settings_for(ctx.task.app).hand_on:
+        return False
     try:
         client, line, messages = waiters(run.key, options)
         newest = [(text(x), int(score)) for x, score in client.zrange(line, -1, -1, withscores=True)]

@@ -317,6 +317,7 @@ def test_celery_singleton_setting_says_what_to_use_instead() -> None:
         ("singleton_lock_prefix", "{a:b}c:", "use e.g. 'a-b-c:'"),
         ("singleton_lock_prefix", "{a:", "braces only as a leading hash tag"),
         ("singleton_lock_skip_before_pool", "yes", "singleton_lock_skip_before_pool must be True or False"),
+        ("singleton_lock_hand_on", "no", "singleton_lock_hand_on must be True or False"),
     ],
 )
 def test_invalid_values_say_what_to_change(setting: str, value: object, says: str) -> None:
