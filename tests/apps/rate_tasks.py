@@ -459,3 +459,18 @@ def slow_after_retry(self: Any, key: str, n: int) -> str:
 def slow_unguarded(self: Any, key: str, n: int) -> str:
     """Runs unguarded (its start uncounted) without a quorum; its first run raises SlowDown(1.0)."""
     return _slow_run(self, key, n, 1.0)
+
+
+_PAIR = {"lock_group": "slowpair", "lock_unique_on": ["key"], "lock_limit": 2, "lock_on_duplicate": "reschedule"}
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), **_PAIR)
+def slow_pair_a(self: Any, key: str, n: int) -> str:
+    """A group (two tasks, one lock of 2 slots, one rate) whose task a's first run raises SlowDown(1.5)."""
+    return _slow_run(self, key, n, 1.5)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), **_PAIR)
+def slow_pair_b(self: Any, key: str, n: int) -> str:
+    """slow_pair_a's partner in its group."""
+    return _slow_run(self, key, n, 0.0)
