@@ -759,11 +759,15 @@ class RateFeature(Feature):
         decision's script and its cost do not change, and a node that holds the pause refuses every start: with a
         majority holding it, no quorum can grant one. Returns the countdown the call is re-sent with (the pause and
         a few ms: its copy asks the rate again, never early) and its copy's header (:data:`SLOWED_HEADER`: the copy
-        waits for the window whatever ``lock_on_rate_limit`` says); None for a start the rate did not count (no
-        share)."""
+        waits for the window whatever ``lock_on_rate_limit`` says). A start the rate did not count (no quorum,
+        ``lock_on_unavailable="run"``: the nodes did not answer) pauses nothing but is re-sent all the same: the API
+        said "slow down", and failing the call with it would lose it."""
+        countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
+        answer = min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), {SLOWED_HEADER: 1}
         share = self.share(run)
         if share is None:
-            return None
+            logger.warning("Task %s raised SlowDown in a start its rate did not count: nothing paused", ctx.name)
+            return answer
         conf: Conf = ctx.options.conf[self.name]
         keys = list(share.keys or (share.key,))
         limits = list(conf.limits) if conf.stacked else [conf.limits[0]]
@@ -790,12 +794,16 @@ class RateFeature(Feature):
         args: list[str | int] = [secrets.token_hex(16), micros]
         for i in chosen:
             args += [limits[i].window.limit, limits[i].window.window_us]
+        nodes = ctx.options.settings.nodes
         try:
-            ctx.options.settings.nodes.run(RATE_PAUSE, [keys[i] for i in chosen], args)
+            answers = nodes.run(RATE_PAUSE, [keys[i] for i in chosen], args)
         except Exception:  # best effort: the call is re-sent for after the pause all the same
             logger.warning("Task %s: its rate's pause could not be written", ctx.name, exc_info=True)
-        countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
-        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), {SLOWED_HEADER: 1}
+        else:
+            held = sum(1 for a in answers if a is not None and not isinstance(a, BaseException))
+            if held < nodes.quorum:  # other calls may start during it; this call's copy still waits its countdown
+                logger.warning("Task %s: its rate's pause reached %d lock nodes, fewer than a quorum", ctx.name, held)
+        return answer
 
     def spent(self, ctx: Any, run: Any, units: Any) -> int:
         """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): the window is corrected

@@ -436,3 +436,41 @@ def slow_skip(self: Any, key: str, n: int) -> str:
 def slow_fail(self: Any, key: str, n: int) -> str:
     """As slow_skip, failing (RateLimitedError) over the rate."""
     return _slow_run(self, key, n, LONG_PAUSE)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_after_retry(self: Any, key: str, n: int) -> str:
+    """Its first run sends a retry (``self.retry(countdown=0.5, throw=False)``) and then raises SlowDown(SHORT_PAUSE):
+    two messages of one task id, the retry and the pause's copy; the call must still run once after the pause."""
+    if not record.exists(f"slow-raised:{self.request.id}"):
+        self.retry(countdown=0.5, throw=False)
+    return _slow_run(self, key, n, SHORT_PAUSE)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+    lock_on_unavailable="run",
+)
+def slow_unguarded(self: Any, key: str, n: int) -> str:
+    """Runs unguarded (its start uncounted) without a quorum; its first run raises SlowDown(1.0)."""
+    return _slow_run(self, key, n, 1.0)
+
+
+_PAIR = {"lock_group": "slowpair", "lock_unique_on": ["key"], "lock_limit": 2, "lock_on_duplicate": "reschedule"}
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), **_PAIR)
+def slow_pair_a(self: Any, key: str, n: int) -> str:
+    """A group (two tasks, one lock of 2 slots, one rate) whose task a's first run raises SlowDown(1.5)."""
+    return _slow_run(self, key, n, 1.5)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(10, 1.0), **_PAIR)
+def slow_pair_b(self: Any, key: str, n: int) -> str:
+    """slow_pair_a's partner in its group."""
+    return _slow_run(self, key, n, 0.0)

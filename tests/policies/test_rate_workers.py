@@ -674,3 +674,48 @@ def test_the_raising_call_s_copy_waits_out_the_pause_whatever_lock_on_rate_limit
         rows = tasks.slow_rows(key)
         assert [r[4] for r in rows] == [True, False], rows
         assert rows[1][3] >= rows[0][3] + tasks.LONG_PAUSE - SLACK - 0.05, rows
+
+
+def test_slow_down_after_a_retry_sent_with_throw_false_runs_the_call_once(c: Cluster, tasks: ModuleType) -> None:
+    """A body that sent a retry (``self.retry(throw=False)``) and then raised SlowDown leaves two messages of its task
+    id (the retry, the pause's copy): the call runs once more, after the pause, not twice."""
+    key = new_key("retry-slow")
+    result = tasks.slow_after_retry.apply_async((key, 0), queue="rate")
+    assert result.get(timeout=60) == f"{key}:0"
+    for _ in polling(2, 0.1):  # the second message's time to arrive and be met
+        if len(tasks.slow_rows(key)) > 2:
+            break
+    rows = tasks.slow_rows(key)
+    assert [r[4] for r in rows] == [True, False], rows
+    assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05, rows
+
+
+def test_slow_down_in_a_group_with_two_slots_pauses_the_group_s_rate(c: Cluster, tasks: ModuleType) -> None:
+    """A guard (cleared): task a of a group (lock_limit=2, reschedule, one rate) raises SlowDown(1.5); task b's calls
+    of the key sent during the pause start after it (the group's rate paused), and a's copy runs once (its slot
+    given back for the pause, taken again after it: no call lost, none run twice)."""
+    key = new_key("pair")
+    first = tasks.slow_pair_a.apply_async((key, 0), queue="rate")
+    raised = _raised(tasks, key)
+    more = [tasks.slow_pair_b.apply_async((key, n), queue="rate") for n in (1, 2, 3)]
+    assert first.get(timeout=60) == f"{key}:0"
+    assert [r.get(timeout=60) for r in more] == [f"{key}:{n}" for n in (1, 2, 3)]
+    rows = [r for r in tasks.slow_rows(key) if not r[4]]
+    assert sorted(r[1] for r in rows) == [0, 1, 2, 3], rows
+    assert all(r[3] >= raised[3] + 1.5 - SLACK - 0.05 for r in rows), [(r[1], r[3] - raised[3]) for r in rows]
+
+
+def test_slow_down_in_a_start_run_uncounted_without_a_quorum_re_sends_the_call(c: Cluster, tasks: ModuleType) -> None:
+    """``lock_on_unavailable="run"``: with two lock nodes of three down, the body runs uncounted (no quorum for the
+    lock or the rate). The API still said "slow down": the call is re-sent for after the pause (nothing can be
+    paused on the nodes), never failed with the SlowDown and lost. Last in the module: it restarts two nodes empty."""
+    key = new_key("unguarded-slow")
+    c.stop_locks(2)
+    try:
+        result = tasks.slow_unguarded.apply_async((key, 0), queue="rate")
+        assert result.get(timeout=30) == f"{key}:0"
+    finally:
+        c.start_locks()
+    rows = tasks.slow_rows(key)
+    assert [r[4] for r in rows] == [True, False], rows
+    assert rows[1][5] >= rows[0][5] + 1.0 - 0.05, rows
