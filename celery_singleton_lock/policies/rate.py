@@ -577,6 +577,55 @@ class Share:
     per: tuple[int, ...] = ()  #: the units it holds of each limit (its cost per limit, as corrected by ``rate_spent``)
 
 
+def units_per_limit(conf: Conf, name: str, args: Any, kwargs: Any) -> tuple[int, ...]:
+    """The units a start of a call of task ``name`` with these arguments takes of each limit (its ``Rate(cost=)``,
+    else ``lock_rate_cost``; 1 without one; a function is called once per call). A function's answer that is no
+    positive number, or more than a limit it is the cost of, fails the call (ConfigurationError)."""
+    answers: dict[int, int] = {}
+    out: list[int] = []
+    for limit in conf.limits:
+        cost = conf.cost if limit.cost is None else limit.cost
+        if not callable(cost):
+            out.append(units_of(cost, f"lock_rate of {name}: cost"))
+            continue
+        where = (
+            f"lock_rate_cost of {name}"
+            if limit.cost is None
+            else f"lock_rate of {name}: Rate({str(limit.window)!r}, cost=)"
+        )
+        if id(cost) not in answers:
+            answers[id(cost)] = units_of(cost(*args, **kwargs), f"{where} (its answer)")
+        units = answers[id(cost)]
+        if units > limit.window.limit:
+            raise ConfigurationError(
+                f"{where} answered {units} units, more than the limit's {limit.window.limit}: it could never start"
+            )
+        out.append(units)
+    return tuple(out)
+
+
+def _check_costs(name: str, cost: Any, limits: Sequence[Limit], params: Sequence[Any] | None) -> None:
+    """``lock_rate_cost`` and each ``Rate(cost=)`` of task ``name``: a constant fits the limits it is the cost of,
+    a function can be called with the task's arguments; ConfigurationError in one line."""
+    if cost is not None and not callable(cost):
+        units = units_of(cost, f"lock_rate_cost of {name}")
+        smallest = min((limit.window.limit for limit in limits if limit.cost is None), default=units)
+        if units > smallest:
+            raise ConfigurationError(
+                f"lock_rate_cost of {name} is {units} units, more than the {smallest} of its smallest limit: "
+                "no start could ever fit"
+            )
+    for limit in limits:
+        where = f"lock_rate of {name}: Rate({str(limit.window)!r}, cost=)"
+        if callable(limit.cost):
+            _check_signature(limit.cost, where, params)
+        elif limit.cost is not None and units_of(limit.cost, where) > limit.window.limit:
+            raise ConfigurationError(
+                f"{where} is {units_of(limit.cost, where)} units, more than the limit's {limit.window.limit}: "
+                "no start could ever fit"
+            )
+
+
 class RateFeature(Feature):
     """``lock_rate``, ``lock_rate_on``, ``lock_on_rate_limit``, ``lock_rate_cost``: asked after the lock is taken,
     before the body."""
@@ -620,23 +669,7 @@ class RateFeature(Feature):
         for limit in limits:
             if limit.on and limit.on != tuple(on or ()):
                 check_names(cls, f"{self.options[0]} of {name}: Rate(on=...)", limit.on, params)
-        if cost is not None and not callable(cost):
-            units = units_of(cost, f"{self.options[3]} of {name}")
-            smallest = min((limit.window.limit for limit in limits if limit.cost is None), default=units)
-            if units > smallest:
-                raise ConfigurationError(
-                    f"{self.options[3]} of {name} is {units} units, more than the {smallest} of its smallest limit: "
-                    "no start could ever fit"
-                )
-        for limit in limits:
-            where = f"{self.options[0]} of {name}: Rate({str(limit.window)!r}, cost=)"
-            if callable(limit.cost):
-                _check_signature(limit.cost, where, params)
-            elif limit.cost is not None and units_of(limit.cost, where) > limit.window.limit:
-                raise ConfigurationError(
-                    f"{where} is {units_of(limit.cost, where)} units, more than the limit's {limit.window.limit}: "
-                    "no start could ever fit"
-                )
+        _check_costs(name, cost, limits, params)
 
     def active(self, cls: Any) -> bool:
         return cls.lock_rate is not None
@@ -693,31 +726,8 @@ class RateFeature(Feature):
         ]
 
     def units(self, ctx: Any, args: Any, kwargs: Any) -> tuple[int, ...]:
-        """The units a start of a call with these arguments takes of each limit (its ``Rate(cost=)``, else
-        ``lock_rate_cost``; 1 without one; a function is called once per call). A function's answer that is no
-        positive number, or more than a limit it is the cost of, fails the call (ConfigurationError)."""
-        conf: Conf = ctx.options.conf[self.name]
-        answers: dict[int, int] = {}
-        out: list[int] = []
-        for limit in conf.limits:
-            cost = conf.cost if limit.cost is None else limit.cost
-            if not callable(cost):
-                out.append(units_of(cost, f"{self.options[0]} of {ctx.name}: cost"))
-                continue
-            where = (
-                f"{self.options[3]} of {ctx.name}"
-                if limit.cost is None
-                else f"{self.options[0]} of {ctx.name}: Rate({str(limit.window)!r}, cost=)"
-            )
-            if id(cost) not in answers:
-                answers[id(cost)] = units_of(cost(*args, **kwargs), f"{where} (its answer)")
-            units = answers[id(cost)]
-            if units > limit.window.limit:
-                raise ConfigurationError(
-                    f"{where} answered {units} units, more than the limit's {limit.window.limit}: it could never start"
-                )
-            out.append(units)
-        return tuple(out)
+        """The units a start of a call with these arguments takes of each limit (:func:`units_per_limit`)."""
+        return units_per_limit(ctx.options.conf[self.name], ctx.name, args, kwargs)
 
     @staticmethod
     def share(run: Any) -> Share | None:
