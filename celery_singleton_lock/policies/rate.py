@@ -135,9 +135,9 @@ class Rate:
     on: tuple[str, ...]
     cost: Any
 
-    def __init__(self, rate: Any, on: Sequence[str] = (), cost: Any = None) -> None:
+    def __init__(self, rate: Any, on: Sequence[str] | None = None, cost: Any = None) -> None:
         object.__setattr__(self, "rate", rate)
-        object.__setattr__(self, "on", on if isinstance(on, str) else tuple(on))
+        object.__setattr__(self, "on", on if isinstance(on, str) else tuple(on or ()))
         object.__setattr__(self, "cost", cost)
 
 

@@ -562,7 +562,7 @@ class LockedTask(Task):  # type: ignore[misc]
         run = self._current()
         return RATE_FEATURE.started_at(run) if run is not None else None
 
-    def rate_spent(self, units: float, limit: int | str | None = None) -> int:
+    def rate_spent(self, units: float, limit: int | str | tuple[int, float] | None = None) -> int:
         """``lock_rate``: this run's start really cost ``units`` (an LLM call's tokens, known after the call): the
         windows are corrected on the nodes that counted it, a refund or an extra charge (docs/rate.md, Costs). Which
         limits: ``limit`` names one (an index in ``lock_rate`` or a notation such as ``"90000/m"``, as ``SlowDown``);

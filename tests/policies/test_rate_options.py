@@ -194,7 +194,7 @@ def test_a_cost_per_limit_takes_its_own_units_and_the_task_s_cost_elsewhere() ->
     assert RATE_FEATURE.units(ctx, (1,), {"payload": {"a": 1}}) == (1, 8, 2)
     conf = ctx.options.conf["rate"]
     assert conf.estimated() == [1]
-    _, job2 = _register(lock_rate=[Rate("30/s"), Rate("900/m", cost=1)], lock_rate_cost=_tokens)
+    _, job2 = _register(lock_rate=[Rate("30/s", on=None), Rate("900/m", cost=1)], lock_rate_cost=_tokens)
     assert RATE_FEATURE.units(job2.lock_context(), (1,), {}) == (7, 1)
     assert job2.lock_context().options.conf["rate"].estimated() == [0]
 
