@@ -267,7 +267,7 @@ def costed(self: Any, key: str, tenant: str, est: int, real: int) -> str:
     return _run_stacked(self, key, tenant, real)
 
 
-def tokens(key: str, tenant: str, est: int, real: int) -> int:
+def tokens(key: str, tenant: str, est: int, real: int, *_: Any, **__: Any) -> int:
     """The token estimate of a call (the test gives it)."""
     return est
 
@@ -280,14 +280,15 @@ def tokens(key: str, tenant: str, est: int, real: int) -> int:
     lock_rate=[Rate((3, 1.0)), Rate((10, 1.0), cost=tokens)],
     lock_rate_on=["key"],
 )
-def priced(self: Any, key: str, tenant: str, est: int, real: int) -> str:
+def priced(self: Any, key: str, tenant: str, est: int, real: int, limit: Any = None) -> str:
     """Requests and tokens per second at once (a cost per limit): a start takes 1 unit of 3 per 1 s per key and
     ``est`` of 10 per 1 s per key; the run reports ``real`` (``rate_spent``: the token limit only, its cost is the
-    estimate). Records as :func:`_run_stacked`, ``real`` being the tokens kept, then the units held per limit."""
+    estimate; ``limit``: the one it names). Records as :func:`_run_stacked`, ``real`` being the tokens kept, then the
+    units held per limit."""
     run = self.request.__dict__.get("_singleton_lock")
     share = RATE_FEATURE.share(run) if run is not None else None
     before = list(share.per) if share is not None else []
-    self.rate_spent(real)
+    self.rate_spent(real, limit=tuple(limit) if isinstance(limit, list) else limit)
     if share is not None and share.slot is not None:
         row = [key, self.request.id, tenant, before, share.per[1], share.slot[1], share.slots, list(share.per)]
         record.rpush("stack_runs", json.dumps(row))

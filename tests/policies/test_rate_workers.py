@@ -479,6 +479,17 @@ def test_a_cost_per_limit_holds_each_window_and_rate_spent_corrects_the_estimate
     assert not _limit_violations(tasks, tasks.limit_rows(rows, 1, False, kept=True), 1.0, 10)
     # Not vacuous: a refunded token slot was held again within a window of the start that gave it back.
     assert _limit_violations(tasks, tasks.limit_rows(rows, 1, False), 1.0, 10)
+    # rate_spent(n, limit=...): the limit named alone, by notation or index; a name of no limit fails the call.
+    named = new_key("named")
+    by_notation = tasks.priced.apply_async((named, "a", 4, 2, [10, 1.0]), queue="rate")
+    assert by_notation.get(timeout=30) == named
+    by_index = tasks.priced.apply_async((named, "a", 4, 3, 0), queue="rate")
+    assert by_index.get(timeout=30) == named
+    per = {r[1]: r[7] for r in tasks.stack_rows(named)}
+    assert per == {by_notation.id: [1, 2], by_index.id: [3, 4]}, per
+    wrong = tasks.priced.apply_async((named, "a", 4, 3, "7/h"), queue="rate")
+    wrong.get(timeout=30, propagate=False)
+    assert wrong.state == "FAILURE" and "names no limit of its lock_rate" in str(wrong.result), wrong.result
 
 
 def test_stacked_limits_and_cost_corrections_with_a_lock_node_restarted_empty_mid_window(
