@@ -17,6 +17,8 @@ One operation is one decision "may this start now?" for one rate key, through ea
 * ``ours 3n stacked3``  ``policies.rate.take_many(nodes, keys, windows)``: three stacked limits (issue 33), one
                         lua/rate_stack.lua call per node with the three logs, on three nodes (goal: one round trip
                         per node, client CPU within 1.5x ``ours 3n``)
+* ``ours 3n costed3``   the same three limits with a cost per limit (``Rate(cost=)``: 1, 5 and 1 units), as requests
+                        and tokens at once: still one call per node (the costs go in its arguments)
 
 The column ``EVALSHA per node`` is the script calls each node ran per decision (``INFO commandstats``): the round trips
 of a decision. Two scenarios: ``open`` (200 keys in turn at 100 per 1 s: every decision is an allowed start, each log
@@ -81,10 +83,12 @@ def ours(nodes: NodeSet, keys: Callable[[], str], rate: Rate) -> Callable[[], An
     return lambda: take(nodes, keys(), rate)
 
 
-def ours_stacked(nodes: NodeSet, keys: Callable[[], str], windows: list[Rate]) -> Callable[[], Any]:
+def ours_stacked(
+    nodes: NodeSet, keys: Callable[[], str], windows: list[Rate], costs: tuple[int, ...] = (1, 1, 1)
+) -> Callable[[], Any]:
     def op() -> Any:
         key = keys()
-        return take_many(nodes, [f"{key}:a", f"{key}:b", f"{key}:c"], windows)
+        return take_many(nodes, [f"{key}:a", f"{key}:b", f"{key}:c"], windows, costs)
 
     return op
 
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             ops[f"ours 1n {scenario}"] = ours(one, keys("ours1"), rate)
             ops[f"ours 3n {scenario}"] = ours(three, keys("ours3"), rate)
             ops[f"ours 3n stacked3 {scenario}"] = ours_stacked(three, keys("stack3"), STACKS[scenario])
+            ops[f"ours 3n costed3 {scenario}"] = ours_stacked(three, keys("cost3"), STACKS[scenario], (1, 5, 1))
         # Fill the full scenario's windows first (each contender's own key).
         for name, op in ops.items():
             if name.endswith("full"):
@@ -200,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                 (f"ours 1n {scenario}", f"limits 1n {scenario}"),
                 (f"ours 1n {scenario}", f"limits lean 1n {scenario}"),
                 (f"ours 3n stacked3 {scenario}", f"ours 3n {scenario}"),
+                (f"ours 3n costed3 {scenario}", f"ours 3n {scenario}"),
+                (f"ours 3n costed3 {scenario}", f"ours 3n stacked3 {scenario}"),
             ]
             ratios += [
                 (f"{name} / {ref}", *(results.paired(name, ref, m) for m in ("cpu_us", "server_us", "p50_us")))

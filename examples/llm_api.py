@@ -1,23 +1,27 @@
-"""An LLM-style API with a token quota: two tenants share the account's tokens, a 429 pauses every start.
+"""An LLM-style API with a request and a token quota at once: two tenants share them, a 429 pauses every start.
 
-The fake API (:class:`FakeLLMAPI`, a real HTTP server on a free 127.0.0.1 port, in this process) allows
-``QUOTA`` tokens in any ``API_WINDOW`` s for the whole account, like an API's "tokens per minute" scaled down to
-seconds. It admits a request only if its estimate (prompt tokens + ``max_tokens``) fits in what is left of the
-window, charges what the answer really used, and answers anything else with a 429 and a ``Retry-After`` header.
+The fake API (:class:`FakeLLMAPI`, a real HTTP server on a free 127.0.0.1 port, in this process) allows ``REQUESTS``
+requests and ``QUOTA`` tokens in any ``API_WINDOW`` s for the whole account, like an API's "requests per minute" and
+"tokens per minute" scaled down to seconds. It admits a request only if it is within the requests and its estimate
+(prompt tokens + ``max_tokens``) fits in what is left of the window's tokens, charges what the answer really used,
+and answers anything else with a 429 and a ``Retry-After`` header (a refused request still counts as a request).
 
-``complete(tenant, prompt)`` stacks two limits of tokens (``lock_rate_cost`` gives a call's estimate, which every
-limit is charged):
+``complete(tenant, prompt)`` stacks three limits, each with its own cost (``Rate(cost=)``):
 
-* ``(QUOTA, RATE_WINDOW)``: the account's tokens, over a window one second longer than the API's (the API counts
-  a request when it arrives, a few ms after the lock nodes counted its start: the longer window covers that gap);
-* ``Rate((TENANT_SHARE, RATE_WINDOW), on=["tenant"])``: one tenant never takes more than 60 % of them, so a big
-  tenant's burst does not hold a small one back for long.
+* ``Rate((QUOTA, RATE_WINDOW), cost=estimate)``: the account's tokens, a call's estimate of them, over a window one
+  second longer than the API's (the API counts a request when it arrives, a few ms after the lock nodes counted its
+  start: the longer window covers that gap);
+* ``Rate((TENANT_SHARE, RATE_WINDOW), on=["tenant"], cost=estimate)``: one tenant never takes more than 60 % of
+  them, so a big tenant's burst does not hold a small one back for long;
+* ``Rate((REQUESTS, RATE_WINDOW))``: the account's requests, 1 unit a call (no cost of its own, no
+  ``lock_rate_cost``: 1). All three are taken together, all or none, in one script call per lock node.
 
 The estimate is high (the prompt's tokens + ``max_tokens``); after the answer, ``self.rate_spent(usage)`` gives the
-unused tokens back at once (a refund: promise 2 of docs/rate.md, the corrected tokens of any window never exceed the
-limit). On a 429 the body raises ``SlowDown.from_retry_after(response.headers["Retry-After"], limit=0)``: every
-start of the account's limit, whichever tenant, waits that long on every worker, and the refused call is re-sent to
-run once after the pause. Here the 429 comes from outside: another application on the same API key spends the
+unused tokens back at once, of the two token limits only (those whose cost is an estimate; the request stays one
+request): a refund, promise 2 of docs/rate.md, the corrected tokens of any window never exceed the limit. On a 429
+the body raises ``SlowDown.from_retry_after(response.headers["Retry-After"], limit=0)``: every start of the
+account's token limit, whichever tenant, waits that long on every worker, and the refused call is re-sent to run
+once after the pause. Here the 429 comes from outside: another application on the same API key spends the
 whole quota just before the tenants' 4th request (the account's tokens are not all ours to count).
 
 Run: ``python -m examples.llm_api`` from the repository root (the API listens on 127.0.0.1: the workers must run on
@@ -46,6 +50,7 @@ from examples.example_app import app, records
 #: containers cannot reach (tests/project/test_compose.py reads this line).
 NOT_IN_COMPOSE_DEMO = True
 QUOTA = 1000  # the API's tokens per API_WINDOW for the account (and our account limit)
+REQUESTS = 5  # the API's requests per API_WINDOW for the account (and ours)
 API_WINDOW = 2.0
 RATE_WINDOW = 3.0  # ours: longer than the API's by more than the time from a counted start to the request
 TENANT_SHARE = 600  # one tenant's tokens per RATE_WINDOW
@@ -59,7 +64,8 @@ def prompt_tokens(prompt: str) -> int:
 
 
 def estimate(tenant: str, prompt: str) -> int:
-    """``lock_rate_cost``, called like the task: the most a call can use, its prompt's tokens and the longest answer."""
+    """The token limits' cost (``Rate(cost=)``), called like the task: the most a call can use, its prompt's tokens
+    and the longest answer."""
     return prompt_tokens(prompt) + MAX_TOKENS
 
 
@@ -68,8 +74,11 @@ def estimate(tenant: str, prompt: str) -> int:
     bind=True,
     name="examples.llm.complete",
     lock_limit=None,  # no lock: calls run side by side, the rate alone decides when they start
-    lock_rate=[(QUOTA, RATE_WINDOW), Rate((TENANT_SHARE, RATE_WINDOW), on=["tenant"])],
-    lock_rate_cost=estimate,
+    lock_rate=[
+        Rate((QUOTA, RATE_WINDOW), cost=estimate),
+        Rate((TENANT_SHARE, RATE_WINDOW), on=["tenant"], cost=estimate),
+        Rate((REQUESTS, RATE_WINDOW)),
+    ],
 )
 def complete(self: Any, tenant: str, prompt: str) -> str:
     """One completion for the tenant; its tokens are corrected after the answer, a 429 pauses the account's rate."""
@@ -83,7 +92,7 @@ def complete(self: Any, tenant: str, prompt: str) -> str:
     except error.HTTPError as exc:
         if exc.code != 429:
             raise
-        self.rate_spent(0)  # refused: it used no tokens (the tenant's share is given back at once)
+        self.rate_spent(0)  # refused: it used no tokens (given back at once; the request limit keeps its unit)
         # limit=0: the account's limit (its index in lock_rate), shared by every tenant, is what the API said is full.
         raise SlowDown.from_retry_after(exc.headers.get("Retry-After"), default=1.0, limit=0) from None
     used = answer["usage"]
@@ -99,8 +108,10 @@ class FakeLLMAPI:
 
     ``log`` holds every request: ``(arrival, call id, tenant, status, tokens charged, Retry-After)``."""
 
-    def __init__(self, quota: int = QUOTA, window: float = API_WINDOW, outside_before: int = 0) -> None:
-        self.quota, self.window = quota, window
+    def __init__(
+        self, quota: int = QUOTA, window: float = API_WINDOW, outside_before: int = 0, requests: int = REQUESTS
+    ) -> None:
+        self.quota, self.window, self.requests = quota, window, requests
         # Another application on the same API key spends the whole quota just before our request number
         # ``outside_before`` (0: never): the account's tokens are not all ours to count.
         self.outside_before, self.outside_at = outside_before, 0.0
@@ -148,8 +159,12 @@ class FakeLLMAPI:
             if len(self.log) + 1 == self.outside_before:
                 self._charged.append((now, self.quota))
                 self.outside_at = now
-            if self._used(now) + need > self.quota:
+            calls = sum(1 for at, *_ in self.log if at > now - self.window)
+            if calls >= self.requests or self._used(now) + need > self.quota:
                 retry_after = self._free_in(now, need)
+                if calls >= self.requests:
+                    first = min(at for at, *_ in self.log if at > now - self.window)
+                    retry_after = max(retry_after, math.ceil(first + self.window - now))
                 self.log.append((now, call["call"], call["tenant"], 429, 0, retry_after))
                 return 429, {"error": "rate_limit_exceeded"}, retry_after
             # A deterministic answer of 20 to MAX_TOKENS tokens.
@@ -168,6 +183,11 @@ class FakeLLMAPI:
             if used + need <= self.quota:
                 return max(1, math.ceil(at + self.window - now))
         return max(1, math.ceil(self.window))
+
+    def busiest_requests(self) -> int:
+        """The most requests the API saw (ours, refused ones too) in any ``window`` s (by arrival)."""
+        ats = sorted(at for at, *_ in self.log)
+        return max((sum(1 for a in ats if at <= a < at + self.window) for at in ats), default=0)
 
     def busiest_window(self) -> int:
         """The most tokens the API charged our calls in any ``window`` s (by arrival)."""
@@ -195,7 +215,10 @@ def main(app_module: ModuleType) -> dict[str, Any]:
         print(
             f"\nThe API allows {QUOTA} tokens per {API_WINDOW:g} s; {big} sends 8 completions and {small} 3, at once."
         )
-        print(f"lock_rate: {QUOTA} tokens per {RATE_WINDOW:g} s for the account, {TENANT_SHARE} per tenant.")
+        print(
+            f"lock_rate: {QUOTA} tokens and {REQUESTS} requests per {RATE_WINDOW:g} s for the account, "
+            f"{TENANT_SHARE} tokens per tenant."
+        )
         results = [complete.delay(big, p) for p in prompts(big, 8)]
         results += [complete.delay(small, p) for p in prompts(small, 3)]
         print("  (another application on the same API key spends the whole quota just before our 4th request)")
@@ -229,13 +252,15 @@ def main(app_module: ModuleType) -> dict[str, Any]:
         "429s_not_from_the_outside_spend": len(own_429s),
         "ran_once_after_the_pause": all(after) and bool(after),
         "api_busiest_window": api.busiest_window(),
+        "api_busiest_requests": api.busiest_requests(),
         "corrected_busiest_window": corrected_busiest(runs[big] + runs[small], RATE_WINDOW),
         "runs": {t.split("-")[0]: len(rows) for t, rows in runs.items()},
         "refunded": sum(r[1] - r[2] for rows in runs.values() for r in rows),
     }
     print(
         f"  busiest {API_WINDOW:g} s at the API: {figures['api_busiest_window']} tokens of our calls (quota {QUOTA}); "
-        f"busiest {RATE_WINDOW:g} s of corrected tokens: {figures['corrected_busiest_window']}"
+        f"busiest {RATE_WINDOW:g} s of corrected tokens: {figures['corrected_busiest_window']}; "
+        f"busiest {API_WINDOW:g} s of requests: {figures['api_busiest_requests']} (quota {REQUESTS})"
     )
     figures["ok"] = (
         figures["ran"] == figures["sent"] == 11
@@ -243,6 +268,7 @@ def main(app_module: ModuleType) -> dict[str, Any]:
         and figures["ran_once_after_the_pause"]
         and not own_429s
         and figures["api_busiest_window"] <= QUOTA
+        and figures["api_busiest_requests"] <= REQUESTS
         and figures["corrected_busiest_window"] <= QUOTA
         and figures["runs"] == {"acme": 8, "tiny": 3}
     )

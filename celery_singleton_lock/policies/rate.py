@@ -26,6 +26,7 @@ body that does not start after all is given back). It imports nothing of Celery.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
@@ -124,25 +125,31 @@ def parse_rate(value: Any, where: str) -> Window:
 
 @dataclass(frozen=True, init=False)
 class Rate:
-    """One limit of a task's ``lock_rate`` with its own arguments: ``Rate("60/m", on=["tenant_id"])`` (one rate per
-    tenant), ``Rate("3000/m")`` (one for the whole task, or its group). ``rate`` is what ``lock_rate`` takes alone;
-    ``on`` names the arguments sharing it (default: none, whatever ``lock_rate_on`` says: that is the ``on`` of the
-    list's plain items)."""
+    """One limit of a task's ``lock_rate`` with its own arguments and cost: ``Rate("60/m", on=["tenant_id"])`` (one
+    rate per tenant), ``Rate("3000/m")`` (one for the whole task, or its group), ``Rate("900/m", cost=estimate)``
+    (the units a start takes of this limit). ``rate`` is what ``lock_rate`` takes alone; ``on`` names the arguments
+    sharing it (default: none, whatever ``lock_rate_on`` says: that is the ``on`` of the list's plain items);
+    ``cost`` is a number of units or a function of the call's arguments, like ``lock_rate_cost`` (default None: the
+    task's ``lock_rate_cost``, 1 without one)."""
 
     rate: Any
     on: tuple[str, ...]
+    cost: Any
 
-    def __init__(self, rate: Any, on: Sequence[str] = ()) -> None:
+    def __init__(self, rate: Any, on: Sequence[str] | None = None, cost: Any = None) -> None:
         object.__setattr__(self, "rate", rate)
-        object.__setattr__(self, "on", on if isinstance(on, str) else tuple(on))
+        object.__setattr__(self, "on", on if isinstance(on, str) else tuple(on or ()))
+        object.__setattr__(self, "cost", cost)
 
 
 @dataclass(frozen=True)
 class Limit:
-    """One limit of a call: its window and the arguments whose values make its key."""
+    """One limit of a call: its window, the arguments whose values make its key, and its own cost (None: the
+    task's ``lock_rate_cost``)."""
 
     window: Window
     on: tuple[str, ...]
+    cost: Any = None
 
 
 def _one(value: Any) -> bool:
@@ -172,14 +179,19 @@ def parse_limits(value: Any, default_on: Sequence[str], where: str) -> tuple[Lim
             on = item.on
             if isinstance(on, str) or not all(isinstance(n, str) for n in on):
                 raise ConfigurationError(f"{where}: Rate(..., on=) must be a list of argument names, got {on!r}")
-            out.append(Limit(parse_rate(item.rate, where), tuple(on)))
+            cost = item.cost
+            if cost is not None and not callable(cost):
+                units_of(cost, f"{where}: Rate(..., cost=)")
+            out.append(Limit(parse_rate(item.rate, where), tuple(on), cost))
         else:
             if not _one(item):
                 parse_rate(item, f"{where}: each limit")
             out.append(Limit(parse_rate(item, where), tuple(default_on)))
-    seen: dict[tuple[float, frozenset[str]], Limit] = {}
+    seen: dict[tuple[float, frozenset[str], int], Limit] = {}
     for limit in out:
-        same = (limit.window.period, frozenset(limit.on))
+        # A limit with a cost of its own has a key of its own (its N in it): it may share a period and arguments
+        # with others (3,000 requests and 90,000 tokens a minute).
+        same = (limit.window.period, frozenset(limit.on), limit.window.limit if limit.cost is not None else 0)
         if same in seen:
             raise ConfigurationError(
                 f"{where} has two limits per {limit.window.period:g} s on the same arguments "
@@ -187,6 +199,40 @@ def parse_limits(value: Any, default_on: Sequence[str], where: str) -> tuple[Lim
             )
         seen[same] = limit
     return tuple(out)
+
+
+def named_limits(limits: Sequence[Limit], name: Any) -> list[int]:
+    """The limits ``name`` names (``SlowDown(limit=)``, ``rate_spent(limit=)``): an index in ``lock_rate``, or a
+    notation such as ``"60/m"`` (every limit of that window); empty when it names none."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        return [name] if 0 <= name < len(limits) else []
+    try:
+        window = parse_rate(name, "limit=")
+    except ConfigurationError:
+        return []
+    return [i for i, lim in enumerate(limits) if lim.window == window]
+
+
+def _check_signature(fn: Any, where: str, params: Sequence[Any] | None) -> None:
+    """A cost function can be called with the task's arguments: each parameter it needs (no default) is one of
+    the task's, or it takes ``*args``/``**kwargs``; ConfigurationError naming ``where`` otherwise."""
+    try:
+        needs = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)
+        ]
+    except (TypeError, ValueError):
+        return
+    if params is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return
+    known = [p.name for p in params]
+    missing = [n for n in needs if n not in known]
+    if missing:
+        raise ConfigurationError(
+            f"{where} needs argument(s) {missing} the task does not take; the task's arguments are "
+            f"{', '.join(known) or '(none)'} (a cost function is called with the call's arguments, like lock_key)"
+        )
 
 
 def units_of(cost: Any, where: str) -> int:
@@ -295,19 +341,22 @@ def take(nodes: NodeSet, key: str, rate: Window) -> Verdict:
     return verdict
 
 
-def take_many(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], cost: int = 1) -> Verdict:
-    """Count one start of ``cost`` units under every key (one per limit, ``windows`` theirs) if every window allows
-    it on a quorum of the nodes, all or none (lua/rate_stack.lua: one script call per node with every key, so one
-    round trip; a split costs one more each time, at most :data:`_SPLIT_ATTEMPTS`).
+def take_many(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], cost: int | Sequence[int] = 1) -> Verdict:
+    """Count one start of ``cost`` units (one number for every limit, or one per limit) under every key (one per
+    limit, ``windows`` theirs) if every window allows it on a quorum of the nodes, all or none (lua/rate_stack.lua:
+    one script call per node with every key, so one round trip; a split costs one more each time, at most
+    :data:`_SPLIT_ATTEMPTS`).
 
-    A start takes ``cost`` slots of each limit; it is counted when a majority of the nodes gave it the same slots of
-    every limit, so each slot of each limit is a lock of its own, as in :func:`take`: no window of any limit holds
-    more than its N units. The wait when refused is the moment a quorum has room in every limit (a node answers the
-    max over its limiting windows)."""
+    A start takes its cost of each limit in slots of that limit; it is counted when a majority of the nodes gave it
+    the same slots of every limit, so each slot of each limit is a lock of its own, as in :func:`take`: no window of
+    any limit holds more than its N units. The wait when refused is the moment a quorum has room in every limit (a
+    node answers the max over its limiting windows)."""
     keys = list(keys)
+    costs = [cost] * len(keys) if isinstance(cost, int) else list(cost)
     preferred = [""] * len(keys)
     verdict = Verdict("limited", wait=0.0)
-    head = [str(cost)]
+    head = [",".join(map(str, costs))]
+    bounds = [2 + sum(costs[:j]) for j in range(len(keys) + 1)]
     for attempt in range(_SPLIT_ATTEMPTS):
         token = secrets.token_hex(16)
         began = time.monotonic()
@@ -321,16 +370,15 @@ def take_many(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], co
         waits: list[float] = []
         errors: list[str] = []
         frees: list[list[list[float]]] = []
-        size = 2 + cost * len(keys)
         for i, answer in enumerate(answers):
             if isinstance(answer, BaseException):
                 errors.append(str(nodes.error(i, answer)))
                 continue
             if int(answer[0]) == 1:
-                flat = [int(x) for x in answer[2:size]]
-                granted[i] = tuple(tuple(sorted(flat[j * cost : (j + 1) * cost])) for j in range(len(keys)))
+                flat = [int(x) for x in answer]
+                granted[i] = tuple(tuple(sorted(flat[bounds[j] : bounds[j + 1]])) for j in range(len(keys)))
                 moments[i] = int(answer[1]) / 1_000_000
-                rest = answer[size:]
+                rest = answer[bounds[-1] :]
             else:
                 waits.append(max(0, int(answer[1])) / 1_000_000)
                 rest = answer[3:]
@@ -368,7 +416,8 @@ def take_many(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], co
             # moments, over the limits, decides.
             moment, wanted = 0.0, []
             for j, w in enumerate(windows):
-                ranked = sorted((sorted(f[j][s] for f in frees)[nodes.quorum - 1], s) for s in range(w.limit))[:cost]
+                ranked = sorted((sorted(f[j][s] for f in frees)[nodes.quorum - 1], s) for s in range(w.limit))
+                ranked = ranked[: costs[j]]
                 moment = max(moment, *(at for at, _ in ranked))
                 wanted.append(",".join(str(s) for _, s in sorted(ranked, key=lambda pair: pair[1])))
             if moment > 0:
@@ -412,15 +461,20 @@ def _restamp_many(
     return None
 
 
-def adjust(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], token: str, delta: int, on: Any) -> None:
-    """Correct a counted start's cost by ``delta`` units on the nodes ``on`` (those that counted it): a refund
+def adjust(
+    nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], token: str, delta: int | Sequence[int], on: Any
+) -> None:
+    """Correct a counted start's cost by ``delta`` units (one number for every key, or one per key) on the nodes
+    ``on`` (those that counted it): a refund
     (< 0) frees that many of its slots there at once; an extra charge (> 0) is logged there at the nodes' time now
     for one window (lua/rate_adjust.lua). Best effort, like :func:`undo`: a node that misses a refund only delays
     later starts; one that misses an extra charge counts less than was spent (docs/rate.md says what is promised)."""
-    if not delta:
+    deltas = [delta] if isinstance(delta, int) else list(delta)
+    if not any(deltas):
         return
     try:
-        nodes.run(RATE_ADJUST, list(keys), [token, delta, *(w.window_us for w in windows)], nodes=list(on))
+        head = ",".join(map(str, deltas))
+        nodes.run(RATE_ADJUST, list(keys), [token, head, *(w.window_us for w in windows)], nodes=list(on))
     except Exception:
         return
 
@@ -482,6 +536,19 @@ class Conf:
     cost: int | Callable[..., Any] = 1
 
     @property
+    def plain(self) -> bool:
+        """Every limit takes 1 unit of a start (no cost anywhere)."""
+        return self.cost == 1 and all(limit.cost is None for limit in self.limits)
+
+    @property
+    def ones(self) -> tuple[int, ...]:
+        return (1,) * len(self.limits)
+
+    def estimated(self) -> list[int]:
+        """The limits whose cost is a function (an estimate ``rate_spent`` corrects), by index."""
+        return [i for i, lim in enumerate(self.limits) if callable(self.cost if lim.cost is None else lim.cost)]
+
+    @property
     def rate(self) -> Window:
         """The first limit's window (a task of one limit: its rate)."""
         return self.limits[0].window
@@ -509,6 +576,81 @@ class Share:
     units: int = 1
     estimate: int = 1
     slots: tuple[tuple[int, ...], ...] = ()  #: the slots it holds, per limit (before any correction)
+    per: tuple[int, ...] = ()  #: the units it holds of each limit (its cost per limit, as corrected by ``rate_spent``)
+
+
+def units_per_limit(conf: Conf, name: str, args: Any, kwargs: Any) -> tuple[int, ...]:
+    """The units a start of a call of task ``name`` with these arguments takes of each limit (its ``Rate(cost=)``,
+    else ``lock_rate_cost``; 1 without one; a function is called once per call). A function's answer that is no
+    positive number, or more than a limit it is the cost of, fails the call (ConfigurationError)."""
+    answers: dict[int, int] = {}
+    out: list[int] = []
+    for limit in conf.limits:
+        cost = conf.cost if limit.cost is None else limit.cost
+        if not callable(cost):
+            out.append(units_of(cost, f"lock_rate of {name}: cost"))
+            continue
+        where = (
+            f"lock_rate_cost of {name}"
+            if limit.cost is None
+            else f"lock_rate of {name}: Rate({str(limit.window)!r}, cost=)"
+        )
+        if id(cost) not in answers:
+            answers[id(cost)] = units_of(cost(*args, **kwargs), f"{where} (its answer)")
+        units = answers[id(cost)]
+        if units > limit.window.limit:
+            raise ConfigurationError(
+                f"{where} answered {units} units, more than the limit's {limit.window.limit}: it could never start"
+            )
+        out.append(units)
+    return tuple(out)
+
+
+def _check_costs(name: str, cost: Any, limits: Sequence[Limit], params: Sequence[Any] | None) -> None:
+    """``lock_rate_cost`` and each ``Rate(cost=)`` of task ``name``: a constant fits the limits it is the cost of,
+    a function can be called with the task's arguments; ConfigurationError in one line."""
+    if cost is not None and not callable(cost):
+        units = units_of(cost, f"lock_rate_cost of {name}")
+        smallest = min((limit.window.limit for limit in limits if limit.cost is None), default=units)
+        if units > smallest:
+            raise ConfigurationError(
+                f"lock_rate_cost of {name} is {units} units, more than the {smallest} of its smallest limit: "
+                "no start could ever fit"
+            )
+    for limit in limits:
+        where = f"lock_rate of {name}: Rate({str(limit.window)!r}, cost=)"
+        if callable(limit.cost):
+            _check_signature(limit.cost, where, params)
+        elif limit.cost is not None and units_of(limit.cost, where) > limit.window.limit:
+            raise ConfigurationError(
+                f"{where} is {units_of(limit.cost, where)} units, more than the limit's {limit.window.limit}: "
+                "no start could ever fit"
+            )
+
+
+def keys_of(options: Any, conf: Conf, args: Any, kwargs: Any) -> list[str]:
+    """The rate key of each limit of a call with these arguments.
+
+    One limit: ``<prefix>rate:<task or group>:v2:<hash of its arguments>``. Several: each key carries the limit's
+    window and a hash tag of the task (or group) name, ``<prefix>rate:{<task or group>}:<seconds>s:v2:<hash>``
+    (``<seconds>s:<N>u`` for a limit with a cost of its own, ``Rate(cost=)``),
+    so that one call's keys hash to one Redis Cluster slot (they go in one script call) and two limits of one
+    task never share a key."""
+    prefix = f"{options.settings.prefix}rate:"
+    if not conf.stacked:
+        return [lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=list(conf.limits[0].on))]
+    return [
+        lock_key(
+            prefix,
+            f"{{{options.space}}}:{limit.window.period:g}s"
+            + (f":{limit.window.limit}u" if limit.cost is not None else ""),
+            options.binder,
+            args,
+            kwargs,
+            unique_on=list(limit.on),
+        )
+        for limit in conf.limits
+    ]
 
 
 #: The rate windows' scripts (lock/lua): one limit, several stacked, a charge, a pause, a booking and its claim.
@@ -560,14 +702,7 @@ class RateFeature(Feature):
         for limit in limits:
             if limit.on and limit.on != tuple(on or ()):
                 check_names(cls, f"{self.options[0]} of {name}: Rate(on=...)", limit.on, params)
-        if cost is not None and not callable(cost):
-            units = units_of(cost, f"{self.options[3]} of {name}")
-            smallest = min(limit.window.limit for limit in limits)
-            if units > smallest:
-                raise ConfigurationError(
-                    f"{self.options[3]} of {name} is {units} units, more than the {smallest} of its smallest limit: "
-                    "no start could ever fit"
-                )
+        _check_costs(name, cost, limits, params)
 
     def active(self, cls: Any) -> bool:
         return cls.lock_rate is not None
@@ -596,46 +731,14 @@ class RateFeature(Feature):
         return keys[0] if keys else None
 
     def keys_for(self, ctx: Any, args: Any, kwargs: Any) -> list[str]:
-        """The rate key of each limit of a call with these arguments (empty: the task has no rate).
-
-        One limit: ``<prefix>rate:<task or group>:v2:<hash of its arguments>``. Several: each key carries the limit's
-        window and a hash tag of the task (or group) name, ``<prefix>rate:{<task or group>}:<seconds>s:v2:<hash>``,
-        so that one call's keys hash to one Redis Cluster slot (they go in one script call) and two limits of one
-        task never share a key."""
+        """The rate key of each limit of a call with these arguments (empty: the task has no rate; :func:`keys_of`)."""
         options = ctx.options
         conf: Conf | None = options.conf.get(self.name)
-        if conf is None:
-            return []
-        prefix = f"{options.settings.prefix}rate:"
-        if not conf.stacked:
-            return [lock_key(prefix, options.space, options.binder, args, kwargs, unique_on=list(conf.limits[0].on))]
-        return [
-            lock_key(
-                prefix,
-                f"{{{options.space}}}:{limit.window.period:g}s",
-                options.binder,
-                args,
-                kwargs,
-                unique_on=list(limit.on),
-            )
-            for limit in conf.limits
-        ]
+        return [] if conf is None else keys_of(options, conf, args, kwargs)
 
-    def units(self, ctx: Any, args: Any, kwargs: Any) -> int:
-        """The units a start of a call with these arguments takes (``lock_rate_cost``; 1 without one). A function's
-        answer that is no positive number, or more than the smallest limit, fails the call (ConfigurationError)."""
-        conf: Conf = ctx.options.conf[self.name]
-        cost = conf.cost
-        if not callable(cost):
-            return cost
-        where = f"{self.options[3]} of {ctx.name}"
-        units = units_of(cost(*args, **kwargs), f"{where} (its answer)")
-        smallest = min(limit.window.limit for limit in conf.limits)
-        if units > smallest:
-            raise ConfigurationError(
-                f"{where} answered {units} units, more than the {smallest} of its smallest limit: it could never start"
-            )
-        return units
+    def units(self, ctx: Any, args: Any, kwargs: Any) -> tuple[int, ...]:
+        """The units a start of a call with these arguments takes of each limit (:func:`units_per_limit`)."""
+        return units_per_limit(ctx.options.conf[self.name], ctx.name, args, kwargs)
 
     @staticmethod
     def share(run: Any) -> Share | None:
@@ -663,21 +766,21 @@ class RateFeature(Feature):
         keys = self.keys_for(ctx, delivery.args, delivery.kwargs)
         key = keys[0]
         try:
-            units = 1 if conf.cost == 1 else self.units(ctx, delivery.args, delivery.kwargs)
+            units = conf.ones if conf.plain else self.units(ctx, delivery.args, delivery.kwargs)
         except Exception:
             delivery.give_back()
             delivery.failed()
             raise
-        share = Share(key, units=units, estimate=units)
+        share = Share(key, units=units[0], estimate=units[0], per=units)
         if run.state is None:
             run.state = {}
         run.state[self.name] = share
         nodes = options.settings.nodes
         request = ctx.request
-        if len(keys) == 1 and units == 1 and conf.on_limit == "wait" and not request.is_eager:
+        if len(keys) == 1 and units[0] == 1 and conf.on_limit == "wait" and not request.is_eager:
             # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send.
             verdict = decide(nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None))
-        elif len(keys) == 1 and units == 1:
+        elif len(keys) == 1 and units[0] == 1:
             verdict = take(nodes, key, conf.limits[0].window)  # the hot path: lua/rate.lua, as before stacking
         else:
             windows = tuple(limit.window for limit in conf.limits)
@@ -773,23 +876,16 @@ class RateFeature(Feature):
         limits = list(conf.limits) if conf.stacked else [conf.limits[0]]
         chosen = list(range(len(limits)))
         if limit is not None:
-            if isinstance(limit, int) and not isinstance(limit, bool) and 0 <= limit < len(limits):
-                chosen = [limit]
+            named = named_limits(limits, limit)
+            if named:
+                chosen = named
             else:
-                try:
-                    window = parse_rate(limit, "SlowDown(limit=)")
-                except ConfigurationError:
-                    window = None
-                named = [i for i, lim in enumerate(limits) if lim.window == window]
-                if named:
-                    chosen = named
-                else:
-                    logger.warning(
-                        "Task %s raised SlowDown(limit=%r), which names no limit of its lock_rate (an index or a "
-                        "notation such as '60/m'): every limit pauses",
-                        ctx.name,
-                        limit,
-                    )
+                logger.warning(
+                    "Task %s raised SlowDown(limit=%r), which names no limit of its lock_rate (an index or a "
+                    "notation such as '60/m'): every limit pauses",
+                    ctx.name,
+                    limit,
+                )
         micros = round(pause * 1_000_000)
         args: list[str | int] = [secrets.token_hex(16), micros]
         for i in chosen:
@@ -805,25 +901,51 @@ class RateFeature(Feature):
                 logger.warning("Task %s: its rate's pause reached %d lock nodes, fewer than a quorum", ctx.name, held)
         return answer
 
-    def spent(self, ctx: Any, run: Any, units: Any) -> int:
-        """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): the window is corrected
-        by the difference from what it holds now, on the nodes that counted it (:func:`adjust`). Returns the
-        difference applied (0: nothing to correct, or the start was not counted: no rate, uncounted, undone)."""
+    def spent(self, ctx: Any, run: Any, units: Any, limit: Any = None) -> int:
+        """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): each limit corrected
+        is corrected by the difference from what it holds of it now, on the nodes that counted it (:func:`adjust`,
+        one call per node). The limits corrected: the one ``limit`` names (an index in ``lock_rate``, or a notation
+        such as ``"90000/m"``, as ``SlowDown(limit=)``; one naming none: ConfigurationError); without it, those whose
+        cost is a function (an estimate), or every limit when none is. Returns the difference applied to the first
+        limit corrected (0: nothing to correct, or the start was not counted: no rate, uncounted, undone)."""
         share = self.share(run)
         where = f"rate_spent of {ctx.name}"
         if isinstance(units, bool) or not isinstance(units, int | float) or not math.isfinite(units) or units < 0:
             raise ConfigurationError(f"{where} takes a number of units >= 0, got {units!r}")
+        conf: Conf | None = ctx.options.conf.get(self.name)
+        if conf is None:
+            return 0
+        limits = list(conf.limits)
+        if limit is None:
+            chosen = conf.estimated() or list(range(len(limits)))
+        else:
+            chosen = named_limits(limits, limit)
+            if not chosen:
+                raise ConfigurationError(
+                    f"{where}: limit={limit!r} names no limit of its lock_rate (an index or a notation such as '60/m')"
+                )
         if share is None or not share.token or share.slot is None:
             return 0
-        delta = math.ceil(units) - share.units
-        if not delta:
+        per = list(share.per or (share.units,) * len(limits))
+        deltas = {i: math.ceil(units) - per[i] for i in chosen if math.ceil(units) != per[i]}
+        if not deltas:
             return 0
-        conf: Conf = ctx.options.conf[self.name]
         keys = share.keys or (share.key,)
-        windows = share.windows or tuple(limit.window for limit in conf.limits)
-        adjust(ctx.options.settings.nodes, keys, windows, share.token, delta, share.slot[1])
-        share.units += delta
-        return delta
+        windows = share.windows or tuple(lim.window for lim in limits)
+        at = sorted(deltas)
+        changes = [deltas[i] for i in at]
+        adjust(
+            ctx.options.settings.nodes,
+            [keys[i] for i in at],
+            [windows[i] for i in at],
+            share.token,
+            changes,
+            share.slot[1],
+        )
+        for i in at:
+            per[i] += deltas[i]
+        share.per, share.units = tuple(per), per[0]
+        return changes[0]
 
 
 RATE_FEATURE = RateFeature()

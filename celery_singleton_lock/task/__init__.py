@@ -562,12 +562,14 @@ class LockedTask(Task):  # type: ignore[misc]
         run = self._current()
         return RATE_FEATURE.started_at(run) if run is not None else None
 
-    def rate_spent(self, units: float) -> int:
+    def rate_spent(self, units: float, limit: int | str | tuple[int, float] | None = None) -> int:
         """``lock_rate``: this run's start really cost ``units`` (an LLM call's tokens, known after the call): the
-        window is corrected on the nodes that counted it, a refund or an extra charge (docs/rate.md, Costs). Returns
-        the units added (< 0: given back); 0 outside a counted run."""
+        windows are corrected on the nodes that counted it, a refund or an extra charge (docs/rate.md, Costs). Which
+        limits: ``limit`` names one (an index in ``lock_rate`` or a notation such as ``"90000/m"``, as ``SlowDown``);
+        without it, those whose cost is a function (an estimate), or every limit when none is. Returns the units
+        added to the first limit corrected (< 0: given back); 0 outside a counted run."""
         run = self._current()
-        return RATE_FEATURE.spent(self.lock_context(), run, units) if run is not None else 0
+        return RATE_FEATURE.spent(self.lock_context(), run, units, limit) if run is not None else 0
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 

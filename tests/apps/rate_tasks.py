@@ -267,6 +267,34 @@ def costed(self: Any, key: str, tenant: str, est: int, real: int) -> str:
     return _run_stacked(self, key, tenant, real)
 
 
+def tokens(key: str, tenant: str, est: int, real: int, *_: Any, **__: Any) -> int:
+    """The token estimate of a call (the test gives it)."""
+    return est
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_limit=None,
+    lock_rate=[Rate((3, 1.0)), Rate((10, 1.0), cost=tokens)],
+    lock_rate_on=["key"],
+)
+def priced(self: Any, key: str, tenant: str, est: int, real: int, limit: Any = None) -> str:
+    """Requests and tokens per second at once (a cost per limit): a start takes 1 unit of 3 per 1 s per key and
+    ``est`` of 10 per 1 s per key; the run reports ``real`` (``rate_spent``: the token limit only, its cost is the
+    estimate; ``limit``: the one it names). Records as :func:`_run_stacked`, ``real`` being the tokens kept, then the
+    units held per limit."""
+    run = self.request.__dict__.get("_singleton_lock")
+    share = RATE_FEATURE.share(run) if run is not None else None
+    before = list(share.per) if share is not None else []
+    self.rate_spent(real, limit=tuple(limit) if isinstance(limit, list) else limit)
+    if share is not None and share.slot is not None:
+        row = [key, self.request.id, tenant, before, share.per[1], share.slot[1], share.slots, list(share.per)]
+        record.rpush("stack_runs", json.dumps(row))
+    return key
+
+
 def stack_rows(key: str) -> list[list[Any]]:
     return [r for r in (json.loads(x) for x in record.lrange("stack_runs", 0, -1)) if r[0] == key]
 
@@ -276,7 +304,7 @@ def limit_rows(rows: list[list[Any]], limit: int, on_tenant: bool, kept: bool = 
     holds after its correction, its lowest ``real`` ones: a refund gives the highest back first), keyed by the
     limit's key (the key, or the key and the tenant)."""
     out = []
-    for key, task_id, tenant, _est, real, times, slots in rows:
+    for key, task_id, tenant, _est, real, times, slots, *_ in rows:
         held = sorted(slots[limit])[: min(real, len(slots[limit]))] if kept else slots[limit]
         for slot in held:
             out.append([f"{key}/{tenant}" if on_tenant else key, task_id, slot, times])

@@ -444,6 +444,28 @@ def test_a_refund_frees_slots_at_once_and_an_extra_charge_holds_later_starts_bac
     assert _units(redis_node, name) == 1
 
 
+def test_a_cost_per_limit_takes_each_limit_s_own_units_and_corrects_each_on_its_own(
+    redis_node: RedisServer, name: str
+) -> None:
+    """Requests and tokens: a start takes 1 of (3 per 30 s) and 4 of (10 per 30 s), all or none (a third start of 4
+    tokens does not fit: nothing of it is logged, not even its request); a correction of the token log alone
+    (rate_adjust.lua, a difference per log) gives 3 tokens back and leaves the requests as they are."""
+    nodes = NodeSet(redis_node.url)
+    keys, windows = [f"{name}:r", f"{name}:t"], [Window(3, 30.0), Window(10, 30.0)]
+    first = take_many(nodes, keys, windows, (1, 4))
+    assert first.outcome == "granted" and [len(s) for s in first.slots] == [1, 4], first
+    assert take_many(nodes, keys, windows, [1, 4]).outcome == "granted"
+    refused = take_many(nodes, keys, windows, (1, 4))
+    assert refused.outcome == "limited" and refused.wait > 25
+    assert (_units(redis_node, keys[0]), _units(redis_node, keys[1])) == (2, 8)
+    adjust(nodes, keys[1:], windows[1:], first.token, [-3], [0])
+    assert (_units(redis_node, keys[0]), _units(redis_node, keys[1])) == (2, 5)
+    adjust(nodes, keys, windows, first.token, [0, 2], [0])  # a difference per log: the requests' 0 changes nothing
+    assert (_units(redis_node, keys[0]), _units(redis_node, keys[1])) == (2, 7)
+    assert take_many(nodes, keys, windows, (1, 3)).outcome == "granted"
+    assert take_many(nodes, keys, windows, (1, 1)).outcome == "limited"  # 3 requests in the window
+
+
 def test_the_one_limit_path_counts_extra_charges_too(redis_node: RedisServer, name: str) -> None:
     """A start of one limit and cost 1 goes through lua/rate.lua (the hot path); an extra charge logged behind it by
     rate_adjust.lua is counted there: (2 per 30 s), one start that cost 2: the window is full."""

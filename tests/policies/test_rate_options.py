@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import LockedTask
+from celery_singleton_lock import LockedTask, Rate
 from celery_singleton_lock.errors import ConfigurationError
+from celery_singleton_lock.policies.rate import RATE_FEATURE, named_limits
 from celery_singleton_lock.task import start_problems
 
 
@@ -158,3 +159,69 @@ def test_lock_rate_on_naming_a_bound_task_s_self_is_refused_at_registration() ->
     def bound_ok(self: Any, a: int) -> None: ...
 
     assert bound_ok.name in app2.tasks
+
+
+def _tokens(customer_id: int, payload: dict | None = None) -> int:
+    return 7 + len(payload or {})
+
+
+@pytest.mark.parametrize(
+    ("rate", "message"),
+    [
+        ([Rate("5/s"), Rate("50/s", cost=0)], r"Rate\(\.\.\., cost=\) must be a number of units above 0"),
+        ([Rate("5/s"), Rate("50/s", cost="9")], r"Rate\(\.\.\., cost=\) must be a number of units above 0"),
+        ([Rate("5/s"), Rate("50/s", cost=51)], r"Rate\('50 per 1 s', cost=\) is 51 units, more than the limit's 50"),
+        (
+            [Rate("5/s"), Rate("50/s", cost=lambda prompt, **_: 1)],
+            r"Rate\('50 per 1 s', cost=\) needs argument\(s\) \['prompt'\] the task does not take",
+        ),
+    ],
+)
+def test_a_bad_cost_per_limit_is_refused_at_registration_in_one_line(rate: Any, message: str) -> None:
+    app, _ = _register(lock_rate=rate)
+    with pytest.raises(ConfigurationError, match=rf"^lock_rate of .*job: {message}") as info:
+        _ = app.tasks
+    assert "\n" not in str(info.value)
+
+
+def test_a_cost_per_limit_takes_its_own_units_and_the_task_s_cost_elsewhere() -> None:
+    """``Rate(cost=)`` is that limit's; a limit without one takes ``lock_rate_cost`` (1 without one); a function
+    is called once per call; ``rate_spent`` without ``limit=`` corrects the limits whose cost is a function."""
+    app, job = _register(lock_rate=[Rate("30/s"), Rate("900/m", cost=_tokens), Rate("60/m", cost=2)])
+    assert job.name in app.tasks
+    assert not [p for p in start_problems(app) if "lock_rate" in p.message]
+    ctx = job.lock_context()
+    assert RATE_FEATURE.units(ctx, (1,), {"payload": {"a": 1}}) == (1, 8, 2)
+    conf = ctx.options.conf["rate"]
+    assert conf.estimated() == [1]
+    _, job2 = _register(lock_rate=[Rate("30/s", on=None), Rate("900/m", cost=1)], lock_rate_cost=_tokens)
+    assert RATE_FEATURE.units(job2.lock_context(), (1,), {}) == (7, 1)
+    assert job2.lock_context().options.conf["rate"].estimated() == [0]
+
+
+def test_a_function_s_answer_above_its_limit_fails_the_call_in_one_line() -> None:
+    _, job = _register(lock_rate=[Rate("30/s"), Rate("8/m", cost=_tokens)])
+    with pytest.raises(ConfigurationError, match=r"^lock_rate of .*job: Rate\('8 per 60 s', cost=\) answered 9 units"):
+        RATE_FEATURE.units(job.lock_context(), (1,), {"payload": {"a": 1, "b": 2}})
+
+
+@pytest.mark.parametrize(
+    ("name", "chosen"), [(1, [1]), ("900/m", [1]), ((900, 60), [1]), (3, []), ("1/h", []), ("x", [])]
+)
+def test_a_limit_is_named_as_slowdown_names_it(name: Any, chosen: list[int]) -> None:
+    _, job = _register(lock_rate=[Rate("30/s"), Rate("900/m", cost=_tokens)])
+    assert named_limits(job.lock_context().options.conf["rate"].limits, name) == chosen
+
+
+def test_limits_of_one_period_with_costs_of_their_own_have_keys_of_their_own() -> None:
+    """Requests and tokens a minute: two limits of one period and arguments, told apart by a cost of their own (the
+    key carries its N); two without one (or with one and the same N) are still refused."""
+    app, job = _register(lock_rate=[Rate("30/m"), Rate("900/m", cost=_tokens)])
+    assert job.name in app.tasks
+    keys = RATE_FEATURE.keys_for(job.lock_context(), (1,), {})
+    assert len(set(keys)) == 2 and keys[1].split(":v2:")[0].endswith(":60s:900u"), keys
+    assert not keys[0].split(":v2:")[0].endswith("u")
+    for rate in (["30/m", "900/m"], [Rate("30/m", cost=2), Rate("30/m", cost=_tokens)]):
+        bad, _ = _register(lock_rate=rate)
+        with pytest.raises(ConfigurationError, match=r"two limits per 60 s on the same arguments"):
+            _ = bad.tasks

@@ -460,6 +460,42 @@ def test_costs_estimated_then_corrected_by_the_runs_hold_the_window_to_the_corre
     assert all(after[5][node] - charged[5][node] >= 2.0 - 1e-6 for node in common), (charged, after)
 
 
+def test_a_cost_per_limit_holds_each_window_and_rate_spent_corrects_the_estimated_limit_only(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """Requests and tokens at once: 12 calls of one key, each 1 unit of (3 per 1 s) and its estimate, 4, of
+    (10 per 1 s, Rate(cost=)); each run reports 1-4 tokens (rate_spent: a refund of the token limit only). Every call
+    runs once; every start held 1 slot of the request limit and 4 of the token limit; no window of the request
+    limit holds more than 3 starts (all its slots: nothing refunded there), none of the token limit more than 10 of
+    the tokens the runs kept (from the starts the nodes recorded)."""
+    key = new_key("priced")
+    calls = [(key, "a", 4, 1 + n % 4) for n in range(12)]
+    results = [tasks.priced.apply_async(call, queue="rate") for call in calls]
+    for r in results:
+        r.get(timeout=60, propagate=False)
+    assert [r.state for r in results].count("SUCCESS") == 12
+    rows = tasks.stack_rows(key)
+    assert sorted(r[1] for r in rows) == sorted(r.id for r in results)  # each ran once
+    assert all(r[3] == [1, 4] and [len(s) for s in r[6]] == [1, 4] for r in rows), rows
+    assert sorted(r[7][1] for r in rows) == sorted(call[3] for call in calls)  # the token limit corrected
+    assert all(r[7][0] == 1 for r in rows)  # the request limit not
+    assert not _limit_violations(tasks, tasks.limit_rows(rows, 0, False), 1.0, 3)
+    assert not _limit_violations(tasks, tasks.limit_rows(rows, 1, False, kept=True), 1.0, 10)
+    # Not vacuous: a refunded token slot was held again within a window of the start that gave it back.
+    assert _limit_violations(tasks, tasks.limit_rows(rows, 1, False), 1.0, 10)
+    # rate_spent(n, limit=...): the limit named alone, by notation or index; a name of no limit fails the call.
+    named = new_key("named")
+    by_notation = tasks.priced.apply_async((named, "a", 4, 2, [10, 1.0]), queue="rate")
+    assert by_notation.get(timeout=30) == named
+    by_index = tasks.priced.apply_async((named, "a", 4, 3, 0), queue="rate")
+    assert by_index.get(timeout=30) == named
+    per = {r[1]: r[7] for r in tasks.stack_rows(named)}
+    assert per == {by_notation.id: [1, 2], by_index.id: [3, 4]}, per
+    wrong = tasks.priced.apply_async((named, "a", 4, 3, "7/h"), queue="rate")
+    wrong.get(timeout=30, propagate=False)
+    assert wrong.state == "FAILURE" and "names no limit of its lock_rate" in str(wrong.result), wrong.result
+
+
 def test_stacked_limits_and_cost_corrections_with_a_lock_node_restarted_empty_mid_window(
     c: Cluster, tasks: ModuleType
 ) -> None:

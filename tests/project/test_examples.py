@@ -109,8 +109,9 @@ def test_partner_api_rate_runs_5_per_second_per_customer(app_module: ModuleType)
 
 
 def test_llm_api_keeps_the_token_quota_and_runs_a_429d_call_once_after_the_pause(app_module: ModuleType) -> None:
-    """Two tenants' 11 completions against a local HTTP API with a token quota; stacked token limits (the account's,
-    one tenant's share), costs estimated high and refunded with rate_spent; another app spends the whole quota
+    """Two tenants' 11 completions against a local HTTP API with a request and a token quota; stacked limits with a
+    cost each (the account's tokens and one tenant's share: estimated high and refunded with rate_spent; the
+    account's requests: 1 a call); another app spends the whole quota
     mid-way: every call answered exactly once, no 429 but those the outside spend caused, each 429'd call ran once
     after its pause, and the corrected tokens of any window stayed within the quota (promise 2, refunds only)."""
     figures = llm_api.main(app_module)
@@ -121,6 +122,7 @@ def test_llm_api_keeps_the_token_quota_and_runs_a_429d_call_once_after_the_pause
     assert figures["ran_once_after_the_pause"]
     assert figures["429s_not_from_the_outside_spend"] == 0
     assert figures["api_busiest_window"] <= llm_api.QUOTA
+    assert figures["api_busiest_requests"] <= llm_api.REQUESTS
     assert figures["corrected_busiest_window"] <= llm_api.QUOTA
     assert figures["refunded"] > 0
     assert figures["ok"]

@@ -2,7 +2,8 @@
 -- protocol: correct a start's cost (docs/protocol.md, Transitions)
 -- KEYS[1..k] - the rate logs of a counted start's limits (see rate_stack.lua)
 -- ARGV[1] - owner token of the counted start
--- ARGV[2] - units to add (> 0: an extra charge) or give back (< 0: a refund)
+-- ARGV[2] - units to add (> 0: an extra charge) or give back (< 0: a refund) in each log, 'd1,d2,...' (one per
+--           key), or one number for every key
 -- ARGV[2 + i] - the window of limit i, microseconds
 -- A refund removes that many of the start's entries from each log (extra charges first, then its highest slots:
 -- those slots are free again at once). An extra charge adds entries 'x<i>:<owner token>' at this node's TIME: they
@@ -10,11 +11,14 @@
 -- returns the number of entries added or removed in the first log
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local delta = tonumber(ARGV[2])
+local deltas = {}
+for x in string.gmatch(ARGV[2], '-?%d+') do
+  deltas[#deltas + 1] = tonumber(x)
+end
 local suffix = ':' .. ARGV[1]
 local done = 0
 for i = 1, #KEYS do
-  local window = tonumber(ARGV[2 + i])
+  local window, delta = tonumber(ARGV[2 + i]), deltas[i] or deltas[1]
   local mine, extra = {}, 0
   for _, m in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
     if #m > #suffix and string.sub(m, -#suffix) == suffix then

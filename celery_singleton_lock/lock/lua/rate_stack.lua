@@ -3,26 +3,31 @@
 -- KEYS[1..k] - the rate logs of the k limits of one call (sorted sets, see rate.lua): member '<slot>:<owner token>'
 --              for a slot a start holds, 'x<i>:<owner token>' for units charged after its run (rate_adjust.lua)
 -- ARGV[1] - owner token of this attempt (fresh for every attempt)
--- ARGV[2] - c, the units this start takes of every limit (its cost: c slots of each)
+-- ARGV[2] - the units this start takes of each limit, 'c1,c2,...' (its cost per limit: c_i slots of limit i), or
+--           one number c for every limit
 -- ARGV[3] - '1': also answer when each slot of each limit is free here (a retry after the nodes split their slots)
 -- ARGV[4 + 3 (i - 1)] - n of limit i, the units allowed in any of its windows
 -- ARGV[5 + 3 (i - 1)] - the window of limit i, microseconds
 -- ARGV[6 + 3 (i - 1)] - the slots of limit i to take if they are free ('a,b,...'), or '' for the lowest free ones
--- All or none: the start is logged only if every limit has room for c more units (its log holds at most n - c
--- entries in the window) and c free slots; then it takes c slots of each limit at this node's TIME. A start holds
+-- All or none: the start is logged only if every limit i has room for c_i more units (its log holds at most n - c_i
+-- entries in the window) and c_i free slots; then it takes c_i slots of each limit at this node's TIME. A start holds
 -- each of its slots for one window from its start, as in rate.lua: a log never holds more than n slots' starts of
 -- any window. Entries that left a window are removed first.
--- returns {1, now, the c slots of limit 1, ..., the c slots of limit k} when counted here (now: TIME, µs);
+-- returns {1, now, the c_1 slots of limit 1, ..., the c_k slots of limit k} when counted here (now: TIME, µs);
 --         {0, µs until every refusing limit has room here (the max over them), 0};
 --         with ARGV[3] = '1', followed per limit by n numbers: µs until its slot 0 .. n - 1 is free here (at least
 --         that limit's own wait when it has no room)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local c, detail = tonumber(ARGV[2]), ARGV[3] == '1'
+local detail = ARGV[3] == '1'
 local k = #KEYS
+local cs = {}
+for x in string.gmatch(ARGV[2], '%d+') do
+  cs[#cs + 1] = tonumber(x)
+end
 local wait, waits = -1, {}
 for i = 1, k do
-  local n, window = tonumber(ARGV[1 + 3 * i]), tonumber(ARGV[2 + 3 * i])
+  local n, window, c = tonumber(ARGV[1 + 3 * i]), tonumber(ARGV[2 + 3 * i]), cs[i] or cs[1]
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%.0f', now - window))
   local count = redis.call('ZCARD', KEYS[i])
   waits[i] = 0
@@ -63,6 +68,7 @@ for i = 1, k do
   end
   frees[i] = taken
   if wait < 0 then
+    local c = cs[i] or cs[1]
     local pick, chosen = {}, {}
     for s in string.gmatch(ARGV[3 + 3 * i], '%d+') do
       s = tonumber(s)
