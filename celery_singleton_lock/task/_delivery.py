@@ -656,6 +656,12 @@ def slowed(ctx: Context, run: Run, pause: float, limit: Any) -> Any:
         if answer is not None:
             countdown, headers = answer
             ctx.count("slowed")
+            if run.retry_sent:
+                # The body sent its retry (retry(throw=False)) before raising: that retry is the call again, and it
+                # asks the rate like any call (the pause holds it). A copy re-sent here too would run it twice.
+                said = f"the body raised SlowDown({pause:g} s) after sending its retry"
+                resend.skip_quietly(ctx, run, Skipped(said, run.key, None, "deferred"))
+                return run.outcome
             ctx.disarm(run)  # the body has ended: a loss noticed from now on must not interrupt what follows
             lock, lease = run.lock, run.lease
             run.lock = run.lease = None

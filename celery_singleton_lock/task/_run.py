@@ -156,6 +156,7 @@ class Run:
     entered: bool = False
     redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
     handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
+    retry_sent: bool = False  # retry(throw=False) sent the call's retry: the body's end re-sends nothing more
     parked: bool = False  # this delivery's job waits in the key's waiting line (see _line.park)
     superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost

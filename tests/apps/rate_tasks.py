@@ -436,3 +436,28 @@ def slow_skip(self: Any, key: str, n: int) -> str:
 def slow_fail(self: Any, key: str, n: int) -> str:
     """As slow_skip, failing (RateLimitedError) over the rate."""
     return _slow_run(self, key, n, LONG_PAUSE)
+
+
+# -- SlowDown after the body's own retry(throw=False) (issue 33, second attack) ------------------------------------
+
+
+def _retry_then_slow(task: Any, key: str, n: int) -> str:
+    """The first run of this task id sends a retry (``retry(throw=False)``, countdown 0.3 s), then raises
+    SlowDown(SHORT_PAUSE): the call must run once more, not twice (the retry and a SlowDown copy)."""
+    raising = bool(record.set(f"slow-raised:{task.request.id}", 1, nx=True))
+    row = [key, n, task.request.id, task.rate_started_at, raising, time.time(), task.request.retries]
+    record.rpush("slow_runs", json.dumps(row))
+    if raising:
+        task.retry(countdown=0.3, throw=False, max_retries=3)
+        raise SlowDown(SHORT_PAUSE)
+    return f"{key}:{n}"
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_after_retry(self: Any, key: str, n: int) -> str:
+    return _retry_then_slow(self, key, n)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_after_retry_unlocked(self: Any, key: str, n: int) -> str:
+    return _retry_then_slow(self, key, n)

@@ -670,3 +670,17 @@ def test_the_raising_call_s_copy_waits_out_the_pause_whatever_lock_on_rate_limit
         rows = tasks.slow_rows(key)
         assert [r[4] for r in rows] == [True, False], rows
         assert rows[1][3] >= rows[0][3] + tasks.LONG_PAUSE - SLACK - 0.05, rows
+
+
+@pytest.mark.parametrize("task", ["slow_after_retry", "slow_after_retry_unlocked"])
+def test_slow_down_after_the_body_s_own_retry_runs_the_call_once_more(c: Cluster, tasks: ModuleType, task: str) -> None:
+    """SlowDown's second attack: a body that sent its retry (``retry(throw=False)``, 0.3 s) and then raised SlowDown
+    was re-sent too: without a lock (``lock_limit=None``: no done marker) the retry and the SlowDown's copy both ran
+    after the pause. The retry is the call again: no copy is re-sent, the retry waits out the pause (the rate) and
+    runs once."""
+    key = new_key("retry-slow")
+    result = getattr(tasks, task).apply_async((key, 0), queue="rate")
+    assert result.get(timeout=60) == f"{key}:0"
+    time.sleep(1.5)  # a second run would come at the pause's end too, beside the first
+    rows = tasks.slow_rows(key)
+    assert [r[4] for r in rows] == [True, False], rows
