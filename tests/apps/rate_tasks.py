@@ -461,3 +461,9 @@ def slow_after_retry(self: Any, key: str, n: int) -> str:
 @app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
 def slow_after_retry_unlocked(self: Any, key: str, n: int) -> str:
     return _retry_then_slow(self, key, n)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_dup(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """One job per ``key`` at once (a duplicate is skipped); ``pause`` > 0: its first run raises SlowDown(pause)."""
+    return _slow_run(self, key, n, pause)

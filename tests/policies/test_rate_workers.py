@@ -684,3 +684,23 @@ def test_slow_down_after_the_body_s_own_retry_runs_the_call_once_more(c: Cluster
     time.sleep(1.5)  # a second run would come at the pause's end too, beside the first
     rows = tasks.slow_rows(key)
     assert [r[4] for r in rows] == [True, False], rows
+
+
+def test_slow_down_s_copy_is_not_skipped_as_a_duplicate_of_a_call_sent_during_the_pause(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """SlowDown's second attack: with ``lock_on_duplicate="skip"`` (the default), the raising call's copy gave its lock
+    back for the pause; a call of the same key sent during it waited for the window too, and after the pause the two
+    raced for the lock: the raising call, when it lost, ended REVOKED as a duplicate (never run; about half the keys
+    here). Its copy now waits as a duplicate instead (as a chord member does) and runs once after the other call."""
+    keys = [new_key("slow-dup") for _ in range(6)]
+    raisers = [tasks.slow_dup.apply_async((k, 0, tasks.SHORT_PAUSE), queue="rate") for k in keys]
+    for r in raisers:
+        _resent_for_rate(c, r.id, reason="slowed")
+    others = [tasks.slow_dup.apply_async((k, 1), queue="rate") for k in keys]
+    assert [r.get(timeout=60) for r in raisers] == [f"{k}:0" for k in keys]
+    for r in others:  # each either ran (after the pause) or was skipped as a duplicate of the running raiser's copy
+        r.get(timeout=60, propagate=False)
+    for k in keys:
+        rows = tasks.slow_rows(k)
+        assert [(r[1], r[4]) for r in rows if r[1] == 0] == [(0, True), (0, False)], rows
