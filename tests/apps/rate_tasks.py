@@ -467,3 +467,14 @@ def slow_after_retry_unlocked(self: Any, key: str, n: int) -> str:
 def slow_dup(self: Any, key: str, n: int, pause: float = 0.0) -> str:
     """One job per ``key`` at once (a duplicate is skipped); ``pause`` > 0: its first run raises SlowDown(pause)."""
     return _slow_run(self, key, n, pause)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="slowers", lock_unique_on=["key"], lock_rate=(10, 1.0))
+def slow_group_a(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """One rate for both tasks of the group "slowers" (no lock_rate_on): a SlowDown in either pauses both."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="slowers", lock_unique_on=["key"], lock_rate=(10, 1.0))
+def slow_group_b(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    return _slow_run(self, key, n, pause)

@@ -704,3 +704,20 @@ def test_slow_down_s_copy_is_not_skipped_as_a_duplicate_of_a_call_sent_during_th
     for k in keys:
         rows = tasks.slow_rows(k)
         assert [(r[1], r[4]) for r in rows if r[1] == 0] == [(0, True), (0, False)], rows
+
+
+def test_slow_down_in_one_task_of_a_group_pauses_the_group_s_shared_rate(c: Cluster, tasks: ModuleType) -> None:
+    """SlowDown's second attack (cleared; a guard): the tasks of a ``lock_group`` share one rate, so a SlowDown raised
+    by slow_group_a pauses slow_group_b's starts too (another key, sent during the pause: it starts after it), and
+    the raising call runs once after the pause."""
+    k1, k2 = new_key("grp-a"), new_key("grp-b")
+    first = tasks.slow_group_a.apply_async((k1, 0, tasks.SHORT_PAUSE), queue="rate")
+    raised = _raised(tasks, k1)
+    other = tasks.slow_group_b.apply_async((k2, 1), queue="rate")
+    assert first.get(timeout=60) == f"{k1}:0"
+    assert other.get(timeout=60) == f"{k2}:1"
+    assert [r[4] for r in tasks.slow_rows(k1)] == [True, False]
+    pause_end = raised[3] + tasks.SHORT_PAUSE
+    late = [r for r in tasks.slow_rows(k1) + tasks.slow_rows(k2) if not r[4]]
+    assert len(late) == 2
+    assert all(r[3] >= pause_end - SLACK - 0.05 for r in late), [(r[1], r[3] - raised[3]) for r in late]
