@@ -478,3 +478,17 @@ def slow_group_a(self: Any, key: str, n: int, pause: float = 0.0) -> str:
 @app.task(shared=False, base=LockedTask, bind=True, lock_group="slowers", lock_unique_on=["key"], lock_rate=(10, 1.0))
 def slow_group_b(self: Any, key: str, n: int, pause: float = 0.0) -> str:
     return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_cooldown=1.5,
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_cool(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """One job per ``key`` (a duplicate is skipped), and none within 1.5 s of a success of the key (cooldown)."""
+    return _slow_run(self, key, n, pause)

@@ -721,3 +721,21 @@ def test_slow_down_in_one_task_of_a_group_pauses_the_group_s_shared_rate(c: Clus
     late = [r for r in tasks.slow_rows(k1) + tasks.slow_rows(k2) if not r[4]]
     assert len(late) == 2
     assert all(r[3] >= pause_end - SLACK - 0.05 for r in late), [(r[1], r[3] - raised[3]) for r in late]
+
+
+def test_slow_down_s_copy_beside_a_cooldown_runs_once(c: Cluster, tasks: ModuleType) -> None:
+    """SlowDown's second attack, x ``lock_cooldown``: a call of the key sent during the pause races the raising call's
+    copy after it; when that call runs first, its success cools the key down, and the copy (another job's cooldown)
+    waits it out and runs, never REVOKED as a duplicate; when the copy runs first, the other call is a duplicate
+    within its cooldown (skipped, as any call)."""
+    keys = [new_key("slow-cool") for _ in range(4)]
+    raisers = [tasks.slow_cool.apply_async((k, 0, tasks.SHORT_PAUSE), queue="rate") for k in keys]
+    for r in raisers:
+        _resent_for_rate(c, r.id, reason="slowed")
+    others = [tasks.slow_cool.apply_async((k, 1), queue="rate") for k in keys]
+    assert [r.get(timeout=60) for r in raisers] == [f"{k}:0" for k in keys]
+    for k, other in zip(keys, others, strict=True):
+        other.get(timeout=60, propagate=False)
+        ran = [(r[1], r[4]) for r in tasks.slow_rows(k)]
+        assert ran.count((0, False)) == 1, ran
+        assert other.state == ("SUCCESS" if (1, False) in ran else "REVOKED"), (other.state, ran)
