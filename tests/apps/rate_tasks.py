@@ -492,3 +492,23 @@ def slow_group_b(self: Any, key: str, n: int, pause: float = 0.0) -> str:
 def slow_cool(self: Any, key: str, n: int, pause: float = 0.0) -> str:
     """One job per ``key`` (a duplicate is skipped), and none within 1.5 s of a success of the key (cooldown)."""
     return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+    max_retries=1,
+)
+def slow_exhausted(self: Any, key: str, n: int) -> str:
+    """max_retries=1: the first run retries (spending the one retry); the retry, with no retry left, hands a
+    SlowDown(SHORT_PAUSE) to ``self.retry(exc=...)`` once: it pauses the rate and runs once after it."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    try:
+        return _slow_run(self, key, n, SHORT_PAUSE)
+    except SlowDown as exc:
+        raise self.retry(exc=exc) from exc

@@ -739,3 +739,14 @@ def test_slow_down_s_copy_beside_a_cooldown_runs_once(c: Cluster, tasks: ModuleT
         ran = [(r[1], r[4]) for r in tasks.slow_rows(k)]
         assert ran.count((0, False)) == 1, ran
         assert other.state == ("SUCCESS" if (1, False) in ran else "REVOKED"), (other.state, ran)
+
+
+def test_slow_down_through_retry_with_no_retry_left_still_pauses_and_runs_once(c: Cluster, tasks: ModuleType) -> None:
+    """SlowDown's second attack, (6): ``self.retry(exc=SlowDown(...))`` in the last allowed retry (max_retries spent)
+    is not MaxRetriesExceeded and not the SlowDown as a failure: the rate pauses and the call runs once after it."""
+    key = new_key("slow-exhausted")
+    result = tasks.slow_exhausted.apply_async((key, 0), queue="rate")
+    assert result.get(timeout=60) == f"{key}:0"
+    rows = tasks.slow_rows(key)
+    assert [(r[4], r[6]) for r in rows] == [(True, 1), (False, 1)], rows
+    assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05, rows
