@@ -512,3 +512,14 @@ def slow_exhausted(self: Any, key: str, n: int) -> str:
         return _slow_run(self, key, n, SHORT_PAUSE)
     except SlowDown as exc:
         raise self.retry(exc=exc) from exc
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_then_long(self: Any, key: str, n: int, duration: float) -> str:
+    """Its first run raises SlowDown(SHORT_PAUSE); every later run records its pid (``slow_pids``), runs ``duration``
+    s and records its end (``slow_done``)."""
+    out = _slow_run(self, key, n, SHORT_PAUSE)
+    record.rpush("slow_pids", json.dumps([key, os.getpid()]))
+    time.sleep(duration)
+    record.rpush("slow_done", json.dumps([key, self.request.id]))
+    return out

@@ -750,3 +750,27 @@ def test_slow_down_through_retry_with_no_retry_left_still_pauses_and_runs_once(c
     rows = tasks.slow_rows(key)
     assert [(r[4], r[6]) for r in rows] == [(True, 1), (False, 1)], rows
     assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05, rows
+
+
+def test_slow_down_s_copy_redelivered_after_its_worker_died_runs_to_its_end_once(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """SlowDown's second attack, (4): the raising call's copy SIGKILLed mid-body (its pool child; acks_late with
+    reject_on_worker_lost: the broker redelivers it) is the same call again: it waits for the dead run's lease, runs
+    and ends once (one end recorded, SUCCESS)."""
+    key = new_key("slow-kill")
+    result = tasks.slow_then_long.apply_async((key, 0, 1.0), queue="rate")
+    pid = None
+    for _ in polling(30, 0.02):
+        pids = [json.loads(x) for x in c.record.lrange("slow_pids", 0, -1)]
+        mine = [p for k, p in pids if k == key]
+        if mine:
+            pid = mine[0]
+            break
+    assert pid is not None, "the copy never ran"
+    os.kill(pid, signal.SIGKILL)
+    assert result.get(timeout=60) == f"{key}:0"
+    time.sleep(1.0)  # a second end would come within the first's run
+    ends = [json.loads(x) for x in c.record.lrange("slow_done", 0, -1)]
+    assert [e for e in ends if e[0] == key] == [[key, result.id]]
+    assert [r[4] for r in tasks.slow_rows(key)] == [True, False, False]  # the raise, the killed copy, its redelivery
