@@ -523,3 +523,9 @@ def slow_then_long(self: Any, key: str, n: int, duration: float) -> str:
     time.sleep(duration)
     record.rpush("slow_done", json.dumps([key, self.request.id]))
     return out
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_free(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """No lock, 10 starts per 1 s per ``key``; ``pause`` > 0: its first run raises SlowDown(pause)."""
+    return _slow_run(self, key, n, pause)
