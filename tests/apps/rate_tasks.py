@@ -529,3 +529,21 @@ def slow_then_long(self: Any, key: str, n: int, duration: float) -> str:
 def slow_free(self: Any, key: str, n: int, pause: float = 0.0) -> str:
     """No lock, 10 starts per 1 s per ``key``; ``pause`` > 0: its first run raises SlowDown(pause)."""
     return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_limit=2,
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_two(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """At most 2 runs of ``key`` at once (a third is skipped); ``pause`` > 0: its first run raises SlowDown(pause);
+    every run lasts 0.5 s and records its end (``slow_done``)."""
+    out = _slow_run(self, key, n, pause)
+    time.sleep(0.5)
+    record.rpush("slow_done", json.dumps([key, self.request.id, time.time()]))
+    return out

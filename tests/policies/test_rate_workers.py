@@ -752,9 +752,7 @@ def test_slow_down_through_retry_with_no_retry_left_still_pauses_and_runs_once(c
     assert rows[1][3] >= rows[0][3] + tasks.SHORT_PAUSE - SLACK - 0.05, rows
 
 
-def test_slow_down_s_copy_redelivered_after_its_worker_died_runs_to_its_end_once(
-    c: Cluster, tasks: ModuleType
-) -> None:
+def test_slow_down_s_copy_redelivered_after_its_worker_died_runs_to_its_end_once(c: Cluster, tasks: ModuleType) -> None:
     """SlowDown's second attack, (4): the raising call's copy SIGKILLed mid-body (its pool child; acks_late with
     reject_on_worker_lost: the broker redelivers it) is the same call again: it waits for the dead run's lease, runs
     and ends once (one end recorded, SUCCESS)."""
@@ -796,3 +794,23 @@ def test_slow_down_with_one_lock_node_paused_holds_on_the_majority(c: Cluster, t
     assert sorted((r[1], r[4]) for r in rows) == [(0, False), (0, True), (1, False), (2, False), (3, False), (4, False)]
     (copy,) = [r for r in rows if r[1] == 0 and not r[4]]
     assert copy[3] >= raised[3] + tasks.SHORT_PAUSE - SLACK - 0.05, copy[3] - raised[3]
+
+
+def test_slow_down_with_lock_limit_2_runs_the_copy_once_and_never_3_at_once(c: Cluster, tasks: ModuleType) -> None:
+    """SlowDown's second attack, (2): ``lock_limit=2``: the raising call's copy gives its slot back for the pause; two
+    calls of the key sent during it take the slots and wait for the window too. After the pause the copy runs once
+    (waiting as a duplicate when both slots are taken, never REVOKED), and never 3 runs of the key at once."""
+    key = new_key("slow-two")
+    first = tasks.slow_two.apply_async((key, 0, tasks.SHORT_PAUSE), queue="rate")
+    _resent_for_rate(c, first.id, reason="slowed")
+    others = [tasks.slow_two.apply_async((key, n), queue="rate") for n in (1, 2)]
+    assert first.get(timeout=60) == f"{key}:0"
+    for r in others:
+        r.get(timeout=60, propagate=False)
+    rows = tasks.slow_rows(key)
+    assert [r[4] for r in rows if r[1] == 0] == [True, False], rows
+    ends = {e[1]: e[2] for e in (json.loads(x) for x in c.record.lrange("slow_done", 0, -1)) if e[0] == key}
+    spans = [(r[5], ends[r[2]]) for r in rows if not r[4]]
+    assert len(spans) == len(ends)
+    for start, _ in spans:
+        assert sum(1 for s, e in spans if s <= start < e) <= 2, spans
