@@ -53,6 +53,7 @@ __all__ = [
     "Facts",
     "Outcome",
     "decide",
+    "duplicate_policy",
 ]
 
 #: Immediate retries of a split vote before the delivery is re-sent instead.
@@ -132,4 +133,12 @@ def decide(f: Facts) -> Decision:
         return defer(f, min(remaining, f.interval) + 0.05 + 0.2 * f.jitter, "sending")
     # Another job holds it: a duplicate, and its task's policy says what it does (chord members always wait: a
     # skipped member would fail the chord, one that stored nothing would hang it).
-    return policy_for("reschedule" if f.in_chord else f.on_duplicate).decide(f, remaining)
+    return policy_for(duplicate_policy(f)).decide(f, remaining)
+
+
+def duplicate_policy(f: Facts) -> str:
+    """The policy a duplicate acts by: the task's, but chord members and a resumed call (a body's SlowDown: its copy
+    runs once after the pause, docs/rate.md) wait instead of being skipped or failed."""
+    if f.in_chord or (f.resumed and f.on_duplicate in ("skip", "fail")):
+        return "reschedule"
+    return f.on_duplicate

@@ -48,6 +48,9 @@ class Facts:
     #: copy of it must not run it again, whichever end it was; None: not looked up (yet)
     ended: bool | None = None
     in_chord: bool = False
+    #: a copy of a call whose body started and must still run (a body's SlowDown): as a chord member, it waits as a
+    #: duplicate instead of being skipped or failed (with replace / cancel, its key's line decides as for any call)
+    resumed: bool = False
     on_duplicate: DuplicatePolicy = "skip"
     on_unavailable: UnavailablePolicy = "retry"
     split_retries: int = 0  #: RETRY_NOWs already done in this delivery

@@ -516,7 +516,10 @@ class LockedTask(Task):  # type: ignore[misc]
         if isinstance(exc, SlowDown) and pausing is not None and pausing.options.hooks.slowed:
             raise exc
         if run is None or run.lock is None or self.request.is_eager:
-            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+            sent = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+            if run is not None:
+                run.retry_sent = True  # throw=False: sent, and the body goes on
+            return sent
         # Anything but Retry raised (MaxRetriesExceededError, the exception re-raised, Reject for a failed
         # publish): nothing was sent, nothing is handed over.
         lease_for = handover.retry_lease(run.ctx or self.lock_context(), eta, countdown, options)
@@ -526,6 +529,7 @@ class LockedTask(Task):  # type: ignore[misc]
             run.handover_ttl = lease_for
             raise
         run.handover_ttl = lease_for  # throw=False: sent, and the body goes on
+        run.retry_sent = True
         return sent
 
     # -- what the body can ask -----------------------------------------------------------------------------------

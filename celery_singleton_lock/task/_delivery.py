@@ -30,7 +30,19 @@ from typing import Any, NoReturn
 
 from celery.states import READY_STATES
 
-from ..decide.decision import COOLDOWN, HANDED, QUEUED, SENDING, SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide
+from ..decide.decision import (
+    COOLDOWN,
+    HANDED,
+    QUEUED,
+    SENDING,
+    SPLIT_RETRIES,
+    Act,
+    Decision,
+    Facts,
+    Outcome,
+    decide,
+    duplicate_policy,
+)
 from ..errors import DuplicateTaskError, LockUnavailableError
 from ..lock.config import UnavailablePolicy
 from ..lock.interrupt import Target
@@ -47,6 +59,7 @@ from ._run import (
     PARKED_HEADER,
     REDELIVERY_HEADER,
     RESERVED_HEADER,
+    RESUMED_HEADER,
     SETTLE_HEADER,
     SINCE_HEADER,
     WOKEN_HEADER,
@@ -256,6 +269,7 @@ def gather(
         redelivered=redelivered,
         retries=int(request.retries or 0),
         in_chord=bool(request.chord),
+        resumed=bool(getattr(request, RESUMED_HEADER, None)),
         on_duplicate=options.on_duplicate,
         on_unavailable=options.on_unavailable,
         attempt=int(getattr(request, ATTEMPT_HEADER, 0) or 0),
@@ -567,7 +581,7 @@ def already_ended(ctx: Context, task_id: str) -> bool:
 def duplicate(ctx: Context, run: Run, decision: Decision, facts: Facts) -> None:
     """Another job holds the lock: say so, then let the task's policy act (chord members always reschedule)."""
     task_id, holder_id = facts.task_id, facts.holder_job
-    policy = policy_for("reschedule" if facts.in_chord else ctx.options.on_duplicate)
+    policy = policy_for(duplicate_policy(facts))
     # Counted by what the policy does (_Duplicate): skipped, failed-duplicate; one that waits counts when it runs.
     signals.duplicate_skipped.send(
         sender=ctx.task, key=run.key, task_id=task_id, holder_task_id=holder_id, policy=policy.name
@@ -656,12 +670,19 @@ def slowed(ctx: Context, run: Run, pause: float, limit: Any) -> Any:
         if answer is not None:
             countdown, headers = answer
             ctx.count("slowed")
+            if run.retry_sent:
+                # The body sent its retry (retry(throw=False)) before raising: that retry is the call again, and it
+                # asks the rate like any call (the pause holds it). A copy re-sent here too would run it twice.
+                said = f"the body raised SlowDown({pause:g} s) after sending its retry"
+                resend.skip_quietly(ctx, run, Skipped(said, run.key, None, "deferred"))
+                return run.outcome
             ctx.disarm(run)  # the body has ended: a loss noticed from now on must not interrupt what follows
             lock, lease = run.lock, run.lease
             run.lock = run.lease = None
             if lease is not None:
                 watchdog().unregister(lease)
             detail = f"the body raised SlowDown({pause:g} s)"
+            headers = {**headers, RESUMED_HEADER: 1}  # never skipped or failed as a duplicate: it must run once
             wait_out(ctx, run, lock, ctx.options, countdown, "slowed", headers, detail)
             return run.outcome
     return None

@@ -46,6 +46,7 @@ __all__ = [
     "PARKED_HEADER",
     "REDELIVERY_HEADER",
     "RESERVED_HEADER",
+    "RESUMED_HEADER",
     "SETTLE_HEADER",
     "SINCE_HEADER",
     "SKIP_MARK",
@@ -91,6 +92,7 @@ PARKED_HEADER = "singleton_lock_parked"
 WOKEN_HEADER = "singleton_lock_woken"
 SINCE_HEADER = "singleton_lock_since"  # when a call first reached a worker (ms): "replace" keeps the newest
 RESERVED_HEADER = "singleton_lock_reserved"  # queue scope: published under a reservation made at apply_async
+RESUMED_HEADER = "singleton_lock_resumed"  # a copy of a call whose body started (SlowDown): waits as a duplicate
 #: A retry is a new attempt: it inherits none of these (see LockedTask.retry).
 OWN_HEADERS = frozenset(
     {
@@ -101,6 +103,7 @@ OWN_HEADERS = frozenset(
         WOKEN_HEADER,
         SINCE_HEADER,
         RESERVED_HEADER,
+        RESUMED_HEADER,
     }
     | {header for feature in FEATURES for header in feature.headers}
 )
@@ -156,6 +159,7 @@ class Run:
     entered: bool = False
     redelivered: bool = False  # the broker redelivered it, or we re-sent it to wait for its twin
     handover_ttl: float | None = None  # retry(throw=False): hand over when the body ends, for this long
+    retry_sent: bool = False  # retry(throw=False) sent the call's retry: the body's end re-sends nothing more
     parked: bool = False  # this delivery's job waits in the key's waiting line (see _line.park)
     superseded_by: str | None = None  # "replace": the newer job that took this one's place in the line
     interrupt: Target | None = None  # lock_on_lost="interrupt": the body to interrupt when the lock is lost

@@ -466,15 +466,6 @@ def slow_fail(self: Any, key: str, n: int) -> str:
     return _slow_run(self, key, n, LONG_PAUSE)
 
 
-@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
-def slow_after_retry(self: Any, key: str, n: int) -> str:
-    """Its first run sends a retry (``self.retry(countdown=0.5, throw=False)``) and then raises SlowDown(SHORT_PAUSE):
-    two messages of one task id, the retry and the pause's copy; the call must still run once after the pause."""
-    if not record.exists(f"slow-raised:{self.request.id}"):
-        self.retry(countdown=0.5, throw=False)
-    return _slow_run(self, key, n, SHORT_PAUSE)
-
-
 @app.task(
     shared=False,
     base=LockedTask,
@@ -502,3 +493,114 @@ def slow_pair_a(self: Any, key: str, n: int) -> str:
 def slow_pair_b(self: Any, key: str, n: int) -> str:
     """slow_pair_a's partner in its group."""
     return _slow_run(self, key, n, 0.0)
+
+
+# -- SlowDown after the body's own retry(throw=False) (issue 33, second attack) ------------------------------------
+
+
+def _retry_then_slow(task: Any, key: str, n: int) -> str:
+    """The first run of this task id sends a retry (``retry(throw=False)``, countdown 0.3 s), then raises
+    SlowDown(SHORT_PAUSE): the call must run once more, not twice (the retry and a SlowDown copy)."""
+    raising = bool(record.set(f"slow-raised:{task.request.id}", 1, nx=True))
+    row = [key, n, task.request.id, task.rate_started_at, raising, time.time(), task.request.retries]
+    record.rpush("slow_runs", json.dumps(row))
+    if raising:
+        task.retry(countdown=0.3, throw=False, max_retries=3)
+        raise SlowDown(SHORT_PAUSE)
+    return f"{key}:{n}"
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_after_retry(self: Any, key: str, n: int) -> str:
+    return _retry_then_slow(self, key, n)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_after_retry_unlocked(self: Any, key: str, n: int) -> str:
+    return _retry_then_slow(self, key, n)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_dup(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """One job per ``key`` at once (a duplicate is skipped); ``pause`` > 0: its first run raises SlowDown(pause)."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="slowers", lock_unique_on=["key"], lock_rate=(10, 1.0))
+def slow_group_a(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """One rate for both tasks of the group "slowers" (no lock_rate_on): a SlowDown in either pauses both."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_group="slowers", lock_unique_on=["key"], lock_rate=(10, 1.0))
+def slow_group_b(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_cooldown=1.5,
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_cool(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """One job per ``key`` (a duplicate is skipped), and none within 1.5 s of a success of the key (cooldown)."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+    max_retries=1,
+)
+def slow_exhausted(self: Any, key: str, n: int) -> str:
+    """max_retries=1: the first run retries (spending the one retry); the retry, with no retry left, hands a
+    SlowDown(SHORT_PAUSE) to ``self.retry(exc=...)`` once: it pauses the rate and runs once after it."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    try:
+        return _slow_run(self, key, n, SHORT_PAUSE)
+    except SlowDown as exc:
+        raise self.retry(exc=exc) from exc
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_unique_on=["key"], lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_then_long(self: Any, key: str, n: int, duration: float) -> str:
+    """Its first run raises SlowDown(SHORT_PAUSE); every later run records its pid (``slow_pids``), runs ``duration``
+    s and records its end (``slow_done``)."""
+    out = _slow_run(self, key, n, SHORT_PAUSE)
+    record.rpush("slow_pids", json.dumps([key, os.getpid()]))
+    time.sleep(duration)
+    record.rpush("slow_done", json.dumps([key, self.request.id]))
+    return out
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(10, 1.0), lock_rate_on=["key"])
+def slow_free(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """No lock, 10 starts per 1 s per ``key``; ``pause`` > 0: its first run raises SlowDown(pause)."""
+    return _slow_run(self, key, n, pause)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_limit=2,
+    lock_rate=(10, 1.0),
+    lock_rate_on=["key"],
+)
+def slow_two(self: Any, key: str, n: int, pause: float = 0.0) -> str:
+    """At most 2 runs of ``key`` at once (a third is skipped); ``pause`` > 0: its first run raises SlowDown(pause);
+    every run lasts 0.5 s and records its end (``slow_done``)."""
+    out = _slow_run(self, key, n, pause)
+    time.sleep(0.5)
+    record.rpush("slow_done", json.dumps([key, self.request.id, time.time()]))
+    return out

@@ -144,7 +144,7 @@ def check(f: Facts, d: Decision) -> None:
                 assert d.countdown >= min(remaining, f.interval, f.max_countdown or remaining)
     # Duplicates follow the policy; chord members always wait.
     if f.outcome == "held" and f.holder_job == OTHER and f.holder_state != SENDING:
-        expected = "reschedule" if f.in_chord else f.on_duplicate
+        expected = "reschedule" if f.in_chord or (f.resumed and f.on_duplicate in ("skip", "fail")) else f.on_duplicate
         acts = {
             "skip": Act.SKIP,
             "fail": Act.FAIL_DUPLICATE,
@@ -235,6 +235,9 @@ def test_every_combination_of_facts_keeps_every_guarantee() -> None:
         (Facts("held", ME, holder_job=OTHER, on_duplicate="fail"), Act.FAIL_DUPLICATE, ""),
         (Facts("held", ME, holder_job=OTHER, on_duplicate="reschedule"), Act.DEFER, "duplicate"),
         (Facts("held", ME, holder_job=OTHER, in_chord=True), Act.DEFER, "duplicate"),
+        # A SlowDown's copy (resumed) waits as a chord member does, never skipped or failed as a duplicate.
+        (Facts("held", ME, holder_job=OTHER, resumed=True), Act.DEFER, "duplicate"),
+        (Facts("held", ME, holder_job=OTHER, resumed=True, on_duplicate="fail"), Act.DEFER, "duplicate"),
     ],
 )
 def test_the_table(facts: Facts, act: Act, reason: str) -> None:
