@@ -40,6 +40,12 @@ _SPLIT_ATTEMPTS = 5
 SHORT = 0.2
 
 
+def _restamp(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
+    from .rate import _restamp as restamp  # noqa: PLC0415 - rate.py imports this module
+
+    return restamp(nodes, key, rate, token, slot, times)
+
+
 def _late() -> float:
     from .rate import LATE  # noqa: PLC0415 - rate.py imports this module
 
@@ -117,8 +123,8 @@ def book(nodes: NodeSet, key: str, rate: Window) -> Verdict:
             times = {i: moments[i] for i in holders}
             if wait <= 0 and time.monotonic() - began <= _late():
                 return _verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
-            if wait <= 0:  # counted now, but the answers came back late: claim it (moved to now where allowed)
-                late = claim(nodes, key, rate, token, slot)
+            if wait <= 0:  # counted now, but the answers came back late: moved to now on the nodes that hold it
+                late = _restamp(nodes, key, rate, token, slot, times)
                 if late is not None:
                     return late
                 continue
@@ -145,14 +151,16 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int) -> Verd
     member = f"{slot}:{token}"
     late_us = round(_late() * 1_000_000)
     move = ""  # first ask only; once a quorum said it may start, again moving the entries where it starts
+    on = list(range(len(nodes)))  # then only the nodes that said so (a frozen one would make every answer late)
     for _ in range(3):
         began = time.monotonic()
-        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move])
+        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move], nodes=on)
         ok: dict[int, float] = {}
         early: list[float] = []
         errors: list[str] = []
         moves = False
-        for i, answer in enumerate(answers):
+        for i in on:
+            answer = answers[i]
             if isinstance(answer, BaseException):
                 errors.append(str(nodes.error(i, answer)))
             elif int(answer[0]) == 1:
@@ -163,7 +171,7 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int) -> Verd
         if len(ok) >= nodes.quorum:
             if not moves and time.monotonic() - began <= _late():
                 return _verdict("granted", token=token, slot=slot, at=min(ok.values()), times=ok)
-            move = "1"
+            move, on = "1", list(ok)
             continue  # moved now (or the answers came back late: asked again, late now: moved to now)
         if early and len(ok) + len(early) >= nodes.quorum:
             return _verdict("booked", wait=max(early), token=token, slot=slot, times=ok)

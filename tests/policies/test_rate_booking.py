@@ -149,3 +149,26 @@ def test_a_booking_claimed_over_a_second_late_keeps_its_log_until_it_leaves_the_
     assert late is not None and late.outcome == "granted"
     pttl = redis.Redis.from_url(redis_node.url).pttl(name)
     assert pttl >= rate.period * 1000, f"the log expires in {pttl} ms, its last start leaves the window in 1600 ms"
+
+
+def test_with_one_node_of_three_paused_a_waiting_call_starts_and_a_booked_one_claims(
+    fresh_trio: list[RedisServer], name: str
+) -> None:
+    """A node frozen (SIGSTOP) answers nothing: every round trip to all three takes the socket timeout, so each
+    answer comes back later than LATE. The start counted now must then move to now on the nodes that hold it (as
+    rate.take does), and a booked call's claim ask again only the nodes that let it start: before, both asked all
+    three again, late every time, and a call waiting for its rate never started while the node was paused (book()
+    ended 'limited' after ~10 s, every time)."""
+    nodes = NodeSet([s.url for s in fresh_trio], socket_timeout=0.2)
+    rate = Window(1, 1.0)
+    assert book(nodes, name, rate).outcome == "granted"
+    booked = book(nodes, name, rate)
+    assert booked.outcome == "booked"
+    fresh_trio[2].pause()
+    try:
+        started = _wait_and_claim(nodes, name, rate, booked)
+        assert started.outcome == "granted" and started.token == booked.token, started
+        other = f"{name}:other"
+        assert book(nodes, other, rate).outcome == "granted"
+    finally:
+        fresh_trio[2].resume()
