@@ -10,6 +10,7 @@ import time
 import redis
 
 from celery_singleton_lock.lock.nodes import NodeSet
+from celery_singleton_lock.lock.scripts import RATE_PAUSE
 from celery_singleton_lock.policies.rate import Verdict, Window, take
 from celery_singleton_lock.policies.rate_booking import book, claim, decide, parse_booking
 from celery_singleton_lock.testing import RedisServer
@@ -149,3 +150,27 @@ def test_a_booking_claimed_over_a_second_late_keeps_its_log_until_it_leaves_the_
     assert late is not None and late.outcome == "granted"
     pttl = redis.Redis.from_url(redis_node.url).pttl(name)
     assert pttl >= rate.period * 1000, f"the log expires in {pttl} ms, its last start leaves the window in 1600 ms"
+
+
+def _pause(nodes: NodeSet, key: str, rate: Window, seconds: float) -> None:
+    """A body's SlowDown(seconds) on this one-limit rate, as policies/rate.py writes it (lua/rate_pause.lua)."""
+    nodes.run(RATE_PAUSE, [key], ["pause-token", round(seconds * 1_000_000), rate.limit, rate.window_us])
+
+
+def test_a_booked_call_never_starts_inside_a_pause_longer_than_the_window(redis_node: RedisServer, name: str) -> None:
+    """A SlowDown pause longer than the window stores its entries in the future (they leave the window when the pause
+    ends). rate_claim.lua looked only at entries up to now for what covers a booking, so a call booked before the
+    pause started on its moment inside the pause."""
+    nodes = NodeSet(redis_node.url)
+    rate = Window(1, 0.3)
+    assert book(nodes, name, rate).outcome == "granted"
+    booked = book(nodes, name, rate)
+    assert booked.outcome == "booked" and booked.wait <= 0.3
+    _pause(nodes, name, rate, 1.5)  # until ~1.5 s from now: the booking's moment (~0.3 s) is inside it
+    time.sleep(booked.wait + 0.01)
+    verdict = claim(nodes, name, rate, booked.token, booked.slot)
+    assert verdict is not None and verdict.outcome == "booked", verdict  # waits: it must not start in the pause
+    assert verdict.wait > 1.0
+    # A booking made during the pause lands after it.
+    during = book(nodes, name, rate)
+    assert during.outcome == "booked" and during.wait > 1.0

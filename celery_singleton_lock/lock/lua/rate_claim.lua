@@ -30,16 +30,18 @@ if score <= now - window then
   return {3}
 end
 local slot = string.match(ARGV[1], '^(%d+):')
--- The entries of its slot (and those holding no slot) that began after its predecessor's booked place: a predecessor
--- that started late (moved). Its moment is the latest end of them: before it, wait; after it, on time or late.
+-- The entries of its slot that began after its predecessor's booked place, up to now: a predecessor that started
+-- late (moved; its successors, booked a window on, are later than now). And those holding no slot, whenever they
+-- begin: a pause longer than the window is stored in the future (it ends when they leave the window). Its moment
+-- is the latest end of them: before it, wait; after it, on time or late.
 local due = score
-local near = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', score - window),
-  string.format('%.0f', now), 'WITHSCORES')
+local near = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', score - window), '+inf', 'WITHSCORES')
 for i = 1, #near, 2 do
   if near[i] ~= ARGV[1] then
     local s = string.match(near[i], '^(%d+):')
-    if s == slot or not s then
-      due = math.max(due, tonumber(near[i + 1]) + window)
+    local at = tonumber(near[i + 1])
+    if not s or (s == slot and at <= now) then
+      due = math.max(due, at + window)
     end
   end
 end
