@@ -147,7 +147,7 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int) -> Verd
     move = ""  # first ask only; once a quorum said it may start, again moving the entries where it starts
     for _ in range(3):
         began = time.monotonic()
-        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move])
+        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move, rate.limit])
         ok: dict[int, float] = {}
         early: list[float] = []
         errors: list[str] = []

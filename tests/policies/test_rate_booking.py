@@ -174,3 +174,20 @@ def test_a_booked_call_never_starts_inside_a_pause_longer_than_the_window(redis_
     # A booking made during the pause lands after it.
     during = book(nodes, name, rate)
     assert during.outcome == "booked" and during.wait > 1.0
+
+
+def test_bookings_made_before_lock_rate_was_lowered_never_put_more_than_the_new_n_in_a_window(
+    redis_node: RedisServer, name: str
+) -> None:
+    """lock_rate lowered between deploys (same key): bookings of slots >= the new N, made under the old one, were
+    still claimed (rate_claim.lua did not know N), so their starts joined the others' in one window: 4 at N = 2. A
+    booking of a slot >= N now books anew under the new N, and such an entry holds every slot, as in rate_book.lua."""
+    nodes = NodeSet(redis_node.url)
+    old, new = Window(4, 0.4), Window(2, 0.4)
+    assert [book(nodes, name, old).outcome for _ in range(4)] == ["granted"] * 4
+    booked = [book(nodes, name, old) for _ in range(4)]
+    assert [v.outcome for v in booked] == ["booked"] * 4 and {v.slot for v in booked} == {0, 1, 2, 3}
+    time.sleep(max(v.wait for v in booked) + 0.005)
+    started = [v for v in booked if (c := claim(nodes, name, new, v.token, v.slot)) and c.outcome == "granted"]
+    assert len(started) <= new.limit, [v.slot for v in started]
+    assert all(v.slot < new.limit for v in started)
