@@ -676,7 +676,10 @@ class RateFeature(Feature):
         request = ctx.request
         if len(keys) == 1 and units == 1 and conf.on_limit == "wait" and not request.is_eager:
             # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send.
-            verdict = decide(nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None))
+            redelivered = bool((request.delivery_info or {}).get("redelivered"))  # by the broker, not re-sent by us
+            verdict = decide(
+                nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None), redelivered=redelivered
+            )
         elif len(keys) == 1 and units == 1:
             verdict = take(nodes, key, conf.limits[0].window)  # the hot path: lua/rate.lua, as before stacking
         else:

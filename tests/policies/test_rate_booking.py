@@ -191,3 +191,24 @@ def test_bookings_made_before_lock_rate_was_lowered_never_put_more_than_the_new_
     started = [v for v in booked if (c := claim(nodes, name, new, v.token, v.slot)) and c.outcome == "granted"]
     assert len(started) <= new.limit, [v.slot for v in started]
     assert all(v.slot < new.limit for v in started)
+
+
+def test_a_redelivered_copy_after_its_moment_books_anew_and_the_start_stays_counted(
+    redis_node: RedisServer, name: str
+) -> None:
+    """A booked copy that started, its worker killed (acks_late), comes back from the broker within a window (a
+    RabbitMQ connection closed; a Redis visibility timeout shorter than a long window, "100/d"): its claim found its
+    own entry and started on it again (on time) or moved it to now (late), so the killed start was no longer
+    counted: two starts on one entry. Redelivered, it keeps its booking only while early; then it books anew."""
+    nodes = NodeSet(redis_node.url)
+    rate = Window(1, 0.5)
+    assert book(nodes, name, rate).outcome == "granted"
+    booked = book(nodes, name, rate)
+    assert booked.outcome == "booked"
+    held = f"{booked.slot}:{booked.token}"
+    time.sleep(max(0.0, booked.wait - 0.1))
+    early = decide(nodes, name, rate, held, redelivered=True)  # early (within SHORT: waited here): its own
+    assert early.outcome == "granted" and early.token == booked.token
+    again = decide(nodes, name, rate, held, redelivered=True)  # the killed start's copy, redelivered at once
+    assert again.outcome == "booked" and again.token != booked.token and again.wait > 0.4
+    assert held in _scores(redis_node, name)  # the first start stays counted
