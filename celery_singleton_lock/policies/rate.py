@@ -674,8 +674,16 @@ class RateFeature(Feature):
         run.state[self.name] = share
         nodes = options.settings.nodes
         request = ctx.request
-        if len(keys) == 1 and units == 1 and conf.on_limit == "wait" and not request.is_eager:
-            # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send.
+        # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send. Not with
+        # replace: a newer call supersedes a waiting one, whose booking would stay in the log, wasted (a window more
+        # for the newest, per call superseded).
+        if (
+            len(keys) == 1
+            and units == 1
+            and conf.on_limit == "wait"
+            and not request.is_eager
+            and not options.policy.replaces
+        ):
             redelivered = bool((request.delivery_info or {}).get("redelivered"))  # by the broker, not re-sent by us
             verdict = decide(
                 nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None), redelivered=redelivered
