@@ -806,7 +806,10 @@ class RateFeature(Feature):
         except Exception:  # best effort: the call is re-sent for after the pause all the same
             logger.warning("Task %s: its rate's pause could not be written", ctx.name, exc_info=True)
         countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
-        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), {SLOWED_HEADER: 1}
+        # Its copy holds no booking: the one this run started on is this start's count (claimed again, it would be
+        # two starts on one entry); it asks the window anew ('' is no booking, see rate_booking.parse_booking).
+        headers = {SLOWED_HEADER: 1, BOOKING_HEADER: ""}
+        return min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), headers
 
     def spent(self, ctx: Any, run: Any, units: Any) -> int:
         """The body of ``run`` reports what its start really cost (``LockedTask.rate_spent``): the window is corrected

@@ -191,6 +191,15 @@ def rated_retrying(self: Any, key: str) -> str:
     return out
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(1, 1.0), lock_rate_on=["key"])
+def rated_slowing(self: Any, key: str, slow: bool) -> str:
+    """1 start per 1 s per ``key``, waits; with ``slow``, the first run raises SlowDown(0.3) (its copy runs after)."""
+    out = _run(self, key, 0.0)
+    if slow and not getattr(self.request, "singleton_lock_slowed", None):
+        raise SlowDown(0.3)
+    return out
+
+
 # -- checking the record against the window (used by the tests and benchmarks/rate_storm.py) -----------------------
 
 
