@@ -43,7 +43,7 @@ from ..lock.keys import lock_key
 from ..lock.nodes import NodeSet
 from ..lock.scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
 from .port import Delivery, Feature, check_names, parameters
-from .rate_booking import BOOKING_HEADER, decide
+from .rate_booking import BOOKING_HEADER, books, decide_for
 
 __all__ = [
     "ON_RATE_LIMIT",
@@ -674,20 +674,9 @@ class RateFeature(Feature):
         run.state[self.name] = share
         nodes = options.settings.nodes
         request = ctx.request
-        # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send. Not with
-        # replace: a newer call supersedes a waiting one, whose booking would stay in the log, wasted (a window more
-        # for the newest, per call superseded).
-        if (
-            len(keys) == 1
-            and units == 1
-            and conf.on_limit == "wait"
-            and not request.is_eager
-            and not options.policy.replaces
-        ):
-            redelivered = bool((request.delivery_info or {}).get("redelivered"))  # by the broker, not re-sent by us
-            verdict = decide(
-                nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None), redelivered=redelivered
-            )
+        if len(keys) == 1 and units == 1 and books(conf.on_limit, options.policy, request):
+            # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send.
+            verdict = decide_for(nodes, key, conf.limits[0].window, request)
         elif len(keys) == 1 and units == 1:
             verdict = take(nodes, key, conf.limits[0].window)  # the hot path: lua/rate.lua, as before stacking
         else:

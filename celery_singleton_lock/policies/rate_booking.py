@@ -30,7 +30,7 @@ from ..lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
 if TYPE_CHECKING:  # pragma: no cover - types only (rate.py imports this module)
     from .rate import Verdict, Window
 
-__all__ = ["BOOKING_HEADER", "SHORT", "book", "claim", "decide", "parse_booking"]
+__all__ = ["BOOKING_HEADER", "SHORT", "book", "books", "claim", "decide", "decide_for", "parse_booking"]
 
 #: The header of a booked call's re-sent copy: ``<slot>:<owner token>``, its entry in the rate log.
 BOOKING_HEADER = "singleton_lock_rate_booking"
@@ -60,6 +60,19 @@ def parse_booking(value: Any) -> tuple[int, str] | None:
     if not slot.isdigit() or not token:
         return None
     return int(slot), token
+
+
+def books(on_limit: str, policy: Any, request: Any) -> bool:
+    """Whether a call of a one-limit, cost-1 rate books: one that waits (not an eager one, which cannot), and not
+    with ``replace``: a newer call supersedes a waiting one, whose booking would stay in the log, wasted (a window
+    more for the newest, per call superseded)."""
+    return on_limit == "wait" and not request.is_eager and not policy.replaces
+
+
+def decide_for(nodes: NodeSet, key: str, rate: Window, request: Any) -> Verdict:
+    """:func:`decide` for a delivery: its booking header, and whether the broker redelivered it (not re-sent by us)."""
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    return decide(nodes, key, rate, getattr(request, BOOKING_HEADER, None), redelivered=redelivered)
 
 
 def decide(nodes: NodeSet, key: str, rate: Window, booking: Any, *, redelivered: bool = False) -> Verdict:
