@@ -341,7 +341,8 @@ _support("policy:reschedule", ["rate:skip", "rate:fail"], "a run refused by its 
 _support(
     "policy:replace",
     ["rate:wait"],
-    "the newest waiting call runs, and older ones waiting for the rate window are superseded, never run after it",
+    "the newest waiting call runs, and older ones waiting for the rate window are superseded, never run after it "
+    "(not booked: a superseded call's booking would waste its slot)",
 )
 _support("policy:replace", ["rate:skip", "rate:fail"], "a run refused by its rate wakes the key's line")
 _support("policy:skip", _RATES, "the rate is asked after the lock: a skipped call uses no share")

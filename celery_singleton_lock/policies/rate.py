@@ -44,7 +44,7 @@ from ..lock.keys import lock_key
 from ..lock.nodes import NodeSet
 from ..lock.scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
 from .port import Delivery, Feature, check_names, parameters
-from .rate_booking import BOOKING_HEADER, decide
+from .rate_booking import BOOKING_HEADER, books, decide_for
 
 __all__ = [
     "ON_RATE_LIMIT",
@@ -777,9 +777,9 @@ class RateFeature(Feature):
         run.state[self.name] = share
         nodes = options.settings.nodes
         request = ctx.request
-        if len(keys) == 1 and units[0] == 1 and conf.on_limit == "wait" and not request.is_eager:
+        if len(keys) == 1 and units[0] == 1 and books(conf.on_limit, options.policy, request):
             # A call that waits books its slot (policies/rate_booking.py): served in arrival order, one re-send.
-            verdict = decide(nodes, key, conf.limits[0].window, getattr(request, BOOKING_HEADER, None))
+            verdict = decide_for(nodes, key, conf.limits[0].window, request)
         elif len(keys) == 1 and units[0] == 1:
             verdict = take(nodes, key, conf.limits[0].window)  # the hot path: lua/rate.lua, as before stacking
         else:
@@ -866,7 +866,10 @@ class RateFeature(Feature):
         ``lock_on_unavailable="run"``: the nodes did not answer) pauses nothing but is re-sent all the same: the API
         said "slow down", and failing the call with it would lose it."""
         countdown = pause + 0.002 + 0.01 * random.random()  # noqa: S311 - jitter
-        answer = min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), {SLOWED_HEADER: 1}
+        # Its copy holds no booking: the one this run started on is this start's count (claimed again, it would be
+        # two starts on one entry); it asks the window anew ('' is no booking, see rate_booking.parse_booking).
+        headers = {SLOWED_HEADER: 1, BOOKING_HEADER: ""}
+        answer = min(countdown, RATE_MAX_COUNTDOWN, ctx.options.max_countdown or RATE_MAX_COUNTDOWN), headers
         share = self.share(run)
         if share is None:
             logger.warning("Task %s raised SlowDown in a start its rate did not count: nothing paused", ctx.name)

@@ -30,7 +30,7 @@ from ..lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
 if TYPE_CHECKING:  # pragma: no cover - types only (rate.py imports this module)
     from .rate import Verdict, Window
 
-__all__ = ["BOOKING_HEADER", "SHORT", "book", "claim", "decide", "parse_booking"]
+__all__ = ["BOOKING_HEADER", "SHORT", "book", "books", "claim", "decide", "decide_for", "parse_booking"]
 
 #: The header of a booked call's re-sent copy: ``<slot>:<owner token>``, its entry in the rate log.
 BOOKING_HEADER = "singleton_lock_rate_booking"
@@ -68,12 +68,27 @@ def parse_booking(value: Any) -> tuple[int, str] | None:
     return int(slot), token
 
 
-def decide(nodes: NodeSet, key: str, rate: Window, booking: Any) -> Verdict:
+def books(on_limit: str, policy: Any, request: Any) -> bool:
+    """Whether a call of a one-limit, cost-1 rate books: one that waits (not an eager one, which cannot), and not
+    with ``replace``: a newer call supersedes a waiting one, whose booking would stay in the log, wasted (a window
+    more for the newest, per call superseded)."""
+    return on_limit == "wait" and not request.is_eager and not policy.replaces
+
+
+def decide_for(nodes: NodeSet, key: str, rate: Window, request: Any) -> Verdict:
+    """:func:`decide` for a delivery: its booking header, and whether the broker redelivered it (not re-sent by us)."""
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    return decide(nodes, key, rate, getattr(request, BOOKING_HEADER, None), redelivered=redelivered)
+
+
+def decide(nodes: NodeSet, key: str, rate: Window, booking: Any, *, redelivered: bool = False) -> Verdict:
     """The decision of a call that waits: its booking's :func:`claim` if it carries one (header value ``booking``),
     then (none, lost, or a window late) a :func:`book`. A moment at most :data:`SHORT` s away is waited for here
-    (at most 3 times), not by a re-send."""
+    (at most 3 times), not by a re-send. A copy the broker ``redelivered`` (a worker killed or shut down holding
+    it) keeps its booking only while early: after the moment, the copy before it may have started on it (its
+    entry is that start's count), so it books anew and the entry stays."""
     held = parse_booking(booking)
-    verdict = claim(nodes, key, rate, held[1], held[0]) if held is not None else None
+    verdict = claim(nodes, key, rate, held[1], held[0], early_only=redelivered) if held is not None else None
     if verdict is None:
         verdict = book(nodes, key, rate)
     for _ in range(3):
@@ -144,17 +159,18 @@ def book(nodes: NodeSet, key: str, rate: Window) -> Verdict:
     return _verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
 
 
-def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int) -> Verdict | None:
+def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, *, early_only: bool = False) -> Verdict | None:
     """A booked call arrives: ``granted`` on a quorum that finds it on time (or moved it to now); ``booked`` again
     with the wait when it is early there (or covered); ``unavailable`` without a quorum's answers; None when its
-    booking is lost, or a window late: book anew (the late entry stays counted)."""
+    booking is lost, or a window late: book anew (the late entry stays counted). ``early_only``: None, the entry
+    left as it is, where it would start (a redelivered copy: its entry may count a start already made)."""
     member = f"{slot}:{token}"
     late_us = round(_late() * 1_000_000)
     move = ""  # first ask only; once a quorum said it may start, again moving the entries where it starts
     on = list(range(len(nodes)))  # then only the nodes that said so (a frozen one would make every answer late)
     for _ in range(3):
         began = time.monotonic()
-        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move], nodes=on)
+        answers = nodes.run(RATE_CLAIM, [key], [member, rate.window_us, late_us, move, rate.limit], nodes=on)
         ok: dict[int, float] = {}
         early: list[float] = []
         errors: list[str] = []
@@ -168,6 +184,8 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int) -> Verd
                 moves = moves or int(answer[3]) == 1
             elif int(answer[0]) == 2:
                 early.append(int(answer[1]) / 1_000_000)
+        if len(ok) >= nodes.quorum and early_only:
+            return None  # its moment came: perhaps started on by the copy before it; the entry stays counted
         if len(ok) >= nodes.quorum:
             if not moves and time.monotonic() - began <= _late():
                 return _verdict("granted", token=token, slot=slot, at=min(ok.values()), times=ok)

@@ -505,7 +505,7 @@ class LockedTask(Task):  # type: ignore[misc]
         while this body is still ending sees its predecessor (the record's ``try``) and looks again shortly. When
         Celery sends nothing after all (max retries exceeded, the exception re-raised, the publish failed),
         nothing is handed over. The retry does not inherit this delivery's lock headers (its outage attempts, its
-        redelivery mark): it is a new attempt.
+        redelivery mark, a booked slot), with or without a lock: it is a new attempt.
 
         ``exc`` a :class:`SlowDown` in a run of a task that a feature can pause (one with a ``lock_rate``; Celery's
         ``autoretry_for`` hands every exception it catches to this method): the SlowDown is raised instead, as if the
@@ -516,6 +516,8 @@ class LockedTask(Task):  # type: ignore[misc]
         if isinstance(exc, SlowDown) and pausing is not None and pausing.options.hooks.slowed:
             raise exc
         if run is None or run.lock is None or self.request.is_eager:
+            if run is not None:  # no lock to hand over (lock_limit=None): still a new attempt, without our headers
+                handover.drop_own_headers(self.request, options)
             sent = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
             if run is not None:
                 run.retry_sent = True  # throw=False: sent, and the body goes on

@@ -12,7 +12,7 @@ from ..lock.renewal import watchdog
 from ..policies.limit import LIMIT
 from ._run import END_LEASE, OWN_HEADERS, Context, Run
 
-__all__ = ["end_lease_of", "ending_lease", "hand_over", "retry_lease"]
+__all__ = ["drop_own_headers", "end_lease_of", "ending_lease", "hand_over", "retry_lease"]
 
 
 def retry_lease(ctx: Context, eta: dt.datetime | None, countdown: float | None, options: dict[str, Any]) -> float:
@@ -24,9 +24,15 @@ def retry_lease(ctx: Context, eta: dt.datetime | None, countdown: float | None, 
         delay = max(0.0, (aware - dt.datetime.now(dt.timezone.utc)).total_seconds())
     else:
         delay = float(countdown if countdown is not None else ctx.task.default_retry_delay or 0)
-    headers = options.get("headers", ctx.request.headers) or {}
-    options["headers"] = {k: v for k, v in headers.items() if k not in OWN_HEADERS and not str(k).startswith("x-death")}
+    drop_own_headers(ctx.request, options)
     return delay + ctx.options.ttl
+
+
+def drop_own_headers(request: Any, options: dict[str, Any]) -> None:
+    """Drop this delivery's own lock headers from a retry's ``options`` (a retry is a new attempt, with or without a
+    lock: a booked call's retry carrying its booking would claim the entry its run already counted)."""
+    headers = options.get("headers", request.headers) or {}
+    options["headers"] = {k: v for k, v in headers.items() if k not in OWN_HEADERS and not str(k).startswith("x-death")}
 
 
 def hand_over(ctx: Context, run: Run, ttl: float) -> None:

@@ -182,6 +182,24 @@ def rated_latest(self: Any, key: str, version: int) -> str:
     return _run(self, key, 0.0)
 
 
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(1, 1.0), lock_rate_on=["key"])
+def rated_retrying(self: Any, key: str) -> str:
+    """No lock, 1 start per 1 s per ``key``, waits: the first run of each call retries at once (``self.retry``)."""
+    out = _run(self, key, 0.0)
+    if not self.request.retries:
+        raise self.retry(countdown=0)
+    return out
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_rate=(1, 1.0), lock_rate_on=["key"])
+def rated_slowing(self: Any, key: str, slow: bool) -> str:
+    """1 start per 1 s per ``key``, waits; with ``slow``, the first run raises SlowDown(0.3) (its copy runs after)."""
+    out = _run(self, key, 0.0)
+    if slow and not getattr(self.request, "singleton_lock_slowed", None):
+        raise SlowDown(0.3)
+    return out
+
+
 # -- checking the record against the window (used by the tests and benchmarks/rate_storm.py) -----------------------
 
 

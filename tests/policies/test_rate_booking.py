@@ -10,6 +10,7 @@ import time
 import redis
 
 from celery_singleton_lock.lock.nodes import NodeSet
+from celery_singleton_lock.lock.scripts import RATE_PAUSE
 from celery_singleton_lock.policies.rate import Verdict, Window, take
 from celery_singleton_lock.policies.rate_booking import book, claim, decide, parse_booking
 from celery_singleton_lock.testing import RedisServer
@@ -35,7 +36,10 @@ def test_refused_calls_book_moments_in_arrival_order_and_bookings_count(redis_no
     verdicts = [book(nodes, name, rate) for _ in range(6)]
     assert [v.outcome for v in verdicts] == ["granted", "granted"] + ["booked"] * 4
     waits = [v.wait for v in verdicts[2:]]
-    assert waits == sorted(waits)  # arrival order: each later call owns a later (or equal) moment
+    # Arrival order: each later call owns a later (or equal) moment. The moments, not the waits: a wait is counted
+    # from when its call asked, so under load a later call's wait can be shorter for a later moment.
+    moments = [max(v.times.values()) for v in verdicts[2:]]
+    assert moments == sorted(moments), moments
     # Two per window: calls 3-4 own the first window after the starts, 5-6 the next one.
     assert 0.4 < waits[0] <= 0.6 and 0.4 < waits[1] <= 0.6 and 1.0 < waits[2] <= 1.2 and 1.0 < waits[3] <= 1.2
     assert {v.slot for v in verdicts[2:4]} == {0, 1} and {v.slot for v in verdicts[4:]} == {0, 1}
@@ -172,3 +176,65 @@ def test_with_one_node_of_three_paused_a_waiting_call_starts_and_a_booked_one_cl
         assert book(nodes, other, rate).outcome == "granted"
     finally:
         fresh_trio[2].resume()
+
+
+def _pause(nodes: NodeSet, key: str, rate: Window, seconds: float) -> None:
+    """A body's SlowDown(seconds) on this one-limit rate, as policies/rate.py writes it (lua/rate_pause.lua)."""
+    nodes.run(RATE_PAUSE, [key], ["pause-token", round(seconds * 1_000_000), rate.limit, rate.window_us])
+
+
+def test_a_booked_call_never_starts_inside_a_pause_longer_than_the_window(redis_node: RedisServer, name: str) -> None:
+    """A SlowDown pause longer than the window stores its entries in the future (they leave the window when the pause
+    ends). rate_claim.lua looked only at entries up to now for what covers a booking, so a call booked before the
+    pause started on its moment inside the pause."""
+    nodes = NodeSet(redis_node.url)
+    rate = Window(1, 0.3)
+    assert book(nodes, name, rate).outcome == "granted"
+    booked = book(nodes, name, rate)
+    assert booked.outcome == "booked" and booked.wait <= 0.3
+    _pause(nodes, name, rate, 1.5)  # until ~1.5 s from now: the booking's moment (~0.3 s) is inside it
+    time.sleep(booked.wait + 0.01)
+    verdict = claim(nodes, name, rate, booked.token, booked.slot)
+    assert verdict is not None and verdict.outcome == "booked", verdict  # waits: it must not start in the pause
+    assert verdict.wait > 1.0
+    # A booking made during the pause lands after it.
+    during = book(nodes, name, rate)
+    assert during.outcome == "booked" and during.wait > 1.0
+
+
+def test_bookings_made_before_lock_rate_was_lowered_never_put_more_than_the_new_n_in_a_window(
+    redis_node: RedisServer, name: str
+) -> None:
+    """lock_rate lowered between deploys (same key): bookings of slots >= the new N, made under the old one, were
+    still claimed (rate_claim.lua did not know N), so their starts joined the others' in one window: 4 at N = 2. A
+    booking of a slot >= N now books anew under the new N, and such an entry holds every slot, as in rate_book.lua."""
+    nodes = NodeSet(redis_node.url)
+    old, new = Window(4, 0.4), Window(2, 0.4)
+    assert [book(nodes, name, old).outcome for _ in range(4)] == ["granted"] * 4
+    booked = [book(nodes, name, old) for _ in range(4)]
+    assert [v.outcome for v in booked] == ["booked"] * 4 and {v.slot for v in booked} == {0, 1, 2, 3}
+    time.sleep(max(v.wait for v in booked) + 0.005)
+    started = [v for v in booked if (c := claim(nodes, name, new, v.token, v.slot)) and c.outcome == "granted"]
+    assert len(started) <= new.limit, [v.slot for v in started]
+    assert all(v.slot < new.limit for v in started)
+
+
+def test_a_redelivered_copy_after_its_moment_books_anew_and_the_start_stays_counted(
+    redis_node: RedisServer, name: str
+) -> None:
+    """A booked copy that started, its worker killed (acks_late), comes back from the broker within a window (a
+    RabbitMQ connection closed; a Redis visibility timeout shorter than a long window, "100/d"): its claim found its
+    own entry and started on it again (on time) or moved it to now (late), so the killed start was no longer
+    counted: two starts on one entry. Redelivered, it keeps its booking only while early; then it books anew."""
+    nodes = NodeSet(redis_node.url)
+    rate = Window(1, 0.5)
+    assert book(nodes, name, rate).outcome == "granted"
+    booked = book(nodes, name, rate)
+    assert booked.outcome == "booked"
+    held = f"{booked.slot}:{booked.token}"
+    time.sleep(max(0.0, booked.wait - 0.1))
+    early = decide(nodes, name, rate, held, redelivered=True)  # early (within SHORT: waited here): its own
+    assert early.outcome == "granted" and early.token == booked.token
+    again = decide(nodes, name, rate, held, redelivered=True)  # the killed start's copy, redelivered at once
+    assert again.outcome == "booked" and again.token != booked.token and again.wait > 0.4
+    assert held in _scores(redis_node, name)  # the first start stays counted

@@ -124,3 +124,33 @@ def test_a_lock_node_restarted_empty_mid_storm_keeps_the_window(c: Cluster, task
         r.get(timeout=120, propagate=False)
     assert [r.state for r in results].count("SUCCESS") == 30
     _check_window(tasks, key, 30)
+
+
+def test_a_booked_call_that_retries_books_its_retry_anew(c: Cluster, tasks: ModuleType) -> None:
+    """A task without a lock (lock_limit=None) retries from its body: Celery's retry copies the request's headers,
+    and the retry of a booked call carried its booking, claimed again on arrival: the same entry counted two starts
+    (the second booked call and its retry) in one window at N = 1. A retry inherits no lock header, with or without a
+    lock: it books anew."""
+    key = new_key("retry")
+    results = [tasks.rated_retrying.apply_async((key,), queue="book") for _ in range(2)]
+    for r in results:
+        r.get(timeout=30, propagate=False)
+    assert [r.state for r in results] == ["SUCCESS", "SUCCESS"]
+    rows = tasks.slot_rows(key)
+    assert len(rows) == 4  # two calls, each run twice (the run and its retry)
+    assert not tasks.slot_violations(rows, 1.0)
+
+
+def test_a_booked_call_that_raises_slowdown_books_anew_after_the_pause(c: Cluster, tasks: ModuleType) -> None:
+    """A booked call started on its booking and raised SlowDown(0.3) (window 1 s): its copy for after the pause kept
+    the request's headers, its booking among them, and claimed the entry its run had counted (covered by the pause,
+    then on time at its end): two starts on one entry within a window at N = 1. The copy books anew."""
+    key = new_key("slowed")
+    first = tasks.rated_slowing.apply_async((key, False), queue="book")
+    booked = tasks.rated_slowing.apply_async((key, True), queue="book")
+    for r in (first, booked):
+        r.get(timeout=30, propagate=False)
+    assert [first.state, booked.state] == ["SUCCESS", "SUCCESS"]
+    rows = tasks.slot_rows(key)
+    assert len(rows) == 3  # the first call; the booked call's run and its copy after the pause
+    assert not tasks.slot_violations(rows, 1.0)

@@ -374,6 +374,10 @@ def test_replace_keeps_only_the_newest_of_calls_waiting_for_the_rate(c: Cluster,
     with pytest.raises(TaskRevokedError, match=f"superseded by task {v3.id}"):
         v2.get(timeout=30)
     assert v2.id not in {r[1] for r in _rows(c, key, "rate_started")}
+    # v2 left no booking behind (replace waits on today's path, never books: a superseded call's booking stayed in the
+    # log, wasted, and v3 booked a window after it). v3 began once v1's start left the window: its start alone.
+    rate_key = tasks.rated_latest.lock_rate_key_for(key, 3)
+    assert [c.lock_client(s).zcard(rate_key) for s in c.locks] == [1] * len(c.locks)
 
 
 # -- stacked limits and costs (issue 33) ----------------------------------------------------------------------------

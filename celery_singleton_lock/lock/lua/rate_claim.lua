@@ -5,6 +5,9 @@
 -- ARGV[2] - the window, microseconds
 -- ARGV[3] - the lateness allowed, microseconds: on time when now - the booked moment <= it
 -- ARGV[4] - '1': move the entry where it starts (a second call, once a quorum said it may start); '': only say so
+-- ARGV[5] - n, the starts allowed in any window now: a booking of a slot >= n (made before lock_rate was lowered) is
+--           not started on (answered {0}: the call books anew under the new n), and an entry of such a slot holds
+--           every slot, as in rate_book.lua ('' : the booking's n, no check)
 -- A booked call that arrives asks each node whether its moment has come. Before it, or while another entry of its
 -- slot (a predecessor that started late, moved to its real start) or an entry that holds no slot (a pause) still
 -- covers now: wait. Its moment is its booking's, or the end of such a covering entry if later (its entry moves
@@ -23,23 +26,30 @@ if not score then
   return {0}
 end
 score = tonumber(score)
+local slot = string.match(ARGV[1], '^(%d+):')
+local n = tonumber(ARGV[5])
+if n and tonumber(slot) >= n then
+  return {0}
+end
 if score > now then
   return {2, score - now}
 end
 if score <= now - window then
   return {3}
 end
-local slot = string.match(ARGV[1], '^(%d+):')
--- The entries of its slot (and those holding no slot) that began after its predecessor's booked place: a predecessor
--- that started late (moved). Its moment is the latest end of them: before it, wait; after it, on time or late.
+-- The entries of its slot that began after its predecessor's booked place, up to now: a predecessor that started
+-- late (moved; its successors, booked a window on, are later than now). And those holding no slot, whenever they
+-- begin: a pause longer than the window is stored in the future (it ends when they leave the window); so do those
+-- of a slot >= n (n lowered: bookings made before, undone when claimed, and starts). Its moment
+-- is the latest end of them: before it, wait; after it, on time or late.
 local due = score
-local near = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', score - window),
-  string.format('%.0f', now), 'WITHSCORES')
+local near = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', score - window), '+inf', 'WITHSCORES')
 for i = 1, #near, 2 do
   if near[i] ~= ARGV[1] then
     local s = string.match(near[i], '^(%d+):')
-    if s == slot or not s then
-      due = math.max(due, tonumber(near[i + 1]) + window)
+    local at = tonumber(near[i + 1])
+    if not s or (n and tonumber(s) >= n) or (s == slot and at <= now) then
+      due = math.max(due, at + window)
     end
   end
 end
