@@ -203,7 +203,6 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, *, earl
 
 
 def _undo(nodes: NodeSet, key: str, token: str, on: list[int]) -> None:
-    try:
-        nodes.run(RATE_UNDO, [key], [token], nodes=on)
-    except Exception:
-        return
+    from .rate import undo  # noqa: PLC0415 - rate.py imports this module
+
+    undo(nodes, key, token, on)
