@@ -622,3 +622,21 @@ def slow_two(self: Any, key: str, n: int, pause: float = 0.0) -> str:
     time.sleep(0.5)
     record.rpush("slow_done", json.dumps([key, self.request.id, time.time()]))
     return out
+
+
+# -- booked slots beside other options (tests/policies/test_rate_booking_workers.py) ---------------------------------
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_ttl=3,
+    lock_debounce=1.2,
+    lock_unique_on=["key"],
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+)
+def booked_debounced(self: Any, key: str, n: int) -> str:
+    """A burst of calls runs once, 1.2 s after its last call; 1 start per 3 s per ``key``, waiting (booked)."""
+    return _run(self, key, 0.0)

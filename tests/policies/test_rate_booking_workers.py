@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -157,3 +158,42 @@ def test_a_booked_call_that_raises_slowdown_books_anew_after_the_pause(c: Cluste
     rows = tasks.slot_rows(key)
     assert len(rows) == 3  # the first call; the booked call's run and its copy after the pause
     assert not tasks.slot_violations(rows, 1.0)
+
+
+def _wait_rows(c: Cluster, key: str, count: int, timeout: float = 30.0) -> list[list[Any]]:
+    for _ in polling(timeout, 0.02):
+        rows = _rows(c, key, "rate_started")
+        if len(rows) >= count:
+            return rows
+    raise AssertionError(f"{key}: fewer than {count} starts within {timeout} s")
+
+
+def test_a_booked_burst_whose_due_time_moved_never_starts_its_body_within_a_window_of_the_next(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """lock_debounce 1.2 s, 1 start per 3 s, waiting. A burst's job refused by the window books the slot's next
+    moment; a call joins the burst before that moment, so the burst is due 0.8 s after it. The booked copy claimed
+    its slot (counted at the moment), then the debounce held it in the worker for the due time (HOLD_MAX) and
+    started the body 0.8 s after the count: the next burst's body, booked a window after the count, began 2.2 s
+    after it, two bodies in one 3 s window at N = 1 (the count is what the next start is placed after)."""
+    key = new_key("debounced")
+    period = 3.0
+    first = tasks.booked_debounced.apply_async((key, 1), queue="book")
+    (row,) = _wait_rows(c, key, 1)
+    moment = row[3] + period  # the slot is free a window after the first start was counted (node time)
+    second = tasks.booked_debounced.apply_async((key, 2), queue="book")  # a new burst: refused at its due time, books
+    for _ in polling(period, 0.02):  # until 0.4 s before the booked moment (bounded)
+        if time.time() >= moment - 0.4:
+            break
+    joined = tasks.booked_debounced.apply_async((key, 3), queue="book")  # joins it: due 0.8 s after the moment
+    _wait_rows(c, key, 2)
+    last = tasks.booked_debounced.apply_async((key, 4), queue="book")  # the next burst: books a window on
+    for r in (first, second, joined, last):
+        r.get(timeout=60, propagate=False)
+    rows = sorted(_rows(c, key), key=lambda r: r[4])
+    assert len(rows) == 3, rows  # the first burst, the second (with call 3's arguments), the last
+    starts = [r[4] for r in rows]  # when each body began (wall clock; the nodes run on this machine's clock)
+    gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:], strict=False)]
+    # A body begins at most about LATE (50 ms) after its count, plus the worker's own time: 0.25 s on a loaded box.
+    assert all(g >= period - 0.25 for g in gaps), gaps
+    assert not tasks.slot_violations(tasks.slot_rows(key), period)
