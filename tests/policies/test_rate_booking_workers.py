@@ -197,3 +197,86 @@ def test_a_booked_burst_whose_due_time_moved_never_starts_its_body_within_a_wind
     # A body begins at most about LATE (50 ms) after its count, plus the worker's own time: 0.25 s on a loaded box.
     assert all(g >= period - 0.25 for g in gaps), gaps
     assert not tasks.slot_violations(tasks.slot_rows(key), period)
+
+
+def _ran_once_each(c: Cluster, bucket: str) -> dict[str, int]:
+    runs: dict[str, int] = {}
+    for r in _rows(c, bucket):
+        runs[r[1]] = runs.get(r[1], 0) + 1
+    return runs
+
+
+def test_a_booked_call_of_a_job_in_its_cooldown_is_skipped_and_the_window_holds(c: Cluster, tasks: ModuleType) -> None:
+    """lock_cooldown 30 s, 1 start per 0.5 s per bucket. k0 fills the window; k1 books; a second call of k1 arrives
+    while k1 waits (its lock given back) and books after it; k2 books last. k1 runs, its success starts the
+    cooldown: the second call's booked copy is a duplicate in it (skipped, REVOKED), never a second run of k1
+    within its cooldown; every job runs once, no window over 1."""
+    bucket = new_key("cool")
+    k0, k1, k2 = new_key("k0"), new_key("k1"), new_key("k2")
+    first = tasks.booked_cool.apply_async((k0, bucket), queue="book")
+    _wait_rows(c, bucket, 1)
+    job = tasks.booked_cool.apply_async((k1, bucket), queue="book")
+    again = tasks.booked_cool.apply_async((k1, bucket), queue="book")
+    last = tasks.booked_cool.apply_async((k2, bucket), queue="book")
+    for r in (first, job, again, last):
+        r.get(timeout=30, propagate=False)
+    states = {r.id: r.state for r in (first, job, again, last)}
+    ran = _ran_once_each(c, bucket)
+    assert [first.state, last.state] == ["SUCCESS", "SUCCESS"], states
+    assert sorted([job.state, again.state]) == ["REVOKED", "SUCCESS"], states  # one run of k1 in its cooldown
+    assert sorted(ran.values()) == [1, 1, 1], ran
+    assert all(r[5] for r in _rows(c, bucket) if r[1] in (job.id, again.id)), _rows(c, bucket)  # it had booked
+    assert not tasks.slot_violations(tasks.slot_rows(bucket), 0.5)
+
+
+def test_a_booked_queue_scope_job_keeps_its_reservation_while_it_waits(c: Cluster, tasks: ModuleType) -> None:
+    """lock_scope="queue", 1 start per 0.5 s per bucket. k1 is refused by the window and books; a second delay() of
+    k1 while it waits gets k1's job (the reservation stays, docs/options.md), not a second message; k1 runs once,
+    on its booking, and no window holds 2 starts."""
+    bucket = new_key("queued")
+    k0, k1 = new_key("k0"), new_key("k1")
+    first = tasks.booked_queued.apply_async((k0, bucket), queue="book")
+    _wait_rows(c, bucket, 1)
+    job = tasks.booked_queued.apply_async((k1, bucket), queue="book")
+    for _ in polling(10, 0.01):  # until its delivery booked and was re-sent (bounded)
+        if any(job.id in line and "re-sent to run in" in line for w in c.workers for line in w.log().splitlines()):
+            break
+    again = tasks.booked_queued.apply_async((k1, bucket), queue="book")
+    assert again.id == job.id
+    for r in (first, job):
+        r.get(timeout=30, propagate=False)
+    assert [first.state, job.state] == ["SUCCESS", "SUCCESS"]
+    ran = _ran_once_each(c, bucket)
+    assert sorted(ran.values()) == [1, 1], ran
+    assert [r[5] for r in _rows(c, bucket) if r[1] == job.id] == [1]  # booked once, ran on it
+    assert not tasks.slot_violations(tasks.slot_rows(bucket), 0.5)
+
+
+def test_a_booked_call_that_finds_its_job_running_waits_in_line_and_runs_once(c: Cluster, tasks: ModuleType) -> None:
+    """reschedule, lock_max_waiting=1, 1 start per 2 s per bucket. w (job k, bucket b) books; h (job k, another
+    bucket) takes k's lock for 2.5 s meanwhile: w's booked copy is a duplicate, waits in k's line (its place kept:
+    not a new duplicate for the cap) and is woken by h's release, late but within a window of its moment (its entry
+    moves to its real start). Its woken copy and its fallback copy carry the same booking: w runs once (the fallback
+    copy, back within the lock's ttl, does not run it again), h once; no two bodies of b closer than a window."""
+    b, other = new_key("b"), new_key("other")
+    k = new_key("k")
+    tasks.booked_capped.apply_async((new_key("k0"), b), queue="book").get(timeout=30)  # b's window used
+    w = tasks.booked_capped.apply_async((k, b), queue="book")
+    for _ in polling(10, 0.01):
+        if any(w.id in line and "re-sent to run in" in line for wk in c.workers for line in wk.log().splitlines()):
+            break
+    h = tasks.booked_capped.apply_async((k, other, 2.5), queue="book")
+    _wait_rows(c, other, 1)
+    for r in (w, h):
+        r.get(timeout=30, propagate=False)
+    assert [w.state, h.state] == ["SUCCESS", "SUCCESS"], (w.result, h.result)
+    rows = _rows(c, b)
+    assert [r[1] for r in rows].count(w.id) == 1, rows
+    assert [r[5] for r in rows if r[1] == w.id] == [1], rows  # booked once: its copies waited in line on the booking
+    time_left = 3.0  # the fallback copy of w, if any, comes back within the lock's ttl (3 s): it must not run
+    for _ in polling(time_left, 0.1):
+        pass
+    assert [r[1] for r in _rows(c, b)].count(w.id) == 1
+    assert not tasks.slot_violations(tasks.slot_rows(b), 2.0)
+    starts = sorted(r[4] for r in _rows(c, b))
+    assert all(y - x >= 2.0 - 0.25 for x, y in zip(starts, starts[1:], strict=False)), starts
