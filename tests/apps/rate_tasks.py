@@ -683,3 +683,9 @@ def booked_queued(self: Any, key: str, bucket: str) -> str:
 def booked_capped(self: Any, key: str, bucket: str, duration: float = 0.0) -> str:
     """One job per ``key`` at once, at most 1 waiting in its line; 1 start per 2 s per ``bucket`` (booked)."""
     return _run(self, bucket, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(1, 2.0), lock_rate_on=["key"])
+def booked_free(self: Any, key: str, n: int, duration: float = 0.0) -> str:
+    """No lock (lock_limit=None), 1 start per 2 s per ``key``, waiting (booked); acks_late (locked_app)."""
+    return _run(self, key, duration)

@@ -7,6 +7,8 @@ by the run (``rate_tasks``) and checked: no window ever holds more than N starts
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -279,4 +281,29 @@ def test_a_booked_call_that_finds_its_job_running_waits_in_line_and_runs_once(c:
     assert [r[1] for r in _rows(c, b)].count(w.id) == 1
     assert not tasks.slot_violations(tasks.slot_rows(b), 2.0)
     starts = sorted(r[4] for r in _rows(c, b))
+    assert all(y - x >= 2.0 - 0.25 for x, y in zip(starts, starts[1:], strict=False)), starts
+
+
+def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluster, tasks: ModuleType) -> None:
+    """acks_late and reject_on_worker_lost (locked_app), no lock, 1 start per 2 s. A booked call claims its slot and
+    its pool process is SIGKILLed mid-body: the broker gives the message back at once, redelivered, its booking
+    header with it. That copy must not start on the entry its killed run counted (two starts of one slot within a
+    window): it books anew, and runs a window after the killed start (nothing lost; run twice, as acks_late does)."""
+    key = new_key("killed-mid")
+    tasks.booked_free.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
+    booked = tasks.booked_free.apply_async((key, 1, 2.5), queue="book")
+    pid = None
+    for _ in polling(20, 0.01):
+        rows = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+        if rows:
+            pid = rows[0][2]
+            break
+    assert pid is not None, "the booked call did not start"
+    os.kill(pid, signal.SIGKILL)  # a pool process of this module's workers, running the booked call's body
+    booked.get(timeout=60, propagate=False)
+    assert booked.state == "SUCCESS", booked.result
+    started = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+    assert len(started) == 2, started  # the killed run and its redelivery
+    assert not tasks.slot_violations(tasks.slot_rows(key), 2.0)
+    starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
     assert all(y - x >= 2.0 - 0.25 for x, y in zip(starts, starts[1:], strict=False)), starts
