@@ -6,6 +6,7 @@ by the run (``rate_tasks``) and checked: no window ever holds more than N starts
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -195,7 +196,7 @@ def test_a_booked_burst_whose_due_time_moved_never_starts_its_body_within_a_wind
     rows = sorted(_rows(c, key), key=lambda r: r[4])
     assert len(rows) == 3, rows  # the first burst, the second (with call 3's arguments), the last
     starts = [r[4] for r in rows]  # when each body began (wall clock; the nodes run on this machine's clock)
-    gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(starts)]
     # A body begins at most about LATE (50 ms) after its count, plus the worker's own time: 0.25 s on a loaded box.
     assert all(g >= period - 0.25 for g in gaps), gaps
     assert not tasks.slot_violations(tasks.slot_rows(key), period)
@@ -281,7 +282,7 @@ def test_a_booked_call_that_finds_its_job_running_waits_in_line_and_runs_once(c:
     assert [r[1] for r in _rows(c, b)].count(w.id) == 1
     assert not tasks.slot_violations(tasks.slot_rows(b), 2.0)
     starts = sorted(r[4] for r in _rows(c, b))
-    assert all(y - x >= 2.0 - 0.25 for x, y in zip(starts, starts[1:], strict=False)), starts
+    assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
 
 
 def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluster, tasks: ModuleType) -> None:
@@ -306,4 +307,4 @@ def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluste
     assert len(started) == 2, started  # the killed run and its redelivery
     assert not tasks.slot_violations(tasks.slot_rows(key), 2.0)
     starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
-    assert all(y - x >= 2.0 - 0.25 for x, y in zip(starts, starts[1:], strict=False)), starts
+    assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
