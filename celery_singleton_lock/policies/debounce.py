@@ -688,8 +688,8 @@ def _hold(delivery: Delivery, due: float, held: float) -> float:
     lock = delivery.lock
     if lock is None or due <= 0:
         return 0.0
-    counted = (delivery.run.state or {}).get("rate")  # policies/rate.py's Share (this module imports no feature)
-    if counted is not None and getattr(counted, "token", ""):
+    state: dict[str, Any] = delivery.run.state or {}
+    if getattr(state.get("rate"), "token", None):  # policies/rate.py's Share (this module imports no feature)
         return 0.0
     if due > HOLD_MAX - held or due > lock.validity / 2:
         return 0.0
