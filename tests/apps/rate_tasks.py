@@ -689,3 +689,9 @@ def booked_capped(self: Any, key: str, bucket: str, duration: float = 0.0) -> st
 def booked_free(self: Any, key: str, n: int, duration: float = 0.0) -> str:
     """No lock (lock_limit=None), 1 start per 2 s per ``key``, waiting (booked); acks_late (locked_app)."""
     return _run(self, key, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_ttl=3, lock_rate=(1, 5.0), lock_rate_on=["key"])
+def booked_locked(self: Any, key: str, n: int, duration: float = 0.0) -> str:
+    """Locked (one run of a call at a time, lease 3 s), 1 start per 5 s per ``key``, waiting (booked); acks_late."""
+    return _run(self, key, duration)

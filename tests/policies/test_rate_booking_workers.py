@@ -308,3 +308,30 @@ def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluste
     assert not tasks.slot_violations(tasks.slot_rows(key), 2.0)
     starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
     assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
+
+
+def test_a_booked_locked_run_sigkilled_mid_body_is_redelivered_after_its_lease_and_books_anew(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """As above, with a lock (lease 3 s) and 1 start per 5 s: the redelivered copy finds its dead run's lease and is
+    re-sent until it ends (a copy of our own, "redelivered"); that copy is no broker redelivery
+    (``delivery_info``), only our header says so. It must not start on the entry the killed run counted (late but
+    within a window: it would move it to now, two starts of one slot 3.5 s apart in a 5 s window): it books anew."""
+    key = new_key("killed-locked")
+    tasks.booked_locked.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
+    booked = tasks.booked_locked.apply_async((key, 1, 2.5), queue="book")
+    pid = None
+    for _ in polling(20, 0.01):
+        rows = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+        if rows:
+            pid = rows[0][2]
+            break
+    assert pid is not None, "the booked call did not start"
+    os.kill(pid, signal.SIGKILL)  # a pool process of this module's workers, running the booked call's body
+    booked.get(timeout=60, propagate=False)
+    assert booked.state == "SUCCESS", booked.result
+    started = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+    assert len(started) == 2, started  # the killed run and its redelivery
+    assert not tasks.slot_violations(tasks.slot_rows(key), 5.0)
+    starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
+    assert all(y - x >= 5.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
