@@ -681,9 +681,15 @@ DEBOUNCE_FEATURE = Debounce()
 def _hold(delivery: Delivery, due: float, held: float) -> float:
     """How long this delivery waits in the worker for its burst's due time, ``due`` s from now, before claiming
     again: all of it when it fits what is left of ``HOLD_MAX`` (``held`` s spent) and half the lock's remaining
-    validity (the lease is not renewed before the body starts); else 0: it is re-sent for its due time."""
+    validity (the lease is not renewed before the body starts); else 0: it is re-sent for its due time. Never once
+    its rate counted this delivery's start (``lock_rate``, asked before the claim): the body would begin the hold
+    later than the count its slot's next start is placed a window after; re-sent, its start is given back and its
+    copy asks the rate again when due."""
     lock = delivery.lock
     if lock is None or due <= 0:
+        return 0.0
+    state: dict[str, Any] = delivery.run.state or {}
+    if getattr(state.get("rate"), "token", None):  # policies/rate.py's Share (this module imports no feature)
         return 0.0
     if due > HOLD_MAX - held or due > lock.validity / 2:
         return 0.0

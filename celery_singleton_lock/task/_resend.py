@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from ..errors import DuplicateTaskError, LockUnavailableError
+from ..policies.rate_booking import BOOKING_HEADER
 from . import signals
 from ._run import REDELIVERY_HEADER, SINCE_HEADER, Context, Run, Skipped, since
 
@@ -65,6 +66,11 @@ def copy(ctx: Context, headers: dict[str, Any], **options: Any) -> Any:
     request = ctx.request
     merged = {k: v for k, v in (request.headers or {}).items() if not str(k).startswith("x-death")}
     merged[SINCE_HEADER] = since(request)
+    if merged.get(BOOKING_HEADER) and (request.delivery_info or {}).get("redelivered"):
+        # A broker redelivery may be a run that started on its booking (killed mid-body): its copy, ours, would not
+        # say "redelivered" where the rate looks (delivery_info), and would start on that entry again. It books
+        # anew (the rate's own re-send of an early redelivery names its booking in ``headers``: kept).
+        merged[BOOKING_HEADER] = ""
     merged.update(headers)
     return ctx.task.signature_from_request(request, headers=merged, **options)
 

@@ -622,3 +622,76 @@ def slow_two(self: Any, key: str, n: int, pause: float = 0.0) -> str:
     time.sleep(0.5)
     record.rpush("slow_done", json.dumps([key, self.request.id, time.time()]))
     return out
+
+
+# -- booked slots beside other options (tests/policies/test_rate_booking_workers.py) ---------------------------------
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_ttl=3,
+    lock_debounce=1.2,
+    lock_unique_on=["key"],
+    lock_rate=(1, 3.0),
+    lock_rate_on=["key"],
+)
+def booked_debounced(self: Any, key: str, n: int) -> str:
+    """A burst of calls runs once, 1.2 s after its last call; 1 start per 3 s per ``key``, waiting (booked)."""
+    return _run(self, key, 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_cooldown=30,
+    lock_unique_on=["key"],
+    lock_rate=(1, 0.5),
+    lock_rate_on=["bucket"],
+)
+def booked_cool(self: Any, key: str, bucket: str) -> str:
+    """One run of ``key`` per 30 s after a success (cooldown); 1 start per 0.5 s per ``bucket``, waiting (booked)."""
+    return _run(self, bucket, 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_scope="queue",
+    lock_unique_on=["key"],
+    lock_rate=(1, 0.5),
+    lock_rate_on=["bucket"],
+)
+def booked_queued(self: Any, key: str, bucket: str) -> str:
+    """Queue scope: one job per ``key`` from ``delay()`` to its end; 1 start per 0.5 s per ``bucket`` (booked)."""
+    return _run(self, bucket, 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
+    lock_unique_on=["key"],
+    lock_on_duplicate="reschedule",
+    lock_max_waiting=1,
+    lock_rate=(1, 2.0),
+    lock_rate_on=["bucket"],
+)
+def booked_capped(self: Any, key: str, bucket: str, duration: float = 0.0) -> str:
+    """One job per ``key`` at once, at most 1 waiting in its line; 1 start per 2 s per ``bucket`` (booked)."""
+    return _run(self, bucket, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_limit=None, lock_rate=(1, 2.0), lock_rate_on=["key"])
+def booked_free(self: Any, key: str, n: int, duration: float = 0.0) -> str:
+    """No lock (lock_limit=None), 1 start per 2 s per ``key``, waiting (booked); acks_late (locked_app)."""
+    return _run(self, key, duration)
+
+
+@app.task(shared=False, base=LockedTask, bind=True, lock_ttl=3, lock_rate=(1, 5.0), lock_rate_on=["key"])
+def booked_locked(self: Any, key: str, n: int, duration: float = 0.0) -> str:
+    """Locked (one run of a call at a time, lease 3 s), 1 start per 5 s per ``key``, waiting (booked); acks_late."""
+    return _run(self, key, duration)

@@ -6,8 +6,12 @@ by the run (``rate_tasks``) and checked: no window ever holds more than N starts
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -157,3 +161,177 @@ def test_a_booked_call_that_raises_slowdown_books_anew_after_the_pause(c: Cluste
     rows = tasks.slot_rows(key)
     assert len(rows) == 3  # the first call; the booked call's run and its copy after the pause
     assert not tasks.slot_violations(rows, 1.0)
+
+
+def _wait_rows(c: Cluster, key: str, count: int, timeout: float = 30.0) -> list[list[Any]]:
+    for _ in polling(timeout, 0.02):
+        rows = _rows(c, key, "rate_started")
+        if len(rows) >= count:
+            return rows
+    raise AssertionError(f"{key}: fewer than {count} starts within {timeout} s")
+
+
+def test_a_booked_burst_whose_due_time_moved_never_starts_its_body_within_a_window_of_the_next(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """lock_debounce 1.2 s, 1 start per 3 s, waiting. A burst's job refused by the window books the slot's next
+    moment; a call joins the burst before that moment, so the burst is due 0.8 s after it. The booked copy claimed
+    its slot (counted at the moment), then the debounce held it in the worker for the due time (HOLD_MAX) and
+    started the body 0.8 s after the count: the next burst's body, booked a window after the count, began 2.2 s
+    after it, two bodies in one 3 s window at N = 1 (the count is what the next start is placed after)."""
+    key = new_key("debounced")
+    period = 3.0
+    first = tasks.booked_debounced.apply_async((key, 1), queue="book")
+    (row,) = _wait_rows(c, key, 1)
+    moment = row[3] + period  # the slot is free a window after the first start was counted (node time)
+    second = tasks.booked_debounced.apply_async((key, 2), queue="book")  # a new burst: refused at its due time, books
+    for _ in polling(period, 0.02):  # until 0.4 s before the booked moment (bounded)
+        if time.time() >= moment - 0.4:
+            break
+    joined = tasks.booked_debounced.apply_async((key, 3), queue="book")  # joins it: due 0.8 s after the moment
+    _wait_rows(c, key, 2)
+    last = tasks.booked_debounced.apply_async((key, 4), queue="book")  # the next burst: books a window on
+    for r in (first, second, joined, last):
+        r.get(timeout=60, propagate=False)
+    rows = sorted(_rows(c, key), key=lambda r: r[4])
+    assert len(rows) == 3, rows  # the first burst, the second (with call 3's arguments), the last
+    starts = [r[4] for r in rows]  # when each body began (wall clock; the nodes run on this machine's clock)
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(starts)]
+    # A body begins at most about LATE (50 ms) after its count, plus the worker's own time: 0.25 s on a loaded box.
+    assert all(g >= period - 0.25 for g in gaps), gaps
+    assert not tasks.slot_violations(tasks.slot_rows(key), period)
+
+
+def _ran_once_each(c: Cluster, bucket: str) -> dict[str, int]:
+    runs: dict[str, int] = {}
+    for r in _rows(c, bucket):
+        runs[r[1]] = runs.get(r[1], 0) + 1
+    return runs
+
+
+def test_a_booked_call_of_a_job_in_its_cooldown_is_skipped_and_the_window_holds(c: Cluster, tasks: ModuleType) -> None:
+    """lock_cooldown 30 s, 1 start per 0.5 s per bucket. k0 fills the window; k1 books; a second call of k1 arrives
+    while k1 waits (its lock given back) and books after it; k2 books last. k1 runs, its success starts the
+    cooldown: the second call's booked copy is a duplicate in it (skipped, REVOKED), never a second run of k1
+    within its cooldown; every job runs once, no window over 1."""
+    bucket = new_key("cool")
+    k0, k1, k2 = new_key("k0"), new_key("k1"), new_key("k2")
+    first = tasks.booked_cool.apply_async((k0, bucket), queue="book")
+    _wait_rows(c, bucket, 1)
+    job = tasks.booked_cool.apply_async((k1, bucket), queue="book")
+    again = tasks.booked_cool.apply_async((k1, bucket), queue="book")
+    last = tasks.booked_cool.apply_async((k2, bucket), queue="book")
+    for r in (first, job, again, last):
+        r.get(timeout=30, propagate=False)
+    states = {r.id: r.state for r in (first, job, again, last)}
+    ran = _ran_once_each(c, bucket)
+    assert [first.state, last.state] == ["SUCCESS", "SUCCESS"], states
+    assert sorted([job.state, again.state]) == ["REVOKED", "SUCCESS"], states  # one run of k1 in its cooldown
+    assert sorted(ran.values()) == [1, 1, 1], ran
+    assert all(r[5] for r in _rows(c, bucket) if r[1] in (job.id, again.id)), _rows(c, bucket)  # it had booked
+    assert not tasks.slot_violations(tasks.slot_rows(bucket), 0.5)
+
+
+def test_a_booked_queue_scope_job_keeps_its_reservation_while_it_waits(c: Cluster, tasks: ModuleType) -> None:
+    """lock_scope="queue", 1 start per 0.5 s per bucket. k1 is refused by the window and books; a second delay() of
+    k1 while it waits gets k1's job (the reservation stays, docs/options.md), not a second message; k1 runs once,
+    on its booking, and no window holds 2 starts."""
+    bucket = new_key("queued")
+    k0, k1 = new_key("k0"), new_key("k1")
+    first = tasks.booked_queued.apply_async((k0, bucket), queue="book")
+    _wait_rows(c, bucket, 1)
+    job = tasks.booked_queued.apply_async((k1, bucket), queue="book")
+    for _ in polling(10, 0.01):  # until its delivery booked and was re-sent (bounded)
+        if any(job.id in line and "re-sent to run in" in line for w in c.workers for line in w.log().splitlines()):
+            break
+    again = tasks.booked_queued.apply_async((k1, bucket), queue="book")
+    assert again.id == job.id
+    for r in (first, job):
+        r.get(timeout=30, propagate=False)
+    assert [first.state, job.state] == ["SUCCESS", "SUCCESS"]
+    ran = _ran_once_each(c, bucket)
+    assert sorted(ran.values()) == [1, 1], ran
+    assert [r[5] for r in _rows(c, bucket) if r[1] == job.id] == [1]  # booked once, ran on it
+    assert not tasks.slot_violations(tasks.slot_rows(bucket), 0.5)
+
+
+def test_a_booked_call_that_finds_its_job_running_waits_in_line_and_runs_once(c: Cluster, tasks: ModuleType) -> None:
+    """reschedule, lock_max_waiting=1, 1 start per 2 s per bucket. w (job k, bucket b) books; h (job k, another
+    bucket) takes k's lock for 2.5 s meanwhile: w's booked copy is a duplicate, waits in k's line (its place kept:
+    not a new duplicate for the cap) and is woken by h's release, late but within a window of its moment (its entry
+    moves to its real start). Its woken copy and its fallback copy carry the same booking: w runs once (the fallback
+    copy, back within the lock's ttl, does not run it again), h once; no two bodies of b closer than a window."""
+    b, other = new_key("b"), new_key("other")
+    k = new_key("k")
+    tasks.booked_capped.apply_async((new_key("k0"), b), queue="book").get(timeout=30)  # b's window used
+    w = tasks.booked_capped.apply_async((k, b), queue="book")
+    for _ in polling(10, 0.01):
+        if any(w.id in line and "re-sent to run in" in line for wk in c.workers for line in wk.log().splitlines()):
+            break
+    h = tasks.booked_capped.apply_async((k, other, 2.5), queue="book")
+    _wait_rows(c, other, 1)
+    for r in (w, h):
+        r.get(timeout=30, propagate=False)
+    assert [w.state, h.state] == ["SUCCESS", "SUCCESS"], (w.result, h.result)
+    rows = _rows(c, b)
+    assert [r[1] for r in rows].count(w.id) == 1, rows
+    assert [r[5] for r in rows if r[1] == w.id] == [1], rows  # booked once: its copies waited in line on the booking
+    time_left = 3.0  # the fallback copy of w, if any, comes back within the lock's ttl (3 s): it must not run
+    for _ in polling(time_left, 0.1):
+        pass
+    assert [r[1] for r in _rows(c, b)].count(w.id) == 1
+    assert not tasks.slot_violations(tasks.slot_rows(b), 2.0)
+    starts = sorted(r[4] for r in _rows(c, b))
+    assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
+
+
+def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluster, tasks: ModuleType) -> None:
+    """acks_late and reject_on_worker_lost (locked_app), no lock, 1 start per 2 s. A booked call claims its slot and
+    its pool process is SIGKILLed mid-body: the broker gives the message back at once, redelivered, its booking
+    header with it. That copy must not start on the entry its killed run counted (two starts of one slot within a
+    window): it books anew, and runs a window after the killed start (nothing lost; run twice, as acks_late does)."""
+    key = new_key("killed-mid")
+    tasks.booked_free.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
+    booked = tasks.booked_free.apply_async((key, 1, 2.5), queue="book")
+    pid = None
+    for _ in polling(20, 0.01):
+        rows = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+        if rows:
+            pid = rows[0][2]
+            break
+    assert pid is not None, "the booked call did not start"
+    os.kill(pid, signal.SIGKILL)  # a pool process of this module's workers, running the booked call's body
+    booked.get(timeout=60, propagate=False)
+    assert booked.state == "SUCCESS", booked.result
+    started = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+    assert len(started) == 2, started  # the killed run and its redelivery
+    assert not tasks.slot_violations(tasks.slot_rows(key), 2.0)
+    starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
+    assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
+
+
+def test_a_booked_locked_run_sigkilled_mid_body_is_redelivered_after_its_lease_and_books_anew(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """As above, with a lock (lease 3 s) and 1 start per 5 s: the redelivered copy finds its dead run's lease and is
+    re-sent until it ends (a copy of our own, "redelivered"); that copy is no broker redelivery
+    (``delivery_info``), only our header says so. It must not start on the entry the killed run counted (late but
+    within a window: it would move it to now, two starts of one slot 3.5 s apart in a 5 s window): it books anew."""
+    key = new_key("killed-locked")
+    tasks.booked_locked.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
+    booked = tasks.booked_locked.apply_async((key, 1, 2.5), queue="book")
+    pid = None
+    for _ in polling(20, 0.01):
+        rows = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+        if rows:
+            pid = rows[0][2]
+            break
+    assert pid is not None, "the booked call did not start"
+    os.kill(pid, signal.SIGKILL)  # a pool process of this module's workers, running the booked call's body
+    booked.get(timeout=60, propagate=False)
+    assert booked.state == "SUCCESS", booked.result
+    started = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
+    assert len(started) == 2, started  # the killed run and its redelivery
+    assert not tasks.slot_violations(tasks.slot_rows(key), 5.0)
+    starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
+    assert all(y - x >= 5.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
