@@ -1,6 +1,6 @@
-"""Kept for the code that imports this path: the module is ``celery_singleton_lock.decide.decision``."""
+"""Kept for the code that imports this path: the module is ``celery_singleton_lock.policies.decision``."""
 
-from .decide.decision import (
+from .policies.decision import (
     COOLDOWN,
     ENDING,
     HANDED,

@@ -1,6 +1,6 @@
-"""Kept for the code that imports this path: the module is ``celery_singleton_lock.decide.facts``."""
+"""Kept for the code that imports this path: the module is ``celery_singleton_lock.policies.facts``."""
 
-from .decide.facts import (
+from .policies.facts import (
     Act,
     Decision,
     Facts,

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import ClassVar, NoReturn, Protocol
 
-from ..decide.facts import Decision, Facts
 from .cancel import Cancel
 from .cooldown import COOLDOWN_FEATURE
 from .debounce import DEBOUNCE_FEATURE
+from .facts import Decision, Facts
 from .fail import Fail
 from .fair import FAIR
 from .limit import LIMIT

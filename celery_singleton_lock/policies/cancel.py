@@ -65,9 +65,9 @@ from ..lock.scripts import CANCEL, CANCEL_JOB
 from .replace import Replace
 
 if TYPE_CHECKING:
-    from ..decide.facts import Decision
     from ..lock.nodes import NodeSet
     from . import Duplicate
+    from .facts import Decision
 
 __all__ = [
     "DURABLE",

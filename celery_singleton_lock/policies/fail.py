@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from ..decide.facts import Act, Decision, Facts
+from .facts import Act, Decision, Facts
 
 if TYPE_CHECKING:
     from . import Duplicate

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from ..decide.facts import Decision, Facts, defer
+from .facts import Decision, Facts, defer
 
 if TYPE_CHECKING:
     from . import Duplicate

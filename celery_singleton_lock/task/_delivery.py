@@ -30,26 +30,14 @@ from typing import Any, NoReturn
 
 from celery.states import READY_STATES
 
-from ..decide.decision import (
-    COOLDOWN,
-    HANDED,
-    QUEUED,
-    SENDING,
-    SPLIT_RETRIES,
-    Act,
-    Decision,
-    Facts,
-    Outcome,
-    decide,
-    duplicate_policy,
-)
 from ..errors import DuplicateTaskError, LockUnavailableError
 from ..lock.config import UnavailablePolicy
 from ..lock.interrupt import Target
-from ..lock.record import limits_key_for
+from ..lock.record import COOLDOWN, HANDED, QUEUED, SENDING, limits_key_for
 from ..lock.redlock import Redlock
 from ..lock.renewal import watchdog
 from ..policies import cancel, policy_for
+from ..policies.decision import SPLIT_RETRIES, Act, Decision, Facts, Outcome, decide, duplicate_policy
 from ..policies.limit import LIMIT
 from . import _line as line
 from . import _resend as resend

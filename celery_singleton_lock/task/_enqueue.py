@@ -21,9 +21,9 @@ from celery import _state as celery_state
 from celery.signals import task_revoked
 from celery.utils import uuid
 
-from ..decide.decision import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING
 from ..errors import ConfigurationError, DuplicateTaskError
 from ..lock.aio import AsyncNodes, AsyncRedlock, _spawn
+from ..lock.record import COOLDOWN, ENDING, QUEUED, RUNNING, SENDING
 from ..lock.redlock import Redlock
 from ..policies import NOT_ANSWERED
 from . import signals

@@ -6,7 +6,7 @@ import datetime as dt
 import time
 from typing import Any
 
-from ..decide.decision import ENDING, HANDOVER
+from ..lock.record import ENDING, HANDOVER
 from ..lock.redlock import Redlock
 from ..lock.renewal import watchdog
 from ..policies.limit import LIMIT

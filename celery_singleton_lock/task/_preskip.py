@@ -34,9 +34,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery.worker import state as worker_state
 
-from ..decide.decision import RUNNING
 from ..lock.nodes import NodeSet
-from ..lock.record import _merged, done_key_for, record_of
+from ..lock.record import RUNNING, _merged, done_key_for, record_of
 from ..lock.scripts import STATUS as _STATUS
 from ..policies.limit import LIMIT
 from . import signals

@@ -17,16 +17,15 @@ from celery_singleton_lock.lock.metrics import OUTCOMES
 
 PACKAGE = Path(__file__).resolve().parent.parent.parent / "celery_singleton_lock"
 #: The wings (docs/DESIGN's table): each a subpackage; the root holds them and the public faces only.
-WINGS = ("lock", "decide", "policies", "task", "ops", "testing")
+WINGS = ("lock", "policies", "task", "ops", "testing")
 #: Subpackages read as one unit each (their modules import one another freely): a feature and its port, the page.
 WHOLE = ("policies", "ops.web")
 #: What a wing may import (a wing's name: any of its modules; a dotted name: that module only), counting imports
 #: under ``if TYPE_CHECKING:`` and inside functions. Every wing may import the root's ``errors``; ``testing`` anything.
 MAY_IMPORT = {
     "lock": ("lock",),
-    "decide": ("decide", "lock.record"),
-    "policies": ("policies", "lock", "decide"),
-    "task": ("task", "lock", "decide", "policies"),
+    "policies": ("policies", "lock"),
+    "task": ("task", "lock", "policies"),
     # ops is the top wing: the doctor runs the worker's own checks through task.checks (the task wing's face to ops),
     # so both say the same; nothing below imports ops.
     "ops": ("ops", "lock", "policies", "task.checks"),
@@ -37,16 +36,7 @@ MAY_IMPORT = {
 #: until a fixture asks).
 ROOT_MODULES = frozenset({"__init__", "errors", "pytest_plugin"})
 #: Arrows against MAY_IMPORT that are there today, each with its reason; an arrow fixed must leave (tested below).
-KNOWN_ARROWS: dict[tuple[str, str], str] = {
-    (
-        "decide.decision",
-        "policies",
-    ): "decide asks the duplicate policy for its verdict (policy_for): the port's dispatch",
-    (
-        "decide.facts",
-        "lock.config",
-    ): "the facts name the options' vocabulary (DuplicatePolicy), declared by the settings",
-}
+KNOWN_ARROWS: dict[tuple[str, str], str] = {}
 CELERY_SIDE = ("celery", "kombu", "billiard", "click")
 
 
@@ -326,7 +316,7 @@ def test_no_room_calls_a_private_method_of_the_task(name: str) -> None:
     assert not calls, f"{name} calls {sorted(set(calls))}"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if _wing(n) in ("lock", "decide", "policies")))
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _wing(n) in ("lock", "policies")))
 def test_the_core_decide_and_policies_import_nothing_of_celery(name: str) -> None:
     """The lock core, the decision and the features import (anywhere, also inside functions) nothing of Celery,
     kombu, billiard or click: ``Redlock`` is usable without Celery, and what a feature needs of Celery it gets
@@ -563,7 +553,7 @@ OVERSIZE = {
     "lock/inventory.py:merge": "one lock's merged view over the nodes' records, by quorum",
     "lock/lease.py:_LeaseSpec._extend_steps": "the extend step machine (the batched renewal's repair and refill)",
     "policies/matrix.py:render_markdown": "docs/options.md, table by table",
-    "decide/decision.py:decide": "the pure decision, one branch per fact (docs/protocol.md's table)",
+    "policies/decision.py:decide": "the pure decision, one branch per fact (docs/protocol.md's table)",
     "task/_preskip.py:skipped": "the pre-check before the pool: its clear case and every way out of it",
     "ops/explain.py:_decide": "explain's verdict, one branch per feature's answer",
     "policies/debounce.py:claim": "a burst's claim at the worker, being moved behind the port",

@@ -18,9 +18,9 @@ import worker_cluster as wc
 from celery.signals import before_task_publish
 
 from celery_singleton_lock import AsyncRedlock, Redlock
-from celery_singleton_lock.decide.decision import SENDING
 from celery_singleton_lock.lock.aio import aclose
 from celery_singleton_lock.lock.scripts import ACQUIRE
+from celery_singleton_lock.policies.decision import SENDING
 from celery_singleton_lock.task import _enqueue as enqueue
 
 pytestmark = pytest.mark.slow

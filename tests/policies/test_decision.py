@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_singleton_lock.decide.decision import (
+from celery_singleton_lock.lock.config import DuplicatePolicy, UnavailablePolicy
+from celery_singleton_lock.policies.decision import (
     COOLDOWN,
     ENDING,
     HANDED,
@@ -26,7 +27,6 @@ from celery_singleton_lock.decide.decision import (
     Outcome,
     decide,
 )
-from celery_singleton_lock.lock.config import DuplicatePolicy, UnavailablePolicy
 
 ME, OTHER = "task-1", "task-2"
 STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING, HANDED, None)

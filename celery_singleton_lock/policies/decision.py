@@ -2,7 +2,7 @@
 
 ``task.py`` gathers facts (the acquire's outcome, the holder record, the request) and carries out the action;
 every rule lives here, with no I/O, no Celery and no clock, so the whole table is tested exhaustively
-(tests/decide/test_decision.py). The rules, in order:
+(tests/policies/test_decision.py). The rules, in order:
 
 =============================  =====================================================================================
 outcome of the acquire          action
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 # The holder record's states (defined with the record; imported here too, so ``decision.RUNNING`` etc. keep working).
 from ..lock.record import COOLDOWN, ENDING, HANDED, HANDOVER, QUEUED, RUNNING, SENDING
-from ..policies import policy_for
+from . import policy_for
 from .facts import Act, Decision, Facts, Outcome, defer
 
 __all__ = [

@@ -1,1 +1,0 @@
-"""The pure decision: what a delivery meets (facts) and what it does about it (decide)."""
