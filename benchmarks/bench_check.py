@@ -99,6 +99,10 @@ def task_paths(url: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], Non
         return None
 
     app.finalize()
+    # The registry's objects, as a worker builds its tracers (``app.tasks[name]``): the names the decorator returns
+    # are Celery's PromiseProxy, through which every attribute the hooks read costs a proxy lookup (more on the
+    # skip path, which reads more of them) that no worker pays.
+    plain, locked = app.tasks[plain.name], app.tasks[locked.name]
     trace_plain = build_tracer(plain.name, plain, app=app, hostname="check@localhost")
     trace_locked = build_tracer(locked.name, locked, app=app, hostname="check@localhost")
     held = -1 - os.getpid()

@@ -175,7 +175,12 @@ def _findings(
     # the lock, and skipping because of it would skip every contender.
     refused = len(holders) > size - quorum
     count = 0
-    if holders:
+    if len(holders) == 1:  # one node (or one refusal): its holder, as below without the counting
+        held_by, ms, record = holders[0]
+        count = 1
+        held_for = ms / 1000.0
+        holder_record = _merged((record,))
+    elif holders:
         holder, count = holders[0][0], len(holders)
         if any(h != holder for h, _, _ in holders):  # not one owner everywhere: the most reported one
             holder, count = Counter(h for h, _, _ in holders).most_common(1)[0]

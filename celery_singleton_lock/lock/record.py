@@ -330,6 +330,14 @@ def _prefixed(blob: bytes | str) -> list[str]:
     data = blob.encode("utf-8", "surrogatepass") if isinstance(blob, str) else blob
     out: list[str] = []
     i = 0
+    if data.isascii():  # one byte a character (ids, names, numbers: the usual record): slice the text
+        text = data.decode("ascii")
+        while i < len(text):
+            colon = text.index(":", i)
+            end = colon + 1 + int(text[i:colon])
+            out.append(text[colon + 1 : end])
+            i = end
+        return out
     while i < len(data):
         colon = data.index(b":", i)
         end = colon + 1 + int(data[i:colon])
@@ -347,8 +355,11 @@ def _brief(blob: bytes | str) -> dict[str, str]:
 def _merged(records: Iterable[dict[str, str]]) -> dict[str, str]:
     """One owner's record as several nodes hold it: a node that lost the key and was repaired by a renewal holds
     only ``owner`` and ``fence`` until it is refilled, so the fuller records' fields win, never the stripped one's."""
-    out: dict[str, str] = {}
-    for record in sorted(records, key=len):
-        out.update(record)
+    if isinstance(records, tuple) and len(records) == 1:  # one node's record: nothing to merge
+        out = dict(records[0])
+    else:
+        out = {}
+        for record in sorted(records, key=len):
+            out.update(record)
     out.pop(F_PREV, None)
     return out

@@ -7,12 +7,13 @@ Pure data, no I/O: :mod:`~celery_singleton_lock.decision` decides from it, and e
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..lock.config import DuplicatePolicy, UnavailablePolicy
 
-__all__ = ["Act", "Decision", "Facts", "Outcome", "defer"]
+__all__ = ["Act", "Decision", "Facts", "Outcome", "defer", "facts_of"]
 
 Outcome = Literal["acquired", "held", "done", "split", "unavailable"]
 
@@ -63,6 +64,17 @@ class Facts:
     retry_max_delay: float = 60.0
     max_countdown: float | None = None  #: the longest countdown we may re-send with (broker visibility timeout)
     jitter: float = 0.5  #: a random draw in [0, 1)
+
+
+def facts_of(values: Mapping[str, Any]) -> Facts:
+    """``Facts(**values)`` without the frozen dataclass's ``__init__``, which sets all 24 fields one
+    ``object.__setattr__`` at a time (~4 µs, a tenth of a skipped duplicate's own Python): the given fields go into
+    the instance's dict and the others are read from the class, where a dataclass keeps each plain default. The
+    same object for every use (equality, ``dataclasses.replace``, repr, frozen against assignment); ``values`` must
+    name fields only, ``outcome`` and ``task_id`` among them (as ``__init__`` would insist)."""
+    facts = object.__new__(Facts)
+    facts.__dict__.update(values)
+    return facts
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ def skip_quietly(ctx: Context, run: Run, outcome: Skipped) -> None:
     request.chord = None
     request.callbacks = None
     request.chain = None
-    signals.delivery_skipped.send(
-        sender=ctx.task, key=run.key, task_id=request.id, kind=outcome.kind, holder_task_id=outcome.holder_task_id
-    )
+    if signals.delivery_skipped.receivers:  # Celery's send costs a call and its arguments even with none
+        signals.delivery_skipped.send(
+            sender=ctx.task, key=run.key, task_id=request.id, kind=outcome.kind, holder_task_id=outcome.holder_task_id
+        )

@@ -762,3 +762,26 @@ def test_finish_marks_the_current_job_done_when_job_was_set_after_construction(
     assert after.acquire(blocking=False)
     assert after.fencing_token > token
     after.release()
+
+
+@pytest.mark.parametrize(
+    ("job", "worker"),
+    [("job-1", "1@host"), ("jöb:12:ü", "wörker ✓ 3:x"), ("5:abcde", "")],
+    ids=["ascii", "any-characters", "looks-prefixed"],
+)
+def test_a_refusal_reads_the_holder_s_record_back_exactly(redis_node: RedisServer, job: str, worker: str) -> None:
+    """A refused acquire's answer holds the holder's fields as ``<length>:<value>`` (lengths in bytes): read as text
+    when it is all ASCII, byte by byte otherwise; either way each value comes back as written (an empty one: absent)."""
+    name = f"refusal-record-{job.encode().hex()}"
+    record = {"state": "run", "worker": worker, "try": "0"}
+    holder = Redlock([redis_node.url], name, ttl=10, job=job, record=record)
+    assert holder.acquire(blocking=False)
+    try:
+        other = Redlock([redis_node.url], name, ttl=10, job="another")
+        assert not other.acquire(blocking=False)
+        assert other.held_by == holder.token
+        expected = {"job": job, "state": "run", "try": "0", **({"worker": worker} if worker else {})}
+        assert other.holder_record is not None
+        assert {k: v for k, v in other.holder_record.items() if k != "owner"} == expected
+    finally:
+        holder.release()

@@ -27,6 +27,7 @@ from celery_singleton_lock.policies.decision import (
     Outcome,
     decide,
 )
+from celery_singleton_lock.policies.facts import facts_of
 
 ME, OTHER = "task-1", "task-2"
 STATES = (RUNNING, HANDOVER, ENDING, COOLDOWN, QUEUED, SENDING, HANDED, None)
@@ -268,3 +269,31 @@ def test_the_fast_path_in_before_start_is_the_table_s_answer(**seen: Any) -> Non
     redelivered``): the table says RUN for every such delivery, whatever else its facts would hold."""
     facts = Facts("acquired", ME, redelivered=False, **seen)  # not looked up yet, no split retry, no take-over
     assert decide(facts).act is Act.RUN, facts
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    outcome=st.sampled_from(get_args(Outcome)),
+    holder_job=st.one_of(st.none(), st.sampled_from([ME, OTHER])),
+    holder_state=st.one_of(st.none(), st.sampled_from([RUNNING, HANDOVER, HANDED, QUEUED, SENDING, COOLDOWN])),
+    holder_remaining=st.one_of(st.none(), st.floats(0, 100)),
+    redelivered=st.booleans(),
+    retries=st.integers(0, 5),
+    in_chord=st.booleans(),
+    resumed=st.booleans(),
+    on_duplicate=st.sampled_from(get_args(DuplicatePolicy)),
+    max_retries=st.one_of(st.none(), st.integers(0, 5)),
+    jitter=st.floats(0, 1, exclude_max=True),
+)
+def test_facts_of_is_the_same_facts_as_the_constructor(**seen: Any) -> None:
+    """``facts_of`` (what before_start builds a skip's facts with, without the frozen ``__init__``) gives the object
+    ``Facts(**values)`` gives: equal, the same decision, the same ``replace`` and repr, and still frozen."""
+    values = {"task_id": ME, **seen}
+    fast, built = facts_of(values), Facts(**values)
+    assert fast == built
+    assert repr(fast) == repr(built)
+    assert decide(fast) == decide(built)
+    assert dataclasses.replace(fast, reserved=True) == dataclasses.replace(built, reserved=True)
+    assert {f.name: getattr(fast, f.name) for f in dataclasses.fields(Facts)} == dataclasses.asdict(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.ended = True  # type: ignore[misc]
