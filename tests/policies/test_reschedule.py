@@ -39,6 +39,9 @@ ACL_COMMANDS = (
 )
 
 ATTACK_APP = '''
+import json
+import os
+import time
 from typing import Any
 
 from locked_app import _run, app, record  # noqa: F401 - every locked_app task is registered too
@@ -62,8 +65,14 @@ def a_later(self: Any, key: str, duration: float = 0.0, fail: bool = False, retr
     base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule", lock_max_waiting=1, lock_ttl=2
 )
 def a_capped_one(self: Any, key: str, duration: float = 0.0) -> str:
-    """reschedule with at most 1 waiting duplicate per key, a 2 s lease."""
-    _run(self, key, duration)
+    """reschedule with at most 1 waiting duplicate per key, a 2 s lease; a run ends before its ``duration`` (a
+    bound) once the test sets ``release:<key>`` (recorded as _run records it)."""
+    start = time.time()
+    record.rpush("started", json.dumps([key, self.request.id, os.getpid(), start]))
+    end_by = time.monotonic() + duration
+    while time.monotonic() < end_by and not record.exists(f"release:{key}"):  # bounded by duration
+        time.sleep(min(0.05, max(0.0, end_by - time.monotonic())))
+    record.rpush("runs", json.dumps([key, self.request.id, os.getpid(), start, time.time()]))
     return self.request.id
 
 
@@ -465,6 +474,15 @@ def test_a_killed_job_s_redelivery_keeps_its_place_against_lock_max_waiting(c: C
         c.wait_started(k, 2)
         queued = mod.a_capped_one.apply_async((k, 0.0), queue="redeliver")
         wait_log(c, rf"a_capped_one\[{queued.id}\] deferred")  # it waits in line: the line is full
+        # The killed job's redelivery (the visibility timeout) meets the holder and waits; the holder's 20 s is only a
+        # bound for that: once the redelivery waits, the holder (and the job's run after it) ends at once. Not seen
+        # before the holder's end: nothing is cut short, as before.
+        for _ in polling(30, 0.1):
+            if re.search(rf"a_capped_one\[{killed.id}\] deferred", logs(c)):
+                c.record.set(f"release:{k}", 1)
+                break
+            if holder.ready():
+                break
         assert killed.get(timeout=60) == killed.id
         assert holder.get(timeout=30) == holder.id
         assert queued.get(timeout=10) == queued.id
