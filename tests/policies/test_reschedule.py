@@ -39,9 +39,6 @@ ACL_COMMANDS = (
 )
 
 ATTACK_APP = '''
-import json
-import os
-import time
 from typing import Any
 
 from locked_app import _run, app, record  # noqa: F401 - every locked_app task is registered too
@@ -65,14 +62,8 @@ def a_later(self: Any, key: str, duration: float = 0.0, fail: bool = False, retr
     base=LockedTask, bind=True, lock_unique_on=["key"], lock_on_duplicate="reschedule", lock_max_waiting=1, lock_ttl=2
 )
 def a_capped_one(self: Any, key: str, duration: float = 0.0) -> str:
-    """reschedule with at most 1 waiting duplicate per key, a 2 s lease; a run ends before its ``duration`` (a
-    bound) once the test sets ``release:<key>`` (recorded as _run records it)."""
-    start = time.time()
-    record.rpush("started", json.dumps([key, self.request.id, os.getpid(), start]))
-    end_by = time.monotonic() + duration
-    while time.monotonic() < end_by and not record.exists(f"release:{key}"):  # bounded by duration
-        time.sleep(min(0.05, max(0.0, end_by - time.monotonic())))
-    record.rpush("runs", json.dumps([key, self.request.id, os.getpid(), start, time.time()]))
+    """reschedule with at most 1 waiting duplicate per key, a 2 s lease."""
+    _run(self, key, duration)
     return self.request.id
 
 
@@ -463,7 +454,7 @@ def test_a_killed_job_s_redelivery_keeps_its_place_against_lock_max_waiting(c: C
     appdir = c.appdir  # type: ignore[attr-defined]
     short = {"CSL_VISIBILITY": "15"}  # only these workers restore unacked messages, 15 s after their delivery
     doomed = _worker(c, appdir, "wdoomed", queues="redeliver", concurrency=1, env=short)
-    k = new_key()
+    k = new_key("bounded")  # its runs end early once the test sets release:<k> (locked_app._run)
     killed = mod.a_capped_one.apply_async((k, 8.0), queue="redeliver")
     c.wait_started(k)
     doomed.kill()  # its message stays unacked; its lease ends within 2 s (nobody renews it)
