@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     check-in sent has reached its end."""
     with contextlib.ExitStack() as stack:
         found = {v: Run(stack, tmp_path_factory.mktemp(v), skip) for v, skip in VARIANTS.items()}
-        for one in found.values():
-            one.worker.start(timeout=60)
+        with ThreadPoolExecutor(len(found)) as pool:  # the two workers start at once
+            list(pool.map(lambda one: one.worker.start(timeout=60), found.values()))
         for one in found.values():
             one.start_beats()
         waiting = set(found)
