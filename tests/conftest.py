@@ -23,16 +23,16 @@ collect_ignore = ["apps"]
 # the one-test Docker compose module, 80 s, and the two-test Sentry one among the last). Longest first, by each
 # module's time run alone (approximate: a stale entry costs time, never a result); every other module follows in
 # xdist's own order. Only the order changes: each module still runs whole in one process, as before.
-LONGEST_FIRST = (
+LONGEST_FIRST = (  # each alone, on a loaded 2-core machine
     "tests/testing/test_model.py",  # ~150 s (five deployments of ~28 s)
+    "tests/task/test_preskip.py",  # ~115 s
     "tests/policies/test_reschedule.py",  # ~100 s
-    "tests/project/test_docker_compose.py",  # ~80 s, one test (CI: Docker)
+    "tests/project/test_docker_compose.py",  # ~80 s in CI, one test (Docker)
     "tests/task/test_copies.py",  # ~70 s
-    "tests/policies/test_limit_workers.py",
-    "tests/task/test_preskip.py",
-    "tests/project/test_docker_smoke.py",
-    "tests/task/test_sentry.py",  # ~35 s, one set-up
+    "tests/policies/test_limit_workers.py",  # ~65 s
     "tests/decide/test_decision.py",
+    "tests/project/test_docker_smoke.py",
+    "tests/task/test_sentry.py",  # ~40 s, one set-up
 )
 
 
