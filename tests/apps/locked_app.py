@@ -67,7 +67,7 @@ def _run(task: Any, key: str, duration: float) -> None:
     start = time.time()
     record.rpush("started", json.dumps([key, task.request.id, os.getpid(), start]))
     end_by = time.monotonic() + duration
-    bounded = key.startswith("bounded-")
+    bounded = isinstance(key, str) and key.startswith("bounded-")
     while time.monotonic() < end_by:  # bounded by duration
         if bounded and record.exists(f"release:{key}"):
             break
