@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -427,7 +428,9 @@ class Bench:
         self.env = {**c.env, "CSL_MODEL_SPEC": d.spec()}
         if d.short_visibility:
             self.env["CSL_VISIBILITY"] = str(VISIBILITY)
-        self.workers = [self._worker(i) for i in range(d.workers)]
+        # Side by side: a deployment's workers start at once (each start waits for its own " ready.").
+        with ThreadPoolExecutor(max(1, d.workers)) as pool:
+            self.workers = list(pool.map(self._worker, range(d.workers)))
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update({**self.env, "CSL_BROKER": self.broker_url})
         try:

@@ -10,6 +10,7 @@ few of its own).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -210,7 +211,13 @@ def test_the_callback_of_a_call_whose_job_ran_as_a_copy_still_runs(c: Cluster) -
             a = sent["a"]
             assert b.id == a.id
             assert a.get(timeout=30) == k
-            for _ in polling(15):  # A's own message arrives ~4 s after its call, and its link then
+            # A's own message arrives ~4 s after its call and ends (stopped as "already ran"): the worker logs its
+            # second end. Its link, were it sent, is sent by that delivery's handling: a few seconds more for it.
+            ended = re.compile(rf"Task {re.escape(mod.q_limited.name)}\[{a.id}\] (?!received)")
+            for _ in polling(15):
+                if len(ended.findall("".join(w.log() for w in c.workers))) >= 2:
+                    break
+            for _ in polling(5):
                 if len(c.results.keys(f"celery-task-meta-{link_id}")) > 0:
                     break
         finally:

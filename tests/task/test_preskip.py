@@ -100,11 +100,12 @@ def test_a_storm_of_duplicates_is_skipped_before_the_pool(pc: Cluster, nodes: in
     """Duplicates of a running job are skipped in the main process: REVOKED naming the holder, task-revoked with
     our fields, the skip's log line; no tracer run, no body run."""
     with worker(pc, f"storm{nodes}-{uuid.uuid4().hex[:6]}", nodes=nodes) as w, EventLog(pc.app_module().app) as ev:
-        key = new_key()
+        key = new_key("bounded")  # STORM_HOLDER is a bound: the holder is released once every copy was skipped
         holder = holding(pc, w, key, STORM_HOLDER)
         copies = storm(pc, w, key, duration=STORM_HOLDER)
         for r in copies:
             assert assert_skipped_duplicate(r, of=holder.id, timeout=20) == holder.id
+        pc.record.set(f"release:{key}", 1)
         assert not {r.id for r in copies} & traced(pc)  # the pool never saw them
         assert len(pc.wait_runs(key, 1, 20)) == 1
         revoked = ev.wait(copies[-1].id, "task-revoked")
@@ -234,7 +235,7 @@ def test_a_paused_lock_node_opens_the_breaker_and_nothing_runs_twice(pc: Cluster
     (the child decides, on the two live nodes), every duplicate is skipped and the job runs once."""
     mod = pc.app_module()
     with worker(pc, f"pause-{uuid.uuid4().hex[:6]}") as w:
-        key, other = new_key(), new_key()
+        key, other = new_key("bounded"), new_key()  # the holder's 20 s is a bound: it is released once all is seen
         holder = holding(pc, w, key, 20.0)
         first = storm(pc, w, key, duration=20.0)
         for r in first:
@@ -252,6 +253,7 @@ def test_a_paused_lock_node_opens_the_breaker_and_nothing_runs_twice(pc: Cluster
             assert {r.id for r in second} & traced(pc)  # the breaker sent them to the child
         finally:
             paused.resume()
+        pc.record.set(f"release:{key}", 1)
         assert holder.get(timeout=30) == key
         assert len(pc.wait_runs(key, 1, 10)) == 1
 

@@ -4,17 +4,20 @@ Real redis-server processes (a broker, three lock nodes), two real ``celery beat
 ``SingletonScheduler`` and a real prefork worker, all running tests/apps/sentry_app.py: ``sentry_sdk`` with
 ``CeleryIntegration(monitor_beat_tasks=True)`` and a transport that pushes every envelope item to Redis (no network).
 Two monitored entries tick every 2 s: ``report`` (5 s, duplicates skipped) and ``report_later`` (2.5 s, duplicates
-rescheduled).
+rescheduled). The two variants (the worker skipping duplicates before the pool, or in it) run side by side, each on
+its own servers, in one module set-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,80 +54,115 @@ def closed(r: redis.Redis) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-@pytest.fixture
-def beats_and_worker(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[tuple[redis.Redis, CeleryWorker, bool]]:
-    """Two beat instances and a worker, until SLOTS check-ins per entry were opened; the beats are stopped then."""
-    with redis_servers(4) as (broker, *locks):
-        env = {
+VARIANTS = {"before-pool": "1", "in-pool": "0"}  # CSL_SKIP_BEFORE_POOL of the worker
+
+
+class Run:
+    """One variant's servers, worker and two beat instances (its own broker and lock nodes: nothing shared)."""
+
+    def __init__(self, stack: contextlib.ExitStack, tmp: Path, skip_before_pool: str) -> None:
+        broker, *locks = stack.enter_context(redis_servers(4))
+        self.tmp = tmp
+        self.before_pool = skip_before_pool == "1"
+        self.env = {
             "CSL_BROKER": broker.url,
             "CSL_LOCK_URLS": ",".join(s.url for s in locks),
             "CSL_RECORD": broker.url.rsplit("/", 1)[0] + "/2",
-            "CSL_SKIP_BEFORE_POOL": request.param,
+            "CSL_SKIP_BEFORE_POOL": skip_before_pool,
         }
-        r = redis.Redis.from_url(env["CSL_RECORD"])
-        worker = CeleryWorker(
-            "sentry_app", "w1", cwd=str(APPS), log_path=str(tmp_path / "w.log"), env=env, concurrency=4
+        self.r = redis.Redis.from_url(self.env["CSL_RECORD"])
+        self.worker = CeleryWorker(
+            "sentry_app", "w1", cwd=str(APPS), log_path=str(tmp / "w.log"), env=self.env, concurrency=4
         )
-        beats: list[subprocess.Popen[bytes]] = []
-        try:
-            worker.start(timeout=60)
-            for n in (1, 2):
-                with (tmp_path / f"beat-{n}.log").open("wb") as out:
-                    beats.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "celery",
-                                "-A",
-                                "sentry_app",
-                                "beat",
-                                "-l",
-                                "INFO",
-                                "-S",
-                                "celery_singleton_lock.beat.SingletonScheduler",
-                                "--schedule",
-                                str(tmp_path / f"schedule-{n}"),
-                            ],
-                            cwd=APPS,
-                            env={**worker.env, **env, "CSL_PROC": f"beat-{n}"},
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                        )
+        self.beats: list[subprocess.Popen[bytes]] = []
+        stack.callback(self.close)
+
+    def start_beats(self) -> None:
+        for n in (1, 2):
+            with (self.tmp / f"beat-{n}.log").open("wb") as out:
+                self.beats.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "celery",
+                            "-A",
+                            "sentry_app",
+                            "beat",
+                            "-l",
+                            "INFO",
+                            "-S",
+                            "celery_singleton_lock.beat.SingletonScheduler",
+                            "--schedule",
+                            str(self.tmp / f"schedule-{n}"),
+                        ],
+                        cwd=APPS,
+                        env={**self.worker.env, **self.env, "CSL_PROC": f"beat-{n}"},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
                     )
-            for _ in polling(90, 0.25):
-                slugs = Counter(i["payload"]["monitor_slug"] for i in opened(r).values())
-                if min(slugs.get("report", 0), slugs.get("report-later", 0)) >= SLOTS:
-                    break
-            for beat in beats:
-                assert beat.poll() is None, "beat must keep running"
+                )
+
+    def slots_opened(self) -> bool:
+        slugs = Counter(i["payload"]["monitor_slug"] for i in opened(self.r).values())
+        return min(slugs.get("report", 0), slugs.get("report-later", 0)) >= SLOTS
+
+    def stop_beats(self) -> None:
+        for beat in self.beats:
+            assert beat.poll() is None, "beat must keep running"
+            beat.kill()
+            beat.wait(10)
+
+    def all_closed(self) -> bool:
+        return set(opened(self.r)) <= set(closed(self.r))
+
+    def close(self) -> None:
+        # What Sentry was sent, and what ran, for a failure's post-mortem.
+        (self.tmp / "envelopes.json").write_text(json.dumps(items(self.r), indent=1))
+        (self.tmp / "runs.json").write_text(json.dumps([json.loads(x) for x in self.r.lrange("runs", 0, -1)]))
+        for beat in self.beats:
+            if beat.poll() is None:
                 beat.kill()
                 beat.wait(10)
-            # Every run sent, and every copy it re-sent, has reached its end: no check-in is left open.
-            for _ in polling(60, 0.25):
-                if set(opened(r)) <= set(closed(r)):
-                    break
-            yield r, worker, request.param == "1"
-        finally:
-            # What Sentry was sent, and what ran, for a failure's post-mortem.
-            (tmp_path / "envelopes.json").write_text(json.dumps(items(r), indent=1))
-            (tmp_path / "runs.json").write_text(json.dumps([json.loads(x) for x in r.lrange("runs", 0, -1)]))
-            for beat in beats:
-                if beat.poll() is None:
-                    beat.kill()
-                    beat.wait(10)
-            worker.kill()
+        self.worker.kill()
 
 
-@pytest.mark.parametrize("beats_and_worker", ["1", "0"], indirect=True, ids=["before-pool", "in-pool"])
-def test_each_run_checks_in_once_from_one_beat_and_a_skipped_duplicate_is_no_failure(
-    beats_and_worker: tuple[redis.Redis, CeleryWorker, bool], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """Both variants side by side (each its own servers, worker and beats, so one module set-up, not two): two beat
+    instances and a worker each, until SLOTS check-ins per entry were opened; the beats are stopped then, and every
+    check-in sent has reached its end."""
+    with contextlib.ExitStack() as stack:
+        found = {v: Run(stack, tmp_path_factory.mktemp(v), skip) for v, skip in VARIANTS.items()}
+        with ThreadPoolExecutor(len(found)) as pool:  # the two workers start at once
+            list(pool.map(lambda one: one.worker.start(timeout=60), found.values()))
+        for one in found.values():
+            one.start_beats()
+        waiting = set(found)
+        for _ in polling(90, 0.25):
+            for v in [v for v in waiting if found[v].slots_opened()]:
+                found[v].stop_beats()
+                waiting.discard(v)
+            if not waiting:
+                break
+        for v in waiting:  # the bound was reached: stop them all the same (the test then says what is missing)
+            found[v].stop_beats()
+        # Every run sent, and every copy it re-sent, has reached its end: no check-in is left open.
+        for _ in polling(60, 0.25):
+            if all(one.all_closed() for one in found.values()):
+                break
+        yield found
+
+
+@pytest.fixture(params=list(VARIANTS))
+def run(runs: dict[str, Run], request: pytest.FixtureRequest) -> Run:
+    return runs[request.param]
+
+
+def test_each_run_checks_in_once_from_one_beat_and_a_skipped_duplicate_is_no_failure(run: Run) -> None:
     """Each beat slot's check-in is opened by the one beat instance that sent the run, and closed once, ``ok``: a
     duplicate skipped (before the pool, or in it) or re-sent to wait is neither an error nor left open."""
-    r, worker, before_pool = beats_and_worker
+    r, worker, before_pool, tmp_path = run.r, run.worker, run.before_pool, run.tmp
     runs = opened(r)
     logs = [(tmp_path / f"beat-{n}.log").read_text(errors="replace") for n in (1, 2)]
     sent = sum(log.count("Sending due task") for log in logs)
