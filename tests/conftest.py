@@ -30,7 +30,7 @@ LONGEST_FIRST = (  # each alone, on a loaded 2-core machine
     "tests/project/test_docker_compose.py",  # ~80 s in CI, one test (Docker)
     "tests/task/test_copies.py",  # ~70 s
     "tests/policies/test_limit_workers.py",  # ~65 s
-    "tests/decide/test_decision.py",
+    "tests/policies/test_decision.py",  # ~26-56 s (2.5 million combinations)
     "tests/project/test_docker_smoke.py",
     "tests/task/test_sentry.py",  # ~40 s, one set-up
 )
