@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from ..lock.redlock import Redlock
 from ..policies import NOT_ANSWERED
 from . import signals
 from ._handover import ending_lease
+from ._pacing import ATTEMPTS, SENDING_WAIT, Pacing
 from ._reach import no_quorum_at_producer
 from ._run import REDELIVERY_HEADER, RESERVED_HEADER, Context, is_locked_task, mark_joined, worker_id
 
@@ -47,9 +47,6 @@ logger = logging.getLogger("celery_singleton_lock.task")
 
 #: Queue scope: seconds a reservation waits for its message to start, beyond its countdown (``lock_queue_ttl``).
 DEFAULT_QUEUE_TTL = 600.0
-#: Queue scope: how long a duplicate call waits for another call's publish under way before it sends a copy of that
-#: call's job (same task id; see reserve).
-SENDING_WAIT = 2.0
 # apply_async options under which the enqueue check stands aside: the message must go out as asked.
 _DEFERRED_OR_GROUPED = frozenset({"countdown", "eta", "chord", "group_id", "chain"})
 # apply_async options whose messages are reserved at the worker only (a chord counts its members' own ids).
@@ -215,8 +212,8 @@ def reserve(
     # the stand-in above) runs the job under the reservation's id.
     lock = Redlock(ctx.options.settings.nodes, key, ttl=lease, fencing=False, job=task_id, record=record)
     try:
-        pacing = _Pacing()
-        for _ in range(_ATTEMPTS):  # bounded in count and in time
+        pacing = Pacing(ctx.options.settings.socket_timeout)
+        for _ in range(ATTEMPTS):  # bounded in count and in time
             if lock.acquire(blocking=False):
                 return None, lock, lease, None
             pause = pacing.next(lock)
@@ -228,37 +225,6 @@ def reserve(
         return None, None, 0.0, None
     no_quorum_at_producer(ctx.name, lock.nodes, lock.node_errors, "a queue-scope reservation")
     return _verdict(ctx, lock, key, task_id, own_id=own_id)
-
-
-_ATTEMPTS = int(SENDING_WAIT / 0.005) + 2  # every refused attempt pauses >= 5 ms until the deadline
-_SPLIT_PAUSE_MAX = 0.4
-
-
-class _Pacing:
-    """The waits between a reservation's attempts (one for :func:`reserve` and :func:`areserve`)."""
-
-    def __init__(self) -> None:
-        self.splits, self.deadline = 0, time.monotonic() + SENDING_WAIT
-
-    def next(self, lock: Redlock | AsyncRedlock) -> float | None:
-        """Seconds to wait before the next attempt after a refused one, or None: the verdict is due."""
-        # With a node not answering, contenders that arrived together and took one node each look alike: refused
-        # by another caller on some nodes, granted on the rest, short of a quorum either way (not "split": the
-        # refusals alone do not deny the quorum). Sent at once, each sent a job of its own.
-        unsure = lock.held_by is not None and not lock.contended and bool(lock.node_errors)
-        if (lock.split or unsure) and time.monotonic() < self.deadline:
-            # Contenders that split the nodes try again after a jittered pause that doubles with each split
-            # (Redlock's rule), up to the deadline: a split is no outage, and one of them wins within a few
-            # rounds. A fixed 5-50 ms window and three tries kept a dozen callers of one process in step on a
-            # loaded machine (each attempt slowed by the others), and each then sent a job of its own.
-            self.splits += 1
-            return random.uniform(0.005, min(_SPLIT_PAUSE_MAX, 0.025 * 2**self.splits))  # noqa: S311 - jitter
-        sending = (lock.holder_record or {}).get("state") == SENDING
-        if not (lock.contended and sending) or time.monotonic() >= self.deadline:
-            return None
-        # Another call of the job is publishing right now (a double click): wait the few ms until its message is
-        # sent (then this call gets it) or its publish failed (then this call reserves the job itself).
-        return 0.005
 
 
 # -- the async producer (aapply_async) -------------------------------------------------------------------------
@@ -392,8 +358,8 @@ async def areserve(
     lease, record = _reservation(ctx, options)
     lock = AsyncRedlock(nodes, key, ttl=lease, fencing=False, job=task_id, record=record, auto_renewal=False)
     try:
-        pacing = _Pacing()
-        for _ in range(_ATTEMPTS):  # bounded in count and in time
+        pacing = Pacing(ctx.options.settings.socket_timeout)
+        for _ in range(ATTEMPTS):  # bounded in count and in time
             if await lock.acquire(blocking=False):
                 return None, lock, lease, None
             pause = pacing.next(lock)

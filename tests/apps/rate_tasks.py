@@ -646,6 +646,20 @@ def booked_debounced(self: Any, key: str, n: int) -> str:
     shared=False,
     base=LockedTask,
     bind=True,
+    lock_ttl=3,
+    lock_debounce=1.2,
+    lock_unique_on=["key"],
+    lock_rate=[Rate((1, 3.0), on=["key"]), Rate((50, 60.0), on=["key"])],
+)
+def stacked_debounced(self: Any, key: str, n: int) -> str:
+    """booked_debounced with a second limit: stacked limits are not booked (a waiting call is re-sent to ask again)."""
+    return _run(self, key, 0.0)
+
+
+@app.task(
+    shared=False,
+    base=LockedTask,
+    bind=True,
     lock_cooldown=30,
     lock_unique_on=["key"],
     lock_rate=(1, 0.5),

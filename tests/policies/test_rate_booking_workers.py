@@ -202,6 +202,34 @@ def test_a_booked_burst_whose_due_time_moved_never_starts_its_body_within_a_wind
     assert not tasks.slot_violations(tasks.slot_rows(key), period)
 
 
+def test_held_a_debounced_burst_under_stacked_limits_never_starts_within_a_window_of_the_next(
+    c: Cluster, tasks: ModuleType
+) -> None:
+    """HELD (review of the debounce hold after a counted start): the test above with two limits (1 per 3 s and 50 per
+    minute per key: not booked, take_many's path; a waiting call is re-sent to ask again). Three bursts, each
+    body a window after the last. Fails with the hold after a counted start put back (debounce._hold): a guard of
+    that path, which the booked test above does not take."""
+    task = tasks.stacked_debounced
+    key = new_key("stacked")
+    period = 3.0
+    first = task.apply_async((key, 1), queue="book")
+    (row,) = _wait_rows(c, key, 1)
+    moment = row[3] + period
+    second = task.apply_async((key, 2), queue="book")
+    for _ in polling(period, 0.02):  # until 0.4 s before the slot is free again (bounded)
+        if time.time() >= moment - 0.4:
+            break
+    joined = task.apply_async((key, 3), queue="book")
+    _wait_rows(c, key, 2)
+    last = task.apply_async((key, 4), queue="book")
+    for r in (first, second, joined, last):
+        r.get(timeout=60, propagate=False)
+    rows = sorted(_rows(c, key), key=lambda r: r[4])
+    assert len(rows) == 3, rows
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(r[4] for r in rows)]
+    assert all(g >= period - 0.25 for g in gaps), gaps
+
+
 def _ran_once_each(c: Cluster, bucket: str) -> dict[str, int]:
     runs: dict[str, int] = {}
     for r in _rows(c, bucket):

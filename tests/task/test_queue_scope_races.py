@@ -212,6 +212,53 @@ def test_a_split_that_outlasts_the_first_retries_still_ends_in_a_reservation(c: 
     assert len(c.wait_runs(k, 1, 5)) == 1
 
 
+def test_a_partial_hold_beside_a_dead_node_is_not_waited_on_for_the_whole_deadline(
+    c: Cluster, mod: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FOUND (review of the 2 s split deadline): a reservation record on one node only (a producer killed between
+    its grant there and its undo leaves it for the whole lease, 600 s by default) beside a dead node makes every
+    attempt "unsure" (refused by a holder on some nodes, a node erroring, no quorum). Since the split retry runs to
+    the 2 s deadline, EVERY delay() of that key blocked ~2.1-2.3 s for as long as the record stood, then sent
+    unreserved anyway (no quorum is possible: one node dead, one held). A contender's partial hold lasts one attempt
+    (at most a socket timeout): a hold whose remaining lease has dropped by more than that since the call first
+    saw it is no contender. The call now stops asking then and sends (the worker's check guards it).
+    Failed first: attempts went on until the deadline, the hold seen standing ~2 s (> 1.0 s).
+    """
+    from celery_singleton_lock.lock.redlock import Redlock  # noqa: PLC0415
+
+    seen: list[tuple[str | None, float | None]] = []
+    acquire = Redlock.acquire
+
+    def spy(self: Redlock, *args: Any, **kwargs: Any) -> bool:
+        got = acquire(self, *args, **kwargs)
+        if not got:
+            seen.append((self.held_by, self.held_for))
+        return got
+
+    k = new_key()
+    key = mod.q_work.lock_key_for(k)
+    timeout = mod.q_work.lock_context().options.settings.socket_timeout
+    c.stop_locks(1)
+    try:
+        with c.lock_client(c.locks[1]) as client:
+            client.hset(key, mapping={"owner": "killed-producer", "job": "job-of-killed", "state": "sending"})
+            client.pexpire(key, 60_000)
+        monkeypatch.setattr(Redlock, "acquire", spy)
+        sent = mod.q_work.apply_async((k, 0.0), queue="csl-nobody")  # unreserved: no worker needs to see it
+        monkeypatch.undo()
+        assert sent.id != "job-of-killed"
+        assert seen
+        assert {holder for holder, _ in seen} == {"killed-producer"}
+        first = seen[0][1]
+        assert first is not None
+        stood = [first - (left or 0.0) for _, left in seen]
+        assert max(stood[:-1]) <= timeout + 0.5, stood  # asked again only while it could be a contender's
+    finally:
+        with c.lock_client(c.locks[1]) as client:
+            client.delete(key)
+        c.start_locks()
+
+
 def test_held_a_call_from_inside_a_run_is_reserved(c: Cluster, mod: Any) -> None:
     """HELD: calls made inside a run are reserved like any other (self.request is the running delivery's context,
     but task_id is None there, so the `task_id == self.request.id` exemption does not apply): another task's job,
