@@ -12,7 +12,7 @@ import redis
 from celery_singleton_lock.lock.nodes import NodeSet
 from celery_singleton_lock.lock.scripts import RATE_PAUSE
 from celery_singleton_lock.policies.rate import Verdict, Window, take
-from celery_singleton_lock.policies.rate_booking import book, claim, decide, parse_booking
+from celery_singleton_lock.policies.rate.booking import book, claim, decide, parse_booking
 from celery_singleton_lock.testing import RedisServer
 
 

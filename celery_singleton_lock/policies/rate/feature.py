@@ -38,13 +38,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from ..errors import ConfigurationError, LockUnavailableError, RateLimitedError
-from ..lock.config import did_you_mean
-from ..lock.keys import lock_key
-from ..lock.nodes import NodeSet
-from ..lock.scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
-from .port import Delivery, Feature, check_names, parameters
-from .rate_booking import BOOKING_HEADER, books, decide_for
+from ...errors import ConfigurationError, LockUnavailableError, RateLimitedError
+from ...lock.config import did_you_mean
+from ...lock.keys import lock_key
+from ...lock.nodes import NodeSet
+from ...lock.scripts import RATE, RATE_ADJUST, RATE_PAUSE, RATE_RESTAMP, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
+from ..port import Delivery, Feature, check_names, parameters
+from .booking import BOOKING_HEADER, books, decide_for
 
 __all__ = [
     "ON_RATE_LIMIT",

@@ -24,11 +24,11 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from ..lock.nodes import NodeSet
-from ..lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
+from ...lock.nodes import NodeSet
+from ...lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
 
 if TYPE_CHECKING:  # pragma: no cover - types only (rate.py imports this module)
-    from .rate import Verdict, Window
+    from .feature import Verdict, Window
 
 __all__ = ["BOOKING_HEADER", "SHORT", "book", "books", "claim", "decide", "decide_for", "parse_booking"]
 
@@ -41,19 +41,19 @@ SHORT = 0.2
 
 
 def _restamp(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
-    from .rate import _restamp as restamp  # noqa: PLC0415 - rate.py imports this module
+    from .feature import _restamp as restamp  # noqa: PLC0415 - rate.py imports this module
 
     return restamp(nodes, key, rate, token, slot, times)
 
 
 def _late() -> float:
-    from .rate import LATE  # noqa: PLC0415 - rate.py imports this module
+    from .feature import LATE  # noqa: PLC0415 - rate.py imports this module
 
     return LATE
 
 
 def _verdict(*args: Any, **kwargs: Any) -> Verdict:
-    from .rate import Verdict  # noqa: PLC0415 - rate.py imports this module
+    from .feature import Verdict  # noqa: PLC0415 - rate.py imports this module
 
     return Verdict(*args, **kwargs)
 
@@ -203,6 +203,6 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, *, earl
 
 
 def _undo(nodes: NodeSet, key: str, token: str, on: list[int]) -> None:
-    from .rate import undo  # noqa: PLC0415 - rate.py imports this module
+    from .feature import undo  # noqa: PLC0415 - rate.py imports this module
 
     undo(nodes, key, token, on)
