@@ -358,10 +358,10 @@ def test_every_outcome_counted_is_one_of_the_metrics_vocabulary() -> None:
 
 # -- the feature port (issue 31): a feature is named by its own module, reached through the port elsewhere ----------
 
-#: Each feature behind the port: its module under policies/ and the task options it owns.
+#: Each feature behind the port: its module (or its subpackage, a folder) under policies/ and the task options it owns.
 FEATURE_OPTIONS = {
     "debounce": ("policies/debounce.py", ("lock_debounce", "lock_debounce_max")),
-    "rate": ("policies/rate.py", ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")),
+    "rate": ("policies/rate", ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")),
     "max_waiting": ("policies/waiting.py", ("lock_max_waiting",)),
     "fair": ("policies/fair.py", ("lock_fair_on",)),
     "cooldown": ("policies/cooldown.py", ("lock_cooldown",)),
@@ -443,7 +443,7 @@ def _feature_spread() -> dict[tuple[str, str], int]:
     for feature, (home, names) in FEATURE_OPTIONS.items():
         for path in sorted(PACKAGE.rglob("*.py")):
             relative = path.relative_to(PACKAGE).as_posix()
-            if relative in (home, "policies/matrix.py"):
+            if relative in (home, "policies/matrix.py") or relative.startswith(f"{home}/"):
                 continue
             n = _option_mentions(path, frozenset(names))
             if n:
@@ -545,11 +545,11 @@ OVERSIZE = {
     "testing/history.py:run_lock_client": "one client of the history checker's schedule: each step a few lines",
     "lock/nodes.py:NodeSet.run": "the fan-out: one round trip to every node at once, its answers and errors; to split",
     "ops/doctor.py:node_findings": "one finding per node check, each a few lines",
-    "policies/rate.py:take": "the rate windows' take; being reworked (composite limits)",
+    "policies/rate/take.py:take": "the rate windows' take; being reworked (composite limits)",
     "task/beat.py:SingletonSchedulerMixin._claim": (
         "beat's claim of a schedule slot, its fallback and its log; to split"
     ),
-    "policies/rate.py:RateFeature.after_lock": "the rate windows' hook after the lock; being reworked",
+    "policies/rate/feature.py:RateFeature.after_lock": "the rate windows' hook after the lock; being reworked",
     "lock/inventory.py:merge": "one lock's merged view over the nodes' records, by quorum",
     "lock/lease.py:_LeaseSpec._extend_steps": "the extend step machine (the batched renewal's repair and refill)",
     "policies/matrix.py:render_markdown": "docs/options.md, table by table",
@@ -562,8 +562,7 @@ OVERSIZE = {
     "ops/cli.py:cancel_command": "locks cancel: its three ways to name a job and their errors",
     "lock/lease.py:_LeaseSpec._attempt_steps": "the acquire step machine (token, quorum, undo on a split vote)",
     "policies/debounce.py": "a burst at send and at the worker (join, check, claim, confirm); to split in two",
-    "policies/rate.py": "the rate windows: one limit's take, several limits' take_many, cost and pause; to split",
-    "policies/rate.py:take_many": "several limits' take: all or none per node, a quorum per limit, split retries",
+    "policies/rate/stack.py:take_many": "several limits' take: all or none per node, a quorum per limit, split retries",
     "lock/redlock.py:Redlock": "the public lock: a fifth of it is its docstring (the user's manual, doctested)",
 }
 

@@ -1,39 +1,23 @@
-"""``lock_rate``: never more than N starts of a rate key in any window of a given length, across every worker.
-
-The rate's rooms (docs/rate.md says what is promised): :mod:`.feature`, the feature behind the port, and
-:mod:`.booking`, a waiting call's booked slot. This face hands on what ``policies/rate.py`` held.
+"""``lock_rate``: at most N starts of a rate key in any window, across every worker (docs/rate.md). One way down:
+feature (the port's hooks) > booking (a waiting call's slot) > stack, take (the Lua calls) > conf, window (pure).
 """
 
-from .feature import (
-    LATE,
-    ON_RATE_LIMIT,
-    RATE_FEATURE,
-    RATE_HEADER,
-    RATE_MAX_COUNTDOWN,
-    SLOWED_HEADER,
-    Limit,
-    Rate,
-    RateFeature,
-    RateLimitPolicy,
-    Share,
-    Verdict,
-    Window,
-    adjust,
-    named_limits,
-    parse_limits,
-    parse_rate,
-    take,
-    take_many,
-    undo,
-)
+from .booking import BOOKING_HEADER
+from .conf import ON_RATE_LIMIT, Conf, RateLimitPolicy, Share
+from .feature import RATE_FEATURE, RATE_HEADER, RATE_MAX_COUNTDOWN, SLOWED_HEADER, RateFeature
+from .stack import adjust, take_many
+from .take import take, undo
+from .window import LATE, Limit, Rate, Verdict, Window, named_limits, parse_limits, parse_rate, units_of
 
 __all__ = [
+    "BOOKING_HEADER",
     "LATE",
     "ON_RATE_LIMIT",
     "RATE_FEATURE",
     "RATE_HEADER",
     "RATE_MAX_COUNTDOWN",
     "SLOWED_HEADER",
+    "Conf",
     "Limit",
     "Rate",
     "RateFeature",
@@ -48,4 +32,5 @@ __all__ = [
     "take",
     "take_many",
     "undo",
+    "units_of",
 ]
