@@ -545,7 +545,7 @@ OVERSIZE = {
     "testing/history.py:run_lock_client": "one client of the history checker's schedule: each step a few lines",
     "lock/nodes.py:NodeSet.run": "the fan-out: one round trip to every node at once, its answers and errors; to split",
     "ops/doctor.py:node_findings": "one finding per node check, each a few lines",
-    "policies/rate/take.py:take": "the rate windows' take; being reworked (composite limits)",
+    "policies/rate/count.py:take": "the rate windows' take; being reworked (composite limits)",
     "task/beat.py:SingletonSchedulerMixin._claim": (
         "beat's claim of a schedule slot, its fallback and its log; to split"
     ),

@@ -1,12 +1,12 @@
 """``lock_rate``: at most N starts of a rate key in any window, across every worker (docs/rate.md). One way down:
-feature (the port's hooks) > booking (a waiting call's slot) > stack, take (the Lua calls) > conf, window (pure).
+feature (the port's hooks) > booking (a waiting call's slot) > stack, count (the Lua calls) > conf, window (pure).
 """
 
 from .booking import BOOKING_HEADER
 from .conf import ON_RATE_LIMIT, Conf, RateLimitPolicy, Share
+from .count import take, undo
 from .feature import RATE_FEATURE, RATE_HEADER, RATE_MAX_COUNTDOWN, SLOWED_HEADER, RateFeature
 from .stack import adjust, take_many
-from .take import take, undo
 from .window import LATE, Limit, Rate, Verdict, Window, named_limits, parse_limits, parse_rate, units_of
 
 __all__ = [

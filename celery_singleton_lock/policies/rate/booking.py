@@ -3,7 +3,7 @@ atomic script that refused it, and is re-sent once for that moment (docs/rate.md
 
 :func:`book` is the decision of a call that holds no booking (lua/rate_book.lua): each node takes the slot of the
 key's log free soonest, at max(now, the moment its last entry leaves the window), after every earlier booking; the
-start is counted now, or booked for that later moment. As for a start (policies/rate/take.py), a booking counts when a
+start is counted now, or booked for that later moment. As for a start (policies/rate/count.py), a booking counts when a
 majority of the nodes gave it the same slot; its moment is the latest the majority named (each node's own clock:
 the wait is the nodes' ``moment - now``, no worker clock is read). :func:`claim` is the booked call's decision when
 it arrives (lua/rate_claim.lua): on time on a quorum, it starts on its booking without competing; early (or its
@@ -26,7 +26,7 @@ from typing import Any
 
 from ...lock.nodes import NodeSet
 from ...lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
-from .take import restamp, undo
+from .count import restamp, undo
 from .window import LATE, Verdict, Window
 
 __all__ = ["BOOKING_HEADER", "SHORT", "book", "books", "claim", "decide", "decide_for", "parse_booking"]

@@ -7,7 +7,7 @@ is ours, or it has none: ``lock_limit=None``) may *start now*. What an over-the-
 ``"skip"`` (REVOKED) or ``"fail"`` (FAILURE with :class:`~celery_singleton_lock.errors.RateLimitedError`).
 
 The feature holds its options' checks, the rate key of a call, and its hooks: ``after_lock`` (the delivery asks for
-its share: :func:`~.take.take`, :func:`~.stack.take_many` or a booking, :func:`~.booking.decide_for`, then carries
+its share: :func:`~.count.take`, :func:`~.stack.take_many` or a booking, :func:`~.booking.decide_for`, then carries
 the verdict out through the :class:`~celery_singleton_lock.policies.port.Delivery` it is handed), ``body_skipped``
 (a share counted for a body that does not start after all is given back), ``slowed`` (a body's ``SlowDown``) and
 ``spent`` (``rate_spent``). It is the top room of policies/rate/: it imports the others, none imports it. It imports
@@ -29,8 +29,8 @@ from ...lock.scripts import RATE_PAUSE
 from ..port import Delivery, Feature, check_names, parameters
 from .booking import BOOKING_HEADER, books, decide_for
 from .conf import ON_RATE_LIMIT, Conf, Share, check_costs, keys_of, units_per_limit
+from .count import take, undo
 from .stack import adjust, take_many
-from .take import take, undo
 from .window import Limit, named_limits, parse_limits, units_of
 
 __all__ = ["RATE_FEATURE", "RATE_HEADER", "RATE_MAX_COUNTDOWN", "SCRIPTS", "SLOWED_HEADER", "RateFeature"]

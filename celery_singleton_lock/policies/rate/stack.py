@@ -13,7 +13,7 @@ from typing import Any
 
 from ...lock.nodes import NodeSet
 from ...lock.scripts import RATE_ADJUST, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
-from .take import SPLIT_ATTEMPTS, undo
+from .count import SPLIT_ATTEMPTS, undo
 from .window import LATE, Verdict, Window
 
 __all__ = ["adjust", "take_many"]
@@ -117,7 +117,7 @@ def _restamp_many(
     slots: tuple[tuple[int, ...], ...],
     times: dict[int, float],
 ) -> Verdict | None:
-    """:func:`~.take.restamp` of a start of several limits or units (lua/rate_stack_restamp.lua)."""
+    """:func:`~.count.restamp` of a start of several limits or units (lua/rate_stack_restamp.lua)."""
     args: list[str | int] = [token, *(w.window_us for w in windows), *(",".join(map(str, s)) for s in slots)]
     for _ in range(2):
         began = time.monotonic()

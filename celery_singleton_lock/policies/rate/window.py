@@ -2,7 +2,7 @@
 
 :class:`Window` (N starts in any window of a period), :func:`parse_rate` (``"60/m"``, ``(N, seconds)``), :class:`Rate`
 and :class:`Limit` (a limit with its own arguments and cost), :func:`parse_limits` (``lock_rate``'s limits, stacked),
-:func:`units_of` (a cost as whole units), :class:`Verdict` (the answer of a decision: policies/rate/take.py,
+:func:`units_of` (a cost as whole units), :class:`Verdict` (the answer of a decision: policies/rate/count.py,
 stack.py and booking.py give it) and :data:`LATE`.
 """
 
