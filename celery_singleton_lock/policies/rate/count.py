@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...lock.nodes import NodeSet
-from ...lock.scripts import RATE, RATE_RESTAMP, RATE_UNDO
+from ...lock.scripts import RATE, RATE_RESTAMP, RATE_UNDO, Script
 from .window import LATE, Verdict, Window
 
-__all__ = ["SPLIT_ATTEMPTS", "restamp", "take", "undo"]
+__all__ = ["SPLIT_ATTEMPTS", "moved_now", "refusal", "restamp", "take", "undo"]
 
 #: Attempts of one decision when contenders split the free slots between the nodes.
 SPLIT_ATTEMPTS = 3
@@ -85,16 +85,10 @@ def take(nodes: NodeSet, key: str, rate: Window) -> Verdict:
             continue
         if granted:
             undo(nodes, key, token, granted)
-        answered = len(nodes) - len(errors)
-        if answered < nodes.quorum:
-            return Verdict("unavailable", errors=errors)
-        if answered - len(waits) < nodes.quorum:
-            # Refused by too many nodes for a quorum now: the window is full. It lets a start in when a quorum of
-            # the nodes that answered has a free slot: those that counted us have one now, the others when their
-            # oldest start leaves the window.
-            frees = sorted([0.0] * len(granted) + waits)
-            return Verdict("limited", wait=frees[nodes.quorum - 1])
-        if len(slot_frees) == answered:
+        refused = refusal(nodes, errors, waits, len(granted))
+        if refused is not None:
+            return refused
+        if len(slot_frees) == len(nodes) - len(errors):
             # Per slot, the moment a quorum of the answering nodes has it free; the earliest slot decides.
             best, at = min(
                 ((s, sorted(f[s] for f in slot_frees)[nodes.quorum - 1]) for s in range(rate.limit)),
@@ -114,28 +108,53 @@ def take(nodes: NodeSet, key: str, rate: Window) -> Verdict:
     return verdict
 
 
+def refusal(nodes: NodeSet, errors: list[str], waits: list[float], granted: int) -> Verdict | None:
+    """The verdict of an attempt no quorum granted, when it is not a split: ``unavailable`` (fewer than a quorum
+    answered: ``errors``) or ``limited`` (refused by too many nodes for a quorum now: the window is full; ``waits``:
+    each refusing node's wait). It lets a start in when a quorum of the nodes that answered has room: the ``granted``
+    ones (that counted it, undone) have it now, the others when their wait ends (a stacked start: each node said the
+    max over its limiting windows). None: enough nodes had room, but the contenders split it."""
+    answered = len(nodes) - len(errors)
+    if answered < nodes.quorum:
+        return Verdict("unavailable", errors=errors)
+    if answered - len(waits) < nodes.quorum:
+        return Verdict("limited", wait=sorted([0.0] * granted + waits)[nodes.quorum - 1])
+    return None
+
+
 def restamp(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
     """A grant whose answers came back later than :data:`LATE`: move its entry to the nodes' time now on the nodes
     that hold it (no waiting for the others), so the slot's next start comes a window after this moment. Counted
     when a quorum moved it within :data:`LATE`; otherwise uncounted (None), and the caller asks again."""
-    member = f"{slot}:{token}"
+    moved = moved_now(nodes, RATE_RESTAMP, [key], [f"{slot}:{token}", rate.window_us], times)
+    if moved is not None:
+        return Verdict("granted", token=token, slot=slot, at=min(moved.values()), times=moved)
+    undo(nodes, key, token)
+    return None
+
+
+def moved_now(
+    nodes: NodeSet, script: Script, keys: list[str], args: list[str | int], times: dict[int, float]
+) -> dict[int, float] | None:
+    """Run a restamp ``script`` (lua/rate_restamp.lua, rate_stack_restamp.lua) on the nodes of ``times`` (those that
+    hold the grant), at most twice: each node that moved it -> its time now (Unix s, its clock), once a quorum moved
+    it within :data:`LATE`; None when fewer than a quorum moved it, the call failed, or it was late twice."""
     for _ in range(2):
         began = time.monotonic()
         try:
-            answers = nodes.run(RATE_RESTAMP, [key], [member, rate.window_us], nodes=list(times))
+            answers = nodes.run(script, keys, args, nodes=list(times))
         except Exception:
-            break
+            return None
         moved = {
             i: int(answers[i][1]) / 1_000_000
             for i in times
             if not isinstance(answers[i], BaseException) and answers[i] and int(answers[i][0]) == 1
         }
         if len(moved) < nodes.quorum:
-            break
+            return None
         times = moved
         if time.monotonic() - began <= LATE:
-            return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
-    undo(nodes, key, token)
+            return times
     return None
 
 

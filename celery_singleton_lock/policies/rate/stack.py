@@ -13,7 +13,7 @@ from typing import Any
 
 from ...lock.nodes import NodeSet
 from ...lock.scripts import RATE_ADJUST, RATE_STACK, RATE_STACK_RESTAMP, RATE_UNDO
-from .count import SPLIT_ATTEMPTS, undo
+from .count import SPLIT_ATTEMPTS, moved_now, refusal, undo
 from .window import LATE, Verdict, Window
 
 __all__ = ["adjust", "take_many"]
@@ -82,14 +82,10 @@ def take_many(nodes: NodeSet, keys: Sequence[str], windows: Sequence[Window], co
             continue
         if granted:
             undo(nodes, keys, token, granted)
-        answered = len(nodes) - len(errors)
-        if answered < nodes.quorum:
-            return Verdict("unavailable", errors=errors)
-        if answered - len(waits) < nodes.quorum:
-            # Refused by too many nodes for a quorum now: the moment a quorum of the answering nodes has room in
-            # every limit (each node said the max over its limiting windows).
-            return Verdict("limited", wait=sorted([0.0] * len(granted) + waits)[nodes.quorum - 1])
-        if len(frees) == answered:
+        refused = refusal(nodes, errors, waits, len(granted))
+        if refused is not None:
+            return refused
+        if len(frees) == len(nodes) - len(errors):
             # Per limit, the ``cost`` slots free soonest on a quorum of the answering nodes; the latest of those
             # moments, over the limits, decides.
             moment, wanted = 0.0, []
@@ -119,22 +115,9 @@ def _restamp_many(
 ) -> Verdict | None:
     """:func:`~.count.restamp` of a start of several limits or units (lua/rate_stack_restamp.lua)."""
     args: list[str | int] = [token, *(w.window_us for w in windows), *(",".join(map(str, s)) for s in slots)]
-    for _ in range(2):
-        began = time.monotonic()
-        try:
-            answers = nodes.run(RATE_STACK_RESTAMP, keys, args, nodes=list(times))
-        except Exception:
-            break
-        moved = {
-            i: int(answers[i][1]) / 1_000_000
-            for i in times
-            if not isinstance(answers[i], BaseException) and answers[i] and int(answers[i][0]) == 1
-        }
-        if len(moved) < nodes.quorum:
-            break
-        times = moved
-        if time.monotonic() - began <= LATE:
-            return Verdict("granted", token=token, slot=slots[0][0], at=min(times.values()), times=times, slots=slots)
+    moved = moved_now(nodes, RATE_STACK_RESTAMP, keys, args, times)
+    if moved is not None:
+        return Verdict("granted", token=token, slot=slots[0][0], at=min(moved.values()), times=moved, slots=slots)
     undo(nodes, keys, token)
     return None
 
