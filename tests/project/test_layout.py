@@ -206,6 +206,37 @@ def test_no_circle_counting_type_only_imports_and_imports_inside_functions() -> 
     assert _cycle(_graph(lazy=True, typing=True)) is None
 
 
+#: The folders inside a WHOLE unit (read as one unit above, so a circle between their modules would go unseen).
+INNER = sorted(p for p in (PACKAGE / "policies").iterdir() if (p / "__init__.py").exists())
+
+
+def _inner_graph(folder: Path) -> dict[str, set[str]]:
+    """Module of ``folder`` (``__init__`` too) -> the modules of ``folder`` it imports, every kind of import counted
+    (inside functions, under ``if TYPE_CHECKING:``); ``from . import x`` counts as importing ``__init__``."""
+    names = {file.stem for file in folder.glob("*.py")}
+    dotted = ".".join((PACKAGE.name, *folder.relative_to(PACKAGE).parts))
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        targets: set[str] = set()
+        for node in ast.walk(parse(folder / f"{name}.py")):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets.add(node.module.split(".")[0] if node.module else "__init__")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{dotted}."):
+                targets.add((node.module or "")[len(dotted) + 1 :].split(".")[0])
+        graph[name] = (targets & names) - {name}
+    return graph
+
+
+@pytest.mark.parametrize("folder", INNER, ids=lambda p: p.name)
+def test_the_rooms_of_a_folder_inside_policies_import_one_way(folder: Path) -> None:
+    """policies/rate/'s modules import one another one way, every kind of import counted (policies/rate.py and
+    rate_booking.py imported each other, one way through imports inside functions): its face imports them, none
+    imports the face back."""
+    graph = _inner_graph(folder)
+    assert graph.get("__init__"), f"{folder.name}/__init__.py imports none of its rooms: the test reads nothing"
+    assert _cycle(graph) is None
+
+
 def _wing(name: str) -> str:
     """The wing of unit ``name``, or ``root``."""
     first = name.split(".", maxsplit=1)[0]
