@@ -580,7 +580,6 @@ OVERSIZE = {
     "task/beat.py:SingletonSchedulerMixin._claim": (
         "beat's claim of a schedule slot, its fallback and its log; to split"
     ),
-    "policies/rate/feature.py:RateFeature.after_lock": "the rate windows' hook after the lock; being reworked",
     "lock/inventory.py:merge": "one lock's merged view over the nodes' records, by quorum",
     "lock/lease.py:_LeaseSpec._extend_steps": "the extend step machine (the batched renewal's repair and refill)",
     "policies/matrix.py:render_markdown": "docs/options.md, table by table",

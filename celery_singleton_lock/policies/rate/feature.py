@@ -31,7 +31,7 @@ from .booking import BOOKING_HEADER, books, decide_for
 from .conf import ON_RATE_LIMIT, Conf, Share, check_costs, keys_of, units_per_limit
 from .count import take, undo
 from .stack import adjust, take_many
-from .window import Limit, named_limits, parse_limits, units_of
+from .window import Limit, Verdict, named_limits, parse_limits, units_of
 
 __all__ = ["RATE_FEATURE", "RATE_HEADER", "RATE_MAX_COUNTDOWN", "SCRIPTS", "SLOWED_HEADER", "RateFeature"]
 
@@ -155,7 +155,6 @@ class RateFeature(Feature):
         ctx, run = delivery.ctx, delivery.run
         options = ctx.options
         conf: Conf = options.conf[self.name]
-        rate = conf  # said in messages: every limit
         keys = self.keys_for(ctx, delivery.args, delivery.kwargs)
         key = keys[0]
         try:
@@ -183,29 +182,42 @@ class RateFeature(Feature):
             share.at, share.slot, share.token = verdict.at, (verdict.slot, verdict.times), verdict.token
             share.slots = verdict.slots or ((verdict.slot,),)
             return True
-        task_id = run.task_id
         if verdict.outcome == "unavailable":
-            policy = options.on_unavailable
-            attempt = delivery.attempt
-            if not attempt:  # once per call, not per retry
-                ctx.count("unavailable")
-            ctx.signal("lock_unavailable", key=key, task_id=task_id, policy=policy, errors=verdict.errors)
-            if policy == "run":
-                logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", ctx.name, task_id, key)
-                return True
-            settings = options.settings
-            if (
-                policy == "fail"
-                or request.is_eager
-                or (settings.max_retries is not None and attempt + 1 > settings.max_retries)
-            ):
-                delivery.give_back()
-                delivery.failed()  # every feature's end of a delivery that fails before its body
-                raise LockUnavailableError(key, node_errors=verdict.errors)
-            delay = min(settings.retry_max_delay, settings.retry_delay * 2**attempt)
-            countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
-            delivery.wait_out(countdown, "unavailable", {delivery.attempt_header: attempt + 1})
-            return False
+            return self._unavailable(delivery, key, verdict)
+        return self._over(delivery, conf, key, verdict)
+
+    @staticmethod
+    def _unavailable(delivery: Delivery, key: str, verdict: Verdict) -> bool:
+        """No quorum counted or refused the start: ``lock_on_unavailable`` acts (``run``: True, the body starts)."""
+        ctx, request, task_id = delivery.ctx, delivery.ctx.request, delivery.run.task_id
+        options = ctx.options
+        policy = options.on_unavailable
+        attempt = delivery.attempt
+        if not attempt:  # once per call, not per retry
+            ctx.count("unavailable")
+        ctx.signal("lock_unavailable", key=key, task_id=task_id, policy=policy, errors=verdict.errors)
+        if policy == "run":
+            logger.warning("Task %s[%s] starts UNCOUNTED: rate %s unavailable", ctx.name, task_id, key)
+            return True
+        settings = options.settings
+        if (
+            policy == "fail"
+            or request.is_eager
+            or (settings.max_retries is not None and attempt + 1 > settings.max_retries)
+        ):
+            delivery.give_back()
+            delivery.failed()  # every feature's end of a delivery that fails before its body
+            raise LockUnavailableError(key, node_errors=verdict.errors)
+        delay = min(settings.retry_max_delay, settings.retry_delay * 2**attempt)
+        countdown = delay * (0.5 + 0.5 * random.random())  # noqa: S311 - jitter
+        delivery.wait_out(countdown, "unavailable", {delivery.attempt_header: attempt + 1})
+        return False
+
+    @staticmethod
+    def _over(delivery: Delivery, conf: Conf, key: str, verdict: Verdict) -> bool:
+        """Over the rate (or contended, or booked): ``lock_on_rate_limit`` acts; False, the body does not start."""
+        ctx, request, task_id = delivery.ctx, delivery.ctx.request, delivery.run.task_id
+        options, rate = ctx.options, conf  # said in messages: every limit
         waits = int(getattr(request, RATE_HEADER, 0) or 0)
         if not waits:  # once per call: its re-sent copies asking again are the same call
             ctx.count("rate-limited")
