@@ -229,9 +229,9 @@ class Bench:
     # --- pieces of the hot path, each on its own ----------------------------------------------------------------
 
     def pieces(self) -> dict[str, Callable[[int], Any]]:
-        from celery_singleton_lock.decide.decision import decide  # noqa: PLC0415
         from celery_singleton_lock.lock.redlock import Redlock  # noqa: PLC0415
         from celery_singleton_lock.lock.renewal import watchdog  # noqa: PLC0415
+        from celery_singleton_lock.policies.decision import decide  # noqa: PLC0415
         from celery_singleton_lock.task import signals  # noqa: PLC0415
 
         locked, options, nodes, serial = self.locked, self.options, self.nodes, self.serial

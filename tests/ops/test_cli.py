@@ -28,7 +28,6 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_singleton_lock import Redlock
-from celery_singleton_lock.decide import decision
 from celery_singleton_lock.lock import metrics
 from celery_singleton_lock.lock.config import settings_for
 from celery_singleton_lock.lock.redlock import done_key_for, fence_key_for
@@ -42,6 +41,7 @@ from celery_singleton_lock.ops.cli import (
     release_lock,
     show_lock,
 )
+from celery_singleton_lock.policies import decision
 from celery_singleton_lock.testing import RedisServer, free_port
 
 CELERY = str(Path(sys.executable).parent / "celery")
