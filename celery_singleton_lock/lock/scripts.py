@@ -126,7 +126,7 @@ RATE_STACK_SCRIPT = _load("rate_stack")  # several limits, or a cost (lock_rate 
 RATE_STACK_RESTAMP_SCRIPT = _load("rate_stack_restamp")
 RATE_ADJUST_SCRIPT = _load("rate_adjust")  # a run's reported cost (LockedTask.rate_spent)
 RATE_PAUSE_SCRIPT = _load("rate_pause")  # a body's SlowDown
-RATE_BOOK_SCRIPT = _load("rate_book")  # a waiting call's booked slot (policies/rate_booking.py)
+RATE_BOOK_SCRIPT = _load("rate_book")  # a waiting call's booked slot (policies/rate/booking.py)
 RATE_CLAIM_SCRIPT = _load("rate_claim")
 
 

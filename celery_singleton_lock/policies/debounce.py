@@ -689,7 +689,7 @@ def _hold(delivery: Delivery, due: float, held: float) -> float:
     if lock is None or due <= 0:
         return 0.0
     state: dict[str, Any] = delivery.run.state or {}
-    if getattr(state.get("rate"), "token", None):  # policies/rate.py's Share (this module imports no feature)
+    if getattr(state.get("rate"), "token", None):  # policies/rate/conf.py's Share (this module imports no feature)
         return 0.0
     if due > HOLD_MAX - held or due > lock.validity / 2:
         return 0.0

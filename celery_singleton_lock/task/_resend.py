@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..errors import DuplicateTaskError, LockUnavailableError
-from ..policies.rate_booking import BOOKING_HEADER
+from ..policies.rate.booking import BOOKING_HEADER
 from . import signals
 from ._run import REDELIVERY_HEADER, SINCE_HEADER, Context, Run, Skipped, since
 

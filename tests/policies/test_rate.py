@@ -1,5 +1,5 @@
-"""``lock_rate``'s decision (policies/rate.py + lua/rate.lua) on real redis-servers, one node and three: the sliding
-window counted by slots, the quorum, the wait it names, undo, and the option checks.
+"""``lock_rate``'s decision (policies/rate/count.py, stack.py + lua/rate.lua, rate_stack.lua) on real redis-servers,
+one node and three: the sliding window counted by slots, the quorum, the wait it names, undo, and the option checks.
 Workers: tests/policies/test_rate_workers.py.
 """
 

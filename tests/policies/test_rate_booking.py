@@ -1,4 +1,4 @@
-"""Booked slots (policies/rate_booking.py + lua/rate_book.lua, lua/rate_claim.lua) on real redis-servers, one node and
+"""Booked slots (policies/rate/booking.py + lua/rate_book.lua, lua/rate_claim.lua) on real redis-servers, one node and
 three: a refused call books the moment it owns, in arrival order; bookings count in the window; early, on time, late;
 a node restarted empty. Workers: tests/policies/test_rate_workers.py."""
 
@@ -12,7 +12,7 @@ import redis
 from celery_singleton_lock.lock.nodes import NodeSet
 from celery_singleton_lock.lock.scripts import RATE_PAUSE
 from celery_singleton_lock.policies.rate import Verdict, Window, take
-from celery_singleton_lock.policies.rate_booking import book, claim, decide, parse_booking
+from celery_singleton_lock.policies.rate.booking import book, claim, decide, parse_booking
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -179,7 +179,7 @@ def test_with_one_node_of_three_paused_a_waiting_call_starts_and_a_booked_one_cl
 
 
 def _pause(nodes: NodeSet, key: str, rate: Window, seconds: float) -> None:
-    """A body's SlowDown(seconds) on this one-limit rate, as policies/rate.py writes it (lua/rate_pause.lua)."""
+    """A body's SlowDown(seconds) on this one-limit rate, as policies/rate/feature.py writes it (lua/rate_pause.lua)."""
     nodes.run(RATE_PAUSE, [key], ["pause-token", round(seconds * 1_000_000), rate.limit, rate.window_us])
 
 

@@ -1,4 +1,4 @@
-"""Booked slots with real workers (policies/rate_booking.py): calls over their rate book the moment they own and are
+"""Booked slots with real workers (policies/rate/booking.py): calls over their rate book the moment they own and are
 re-sent once for it, served in arrival order; a worker SIGKILLed holding booked copies, a lock node restarted empty.
 Two prefork workers of 3 processes, three lock nodes, a Redis broker; every start's slot and node times are recorded
 by the run (``rate_tasks``) and checked: no window ever holds more than N starts. Bounded loops, no timing asserts.

@@ -206,6 +206,37 @@ def test_no_circle_counting_type_only_imports_and_imports_inside_functions() -> 
     assert _cycle(_graph(lazy=True, typing=True)) is None
 
 
+#: The folders inside a WHOLE unit (read as one unit above, so a circle between their modules would go unseen).
+INNER = sorted(p for p in (PACKAGE / "policies").iterdir() if (p / "__init__.py").exists())
+
+
+def _inner_graph(folder: Path) -> dict[str, set[str]]:
+    """Module of ``folder`` (``__init__`` too) -> the modules of ``folder`` it imports, every kind of import counted
+    (inside functions, under ``if TYPE_CHECKING:``); ``from . import x`` counts as importing ``__init__``."""
+    names = {file.stem for file in folder.glob("*.py")}
+    dotted = ".".join((PACKAGE.name, *folder.relative_to(PACKAGE).parts))
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        targets: set[str] = set()
+        for node in ast.walk(parse(folder / f"{name}.py")):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets.add(node.module.split(".")[0] if node.module else "__init__")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{dotted}."):
+                targets.add((node.module or "")[len(dotted) + 1 :].split(".")[0])
+        graph[name] = (targets & names) - {name}
+    return graph
+
+
+@pytest.mark.parametrize("folder", INNER, ids=lambda p: p.name)
+def test_the_rooms_of_a_folder_inside_policies_import_one_way(folder: Path) -> None:
+    """policies/rate/'s modules import one another one way, every kind of import counted (policies/rate.py and
+    rate_booking.py imported each other, one way through imports inside functions): its face imports them, none
+    imports the face back."""
+    graph = _inner_graph(folder)
+    assert graph.get("__init__"), f"{folder.name}/__init__.py imports none of its rooms: the test reads nothing"
+    assert _cycle(graph) is None
+
+
 def _wing(name: str) -> str:
     """The wing of unit ``name``, or ``root``."""
     first = name.split(".", maxsplit=1)[0]
@@ -358,10 +389,10 @@ def test_every_outcome_counted_is_one_of_the_metrics_vocabulary() -> None:
 
 # -- the feature port (issue 31): a feature is named by its own module, reached through the port elsewhere ----------
 
-#: Each feature behind the port: its module under policies/ and the task options it owns.
+#: Each feature behind the port: its module (or its subpackage, a folder) under policies/ and the task options it owns.
 FEATURE_OPTIONS = {
     "debounce": ("policies/debounce.py", ("lock_debounce", "lock_debounce_max")),
-    "rate": ("policies/rate.py", ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")),
+    "rate": ("policies/rate", ("lock_rate", "lock_rate_on", "lock_on_rate_limit", "lock_rate_cost")),
     "max_waiting": ("policies/waiting.py", ("lock_max_waiting",)),
     "fair": ("policies/fair.py", ("lock_fair_on",)),
     "cooldown": ("policies/cooldown.py", ("lock_cooldown",)),
@@ -443,7 +474,7 @@ def _feature_spread() -> dict[tuple[str, str], int]:
     for feature, (home, names) in FEATURE_OPTIONS.items():
         for path in sorted(PACKAGE.rglob("*.py")):
             relative = path.relative_to(PACKAGE).as_posix()
-            if relative in (home, "policies/matrix.py"):
+            if relative in (home, "policies/matrix.py") or relative.startswith(f"{home}/"):
                 continue
             n = _option_mentions(path, frozenset(names))
             if n:
@@ -545,11 +576,10 @@ OVERSIZE = {
     "testing/history.py:run_lock_client": "one client of the history checker's schedule: each step a few lines",
     "lock/nodes.py:NodeSet.run": "the fan-out: one round trip to every node at once, its answers and errors; to split",
     "ops/doctor.py:node_findings": "one finding per node check, each a few lines",
-    "policies/rate.py:take": "the rate windows' take; being reworked (composite limits)",
+    "policies/rate/count.py:take": "the rate windows' take; being reworked (composite limits)",
     "task/beat.py:SingletonSchedulerMixin._claim": (
         "beat's claim of a schedule slot, its fallback and its log; to split"
     ),
-    "policies/rate.py:RateFeature.after_lock": "the rate windows' hook after the lock; being reworked",
     "lock/inventory.py:merge": "one lock's merged view over the nodes' records, by quorum",
     "lock/lease.py:_LeaseSpec._extend_steps": "the extend step machine (the batched renewal's repair and refill)",
     "policies/matrix.py:render_markdown": "docs/options.md, table by table",
@@ -562,8 +592,7 @@ OVERSIZE = {
     "ops/cli.py:cancel_command": "locks cancel: its three ways to name a job and their errors",
     "lock/lease.py:_LeaseSpec._attempt_steps": "the acquire step machine (token, quorum, undo on a split vote)",
     "policies/debounce.py": "a burst at send and at the worker (join, check, claim, confirm); to split in two",
-    "policies/rate.py": "the rate windows: one limit's take, several limits' take_many, cost and pause; to split",
-    "policies/rate.py:take_many": "several limits' take: all or none per node, a quorum per limit, split retries",
+    "policies/rate/stack.py:take_many": "several limits' take: all or none per node, a quorum per limit, split retries",
     "lock/redlock.py:Redlock": "the public lock: a fifth of it is its docstring (the user's manual, doctested)",
 }
 

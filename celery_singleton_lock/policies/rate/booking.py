@@ -3,17 +3,17 @@ atomic script that refused it, and is re-sent once for that moment (docs/rate.md
 
 :func:`book` is the decision of a call that holds no booking (lua/rate_book.lua): each node takes the slot of the
 key's log free soonest, at max(now, the moment its last entry leaves the window), after every earlier booking; the
-start is counted now, or booked for that later moment. As for a start (policies/rate.py), a booking counts when a
+start is counted now, or booked for that later moment. As for a start (policies/rate/count.py), a booking counts when a
 majority of the nodes gave it the same slot; its moment is the latest the majority named (each node's own clock:
 the wait is the nodes' ``moment - now``, no worker clock is read). :func:`claim` is the booked call's decision when
 it arrives (lua/rate_claim.lua): on time on a quorum, it starts on its booking without competing; early (or its
 slot's predecessor started late and still covers the moment), it is re-sent for the moment (never run early); late
-past :data:`~celery_singleton_lock.policies.rate.LATE` but within a window, it starts now and its entry moves to now
+past :data:`~.window.LATE` but within a window, it starts now and its entry moves to now
 (the slot's next start waits a window from it); a window late, or a booking a quorum no longer holds (a node
 restarted empty and one more lost it), it books anew (a late entry stays counted: wasted, never shared).
 
 Only a task of one limit and cost 1 books (the hot path of lua/rate.lua); stacked limits and costs keep
-:func:`~celery_singleton_lock.policies.rate.take_many` and its re-sends for the first free moment.
+:func:`~celery_singleton_lock.policies.rate.stack.take_many` and its re-sends for the first free moment.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import random
 import secrets
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..lock.nodes import NodeSet
-from ..lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
-
-if TYPE_CHECKING:  # pragma: no cover - types only (rate.py imports this module)
-    from .rate import Verdict, Window
+from ...lock.nodes import NodeSet
+from ...lock.scripts import RATE_BOOK, RATE_CLAIM, RATE_UNDO
+from .count import restamp, undo
+from .window import LATE, Verdict, Window
 
 __all__ = ["BOOKING_HEADER", "SHORT", "book", "books", "claim", "decide", "decide_for", "parse_booking"]
 
@@ -38,24 +37,6 @@ BOOKING_HEADER = "singleton_lock_rate_booking"
 _SPLIT_ATTEMPTS = 5
 #: A booked moment at most this many seconds away is waited for in the worker instead of by a re-send.
 SHORT = 0.2
-
-
-def _restamp(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, times: dict[int, float]) -> Verdict | None:
-    from .rate import _restamp as restamp  # noqa: PLC0415 - rate.py imports this module
-
-    return restamp(nodes, key, rate, token, slot, times)
-
-
-def _late() -> float:
-    from .rate import LATE  # noqa: PLC0415 - rate.py imports this module
-
-    return LATE
-
-
-def _verdict(*args: Any, **kwargs: Any) -> Verdict:
-    from .rate import Verdict  # noqa: PLC0415 - rate.py imports this module
-
-    return Verdict(*args, **kwargs)
 
 
 def parse_booking(value: Any) -> tuple[int, str] | None:
@@ -101,7 +82,7 @@ def decide(nodes: NodeSet, key: str, rate: Window, booking: Any, *, redelivered:
 
 def book(nodes: NodeSet, key: str, rate: Window) -> Verdict:
     """Count a start now or book its slot's moment, on a quorum of the nodes (one round trip; one more when the
-    majority's moments differ by more than :data:`~celery_singleton_lock.policies.rate.LATE`: booked again, every
+    majority's moments differ by more than :data:`~.window.LATE`: booked again, every
     node at the latest of them; a split of the slots between contenders costs one more each time, at most
     :data:`_SPLIT_ATTEMPTS`). ``granted``: start now; ``booked``: re-send for ``wait`` s with the booking (``slot``,
     ``token``); ``unavailable``: no quorum answered; ``limited`` (contended): the slots kept splitting, ask again
@@ -129,25 +110,25 @@ def book(nodes: NodeSet, key: str, rate: Window) -> Verdict:
             moments[i] = int(answer[2]) / 1_000_000
         slot, count = Counter(slots.values()).most_common(1)[0] if slots else (-1, 0)
         holders = [i for i, s in slots.items() if s == slot]
-        if count >= nodes.quorum and max(delays[i] for i in holders) - min(delays[i] for i in holders) <= _late():
+        if count >= nodes.quorum and max(delays[i] for i in holders) - min(delays[i] for i in holders) <= LATE:
             strays = [i for i, s in slots.items() if s != slot]
             if strays:
-                _undo(nodes, key, token, strays)
+                undo(nodes, key, token, strays)
             # The latest moment of the majority: on every node that holds it, the slot is its own by then.
             wait = max(delays[i] for i in holders)
             times = {i: moments[i] for i in holders}
-            if wait <= 0 and time.monotonic() - began <= _late():
-                return _verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
+            if wait <= 0 and time.monotonic() - began <= LATE:
+                return Verdict("granted", token=token, slot=slot, at=min(times.values()), times=times)
             if wait <= 0:  # counted now, but the answers came back late: moved to now on the nodes that hold it
-                late = _restamp(nodes, key, rate, token, slot, times)
+                late = restamp(nodes, key, rate, token, slot, times)
                 if late is not None:
                     return late
                 continue
-            return _verdict("booked", wait=wait, token=token, slot=slot, times=times)
+            return Verdict("booked", wait=wait, token=token, slot=slot, times=times)
         if slots:
-            _undo(nodes, key, token, list(slots))
+            undo(nodes, key, token, list(slots))
         if len(nodes) - len(errors) < nodes.quorum:
-            return _verdict("unavailable", errors=errors)
+            return Verdict("unavailable", errors=errors)
         preferred = str(slot)
         # The majority named different moments (a node that missed or kept a start the others did not), or the nodes
         # split the slots (contenders booking at once, in another order on each node): book again, every node at the
@@ -156,7 +137,7 @@ def book(nodes: NodeSet, key: str, rate: Window) -> Verdict:
         after = max(delays.values(), default=0.0)
         if count < nodes.quorum and attempt + 1 < _SPLIT_ATTEMPTS:
             time.sleep(0.005 * random.random())  # noqa: S311 - jitter
-    return _verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
+    return Verdict("limited", wait=0.005 + 0.045 * random.random(), contended=True)  # noqa: S311 - jitter
 
 
 def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, *, early_only: bool = False) -> Verdict | None:
@@ -165,7 +146,7 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, *, earl
     booking is lost, or a window late: book anew (the late entry stays counted). ``early_only``: None, the entry
     left as it is, where it would start (a redelivered copy: its entry may count a start already made)."""
     member = f"{slot}:{token}"
-    late_us = round(_late() * 1_000_000)
+    late_us = round(LATE * 1_000_000)
     move = ""  # first ask only; once a quorum said it may start, again moving the entries where it starts
     on = list(range(len(nodes)))  # then only the nodes that said so (a frozen one would make every answer late)
     for _ in range(3):
@@ -187,22 +168,16 @@ def claim(nodes: NodeSet, key: str, rate: Window, token: str, slot: int, *, earl
         if len(ok) >= nodes.quorum and early_only:
             return None  # its moment came: perhaps started on by the copy before it; the entry stays counted
         if len(ok) >= nodes.quorum:
-            if not moves and time.monotonic() - began <= _late():
-                return _verdict("granted", token=token, slot=slot, at=min(ok.values()), times=ok)
+            if not moves and time.monotonic() - began <= LATE:
+                return Verdict("granted", token=token, slot=slot, at=min(ok.values()), times=ok)
             move, on = "1", list(ok)
             continue  # moved now (or the answers came back late: asked again, late now: moved to now)
         if early and len(ok) + len(early) >= nodes.quorum:
-            return _verdict("booked", wait=max(early), token=token, slot=slot, times=ok)
+            return Verdict("booked", wait=max(early), token=token, slot=slot, times=ok)
         if len(nodes) - len(errors) < nodes.quorum:
-            return _verdict("unavailable", errors=errors)
+            return Verdict("unavailable", errors=errors)
         break
     # Not started on it (gone from a majority, a window late, or answered late twice): uncounted everywhere (an
     # entry removed never brings two of a slot closer), and the call books anew.
-    _undo(nodes, key, token, list(range(len(nodes))))
+    undo(nodes, key, token, list(range(len(nodes))))
     return None
-
-
-def _undo(nodes: NodeSet, key: str, token: str, on: list[int]) -> None:
-    from .rate import undo  # noqa: PLC0415 - rate.py imports this module
-
-    undo(nodes, key, token, on)
