@@ -34,6 +34,7 @@ benchmarks/bench_check.py``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import secrets
@@ -79,22 +80,33 @@ def request_for(task_id: str, name: str) -> dict[str, Any]:
     }
 
 
-def task_paths(url: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
-    """The three tracer paths on a fresh app locking on ``url``, and a function that frees the held key."""
+def task_paths(
+    url: str, package: str = "celery_singleton_lock"
+) -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
+    """The three tracer paths on a fresh app locking on ``url``, and a function that frees the held key.
+
+    ``package``: the checkout's package as imported (bench_task_ab.py loads two checkouts under other names)."""
     from celery import Celery, Task  # noqa: PLC0415 - only this part needs Celery
     from celery.app.trace import build_tracer  # noqa: PLC0415
 
-    from celery_singleton_lock import LockedTask  # noqa: PLC0415
-    from celery_singleton_lock.lock.redlock import Redlock  # noqa: PLC0415
+    base: Any = importlib.import_module(package).LockedTask
+    Redlock: Any = importlib.import_module(f"{package}.lock.redlock").Redlock
+    if package != "celery_singleton_lock":
+
+        class Renamed(base):  # type: ignore[misc,valid-type]
+            abstract = True
+            Request = f"{package}.task:LockedRequest"  # the checkout's own (bind checks it)
+
+        base = Renamed
 
     app = Celery(f"check-{secrets.token_hex(4)}", broker="memory://", set_as_current=False)
     app.conf.update(singleton_lock_urls=[url], task_ignore_result=True)
 
-    @app.task(name="check.plain", base=Task)  # type: ignore[misc]
+    @app.task(name=f"{package}.plain", base=Task)  # type: ignore[misc]
     def plain(x: int) -> None:
         return None
 
-    @app.task(name="check.locked", base=LockedTask)  # type: ignore[misc]
+    @app.task(name=f"{package}.locked", base=base)  # type: ignore[misc]
     def locked(x: int) -> None:
         return None
 

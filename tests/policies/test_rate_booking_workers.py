@@ -313,14 +313,11 @@ def test_a_booked_call_that_finds_its_job_running_waits_in_line_and_runs_once(c:
     assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
 
 
-def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluster, tasks: ModuleType) -> None:
-    """acks_late and reject_on_worker_lost (locked_app), no lock, 1 start per 2 s. A booked call claims its slot and
-    its pool process is SIGKILLed mid-body: the broker gives the message back at once, redelivered, its booking
-    header with it. That copy must not start on the entry its killed run counted (two starts of one slot within a
-    window): it books anew, and runs a window after the killed start (nothing lost; run twice, as acks_late does)."""
-    key = new_key("killed-mid")
-    tasks.booked_free.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
-    booked = tasks.booked_free.apply_async((key, 1, 2.5), queue="book")
+def _kill_a_booked_run_mid_body(c: Cluster, tasks: ModuleType, task: Any, key: str, window: float) -> None:
+    """Use ``key``'s window, then SIGKILL a booked call's pool process mid-body: the call ends in SUCCESS, started
+    twice (the killed run and its redelivery), never twice within a window."""
+    task.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
+    booked = task.apply_async((key, 1, 2.5), queue="book")
     pid = None
     for _ in polling(20, 0.01):
         rows = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
@@ -333,9 +330,17 @@ def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluste
     assert booked.state == "SUCCESS", booked.result
     started = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
     assert len(started) == 2, started  # the killed run and its redelivery
-    assert not tasks.slot_violations(tasks.slot_rows(key), 2.0)
+    assert not tasks.slot_violations(tasks.slot_rows(key), window)
     starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
-    assert all(y - x >= 2.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
+    assert all(y - x >= window - 0.25 for x, y in itertools.pairwise(starts)), starts
+
+
+def test_a_booked_run_sigkilled_mid_body_is_redelivered_and_books_anew(c: Cluster, tasks: ModuleType) -> None:
+    """acks_late and reject_on_worker_lost (locked_app), no lock, 1 start per 2 s. A booked call claims its slot and
+    its pool process is SIGKILLed mid-body: the broker gives the message back at once, redelivered, its booking
+    header with it. That copy must not start on the entry its killed run counted (two starts of one slot within a
+    window): it books anew, and runs a window after the killed start (nothing lost; run twice, as acks_late does)."""
+    _kill_a_booked_run_mid_body(c, tasks, tasks.booked_free, new_key("killed-mid"), 2.0)
 
 
 def test_a_booked_locked_run_sigkilled_mid_body_is_redelivered_after_its_lease_and_books_anew(
@@ -345,21 +350,4 @@ def test_a_booked_locked_run_sigkilled_mid_body_is_redelivered_after_its_lease_a
     re-sent until it ends (a copy of our own, "redelivered"); that copy is no broker redelivery
     (``delivery_info``), only our header says so. It must not start on the entry the killed run counted (late but
     within a window: it would move it to now, two starts of one slot 3.5 s apart in a 5 s window): it books anew."""
-    key = new_key("killed-locked")
-    tasks.booked_locked.apply_async((key, 0), queue="book").get(timeout=30)  # the window is used
-    booked = tasks.booked_locked.apply_async((key, 1, 2.5), queue="book")
-    pid = None
-    for _ in polling(20, 0.01):
-        rows = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
-        if rows:
-            pid = rows[0][2]
-            break
-    assert pid is not None, "the booked call did not start"
-    os.kill(pid, signal.SIGKILL)  # a pool process of this module's workers, running the booked call's body
-    booked.get(timeout=60, propagate=False)
-    assert booked.state == "SUCCESS", booked.result
-    started = [r for r in _rows(c, key, "rate_started") if r[1] == booked.id]
-    assert len(started) == 2, started  # the killed run and its redelivery
-    assert not tasks.slot_violations(tasks.slot_rows(key), 5.0)
-    starts = sorted(r[4] for r in _rows(c, key, "rate_started"))
-    assert all(y - x >= 5.0 - 0.25 for x, y in itertools.pairwise(starts)), starts
+    _kill_a_booked_run_mid_body(c, tasks, tasks.booked_locked, new_key("killed-locked"), 5.0)
