@@ -71,8 +71,7 @@ class Cluster:
         self.record = redis.Redis.from_url(self.env["CSL_RECORD"])
         self.results = redis.Redis.from_url(base + "/1")
         self.workers: list[CeleryWorker] = []
-        self.mod: ModuleType | None = None
-        self._saved_env: dict[str, str | None] = {}
+        self._app = AppImport("locked_app")
         if password:
             for server in locks:
                 self._protect(server)
@@ -104,34 +103,21 @@ class Cluster:
         self.workers.append(worker)
         return worker.start()
 
+    @property
+    def mod(self) -> ModuleType | None:
+        """``locked_app`` once :meth:`app_module` imported it."""
+        return self._app.mod
+
     def app_module(self) -> ModuleType:
         """``locked_app`` as the client sees it, imported afresh with this cluster's env."""
-        if self.mod is None:
-            for k, v in self.env.items():
-                self._saved_env.setdefault(k, os.environ.get(k))
-                os.environ[k] = v
-            if str(APPS) not in sys.path:
-                sys.path.insert(0, str(APPS))
-            sys.modules.pop("locked_app", None)
-            self.mod = importlib.import_module("locked_app")
-        return self.mod
+        return self._app.load(self.env)
 
     def close(self) -> None:
         for w in self.workers:
             w.kill()
         self.record.close()
         self.results.close()
-        for k, v in self._saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if self.mod is not None:
-            forget_results(self.mod.app)
-            self.mod.app.close()
-            sys.modules.pop("locked_app", None)
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(APPS))
+        self._app.close()
 
     # -- lock nodes --------------------------------------------------------------------------------------------
 
@@ -237,6 +223,40 @@ class Cluster:
 def _chunks(items: list[str], size: int) -> Iterator[tuple[str, ...]]:
     for i in range(0, len(items), size):
         yield tuple(items[i : i + size])
+
+
+class AppImport:
+    """A test app module (tests/apps) imported afresh in the test process under an env of its own: the env is set
+    for the import and the process's life of the module, and put back, the app closed and forgotten, on close."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.mod: ModuleType | None = None
+        self._saved: dict[str, str | None] = {}
+
+    def load(self, env: dict[str, str]) -> ModuleType:
+        if self.mod is None:
+            for k, v in env.items():
+                self._saved.setdefault(k, os.environ.get(k))
+                os.environ[k] = v
+            if str(APPS) not in sys.path:
+                sys.path.insert(0, str(APPS))
+            sys.modules.pop(self.name, None)
+            self.mod = importlib.import_module(self.name)
+        return self.mod
+
+    def close(self) -> None:
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self.mod is not None:
+            forget_results(self.mod.app)
+            self.mod.app.close()
+            sys.modules.pop(self.name, None)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(APPS))
 
 
 def forget_results(app: Any) -> int:

@@ -10,13 +10,10 @@ Every wait is bounded; no timing assertions (figures measured are printed, and s
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import itertools
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +27,7 @@ import redis
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
-from worker_cluster import forget_results, polling
+from worker_cluster import AppImport, polling
 
 from celery_singleton_lock.ops.cli import locks
 from celery_singleton_lock.testing import CeleryWorker, RedisServer, redis_servers
@@ -52,8 +49,7 @@ class Sides:
         self.lock = redis.Redis.from_url(server.url)
         self.workers: list[CeleryWorker] = []
         self.tmp = tmp
-        self.mod: ModuleType | None = None
-        self._saved: dict[str, str | None] = {}
+        self._app = AppImport("rolling_app")
 
     def start(self, side: str, root: Path, **extra: str) -> CeleryWorker:
         env = {**self.env, "CSL_SIDE": side, "PYTHONPATH": f"{root}{os.pathsep}{APPS}", **extra}
@@ -70,31 +66,14 @@ class Sides:
         return worker.start()
 
     def client(self) -> ModuleType:
-        if self.mod is None:
-            for k, v in {**self.env, "CSL_SIDE": "client"}.items():
-                self._saved.setdefault(k, os.environ.get(k))
-                os.environ[k] = v
-            sys.path.insert(0, str(APPS))
-            sys.modules.pop("rolling_app", None)
-            self.mod = importlib.import_module("rolling_app")
-        return self.mod
+        return self._app.load({**self.env, "CSL_SIDE": "client"})
 
     def close(self) -> None:
         for w in self.workers:
             w.kill()
         self.record.close()
         self.lock.close()
-        for k, v in self._saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if self.mod is not None:
-            forget_results(self.mod.app)
-            self.mod.app.close()
-            sys.modules.pop("rolling_app", None)
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(APPS))
+        self._app.close()
 
     # -- records -------------------------------------------------------------------------------------------------
 
